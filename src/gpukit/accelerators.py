@@ -1,0 +1,213 @@
+"""Accelerators: the one place that branches on backend names ("cuda", "mps", "cpu").
+
+Everything else receives an :class:`Accelerator` object and calls its methods. Base methods do
+the CPU thing (or nothing), so each backend overrides only what differs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psutil
+import torch
+
+from gpukit.errors import ConfigurationError
+
+__all__ = [
+    "Accelerator",
+    "CPUAccelerator",
+    "CUDAAccelerator",
+    "MPSAccelerator",
+    "get_accelerator",
+    "auto_device_type",
+    "DEVICE_TYPES",
+]
+
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+class Accelerator:
+    """A device type and what gpukit needs to know about it. The base class is the CPU."""
+
+    type: str = "cpu"
+    #: backend of ``torch.distributed`` for this device type
+    distributed_backend: str = "gloo"
+    #: whether pinned host memory speeds up copies to this device
+    benefits_from_pinned_memory: bool = False
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def device(self, index: int | None = None) -> torch.device:
+        return torch.device(self.type) if index is None else torch.device(self.type, index)
+
+    def set_device(self, device: torch.device) -> None:
+        """Make ``device`` the current device of this process (no-op off CUDA)."""
+
+    def synchronize(self, device: torch.device | None = None) -> None:
+        """Wait for queued work on ``device`` (no-op on the CPU)."""
+
+    def empty_cache(self) -> None:
+        """Return cached, unused blocks to the driver (no-op on the CPU)."""
+
+    def supports_bf16(self, device: torch.device | None = None) -> bool:
+        return True
+
+    def supports_fp16_autocast(self) -> bool:
+        # CPU autocast accepts float16 from torch 2.4 on, but it is slow and rarely useful.
+        return True
+
+    def is_initialized(self) -> bool:
+        """Whether this backend's runtime was already initialised in this process."""
+        return False
+
+    def oom_error_types(self) -> tuple[type[BaseException], ...]:
+        """Exception types that mean "out of memory" on this device."""
+        return (torch.OutOfMemoryError,) if hasattr(torch, "OutOfMemoryError") else ()
+
+    def memory_stats(self, device: torch.device | None = None) -> dict[str, Any]:
+        """Memory counters of this process on ``device``; ``None`` where not available.
+
+        Keys: ``allocated_bytes``, ``reserved_bytes``, ``peak_allocated_bytes``,
+        ``peak_reserved_bytes``, ``alloc_retries``, ``num_ooms``, ``process_rss_bytes``.
+        """
+        return {
+            "allocated_bytes": None,
+            "reserved_bytes": None,
+            "peak_allocated_bytes": None,
+            "peak_reserved_bytes": None,
+            "alloc_retries": None,
+            "num_ooms": None,
+            "process_rss_bytes": psutil.Process(os.getpid()).memory_info().rss,
+        }
+
+    def reset_peak_memory_stats(self, device: torch.device | None = None) -> None:
+        """Start a new peak-memory window (no-op on the CPU)."""
+
+    def manual_seed_all(self, seed: int) -> None:
+        """Seed every device of this type (the CPU generator is seeded by torch.manual_seed)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class CPUAccelerator(Accelerator):
+    pass
+
+
+class CUDAAccelerator(Accelerator):
+    type = "cuda"
+    distributed_backend = "nccl"
+    benefits_from_pinned_memory = True
+
+    def is_available(self) -> bool:
+        return torch.cuda.is_available()
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
+
+    def set_device(self, device: torch.device) -> None:
+        torch.cuda.set_device(device)
+
+    def synchronize(self, device: torch.device | None = None) -> None:
+        torch.cuda.synchronize(device)
+
+    def empty_cache(self) -> None:
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+    def supports_bf16(self, device: torch.device | None = None) -> bool:
+        # Native bf16 needs compute capability 8.0 (Ampere); older GPUs emulate it slowly.
+        if not torch.cuda.is_available():
+            return False
+        major, _ = torch.cuda.get_device_capability(device)
+        return major >= 8
+
+    def is_initialized(self) -> bool:
+        return torch.cuda.is_initialized()
+
+    def oom_error_types(self) -> tuple[type[BaseException], ...]:
+        return (torch.cuda.OutOfMemoryError,)
+
+    def memory_stats(self, device: torch.device | None = None) -> dict[str, Any]:
+        stats = super().memory_stats(device)
+        if not torch.cuda.is_initialized():
+            return stats
+        raw = torch.cuda.memory_stats(device)
+        stats.update(
+            allocated_bytes=raw.get("allocated_bytes.all.current", 0),
+            reserved_bytes=raw.get("reserved_bytes.all.current", 0),
+            peak_allocated_bytes=raw.get("allocated_bytes.all.peak", 0),
+            peak_reserved_bytes=raw.get("reserved_bytes.all.peak", 0),
+            alloc_retries=raw.get("num_alloc_retries", 0),
+            num_ooms=raw.get("num_ooms", 0),
+        )
+        return stats
+
+    def reset_peak_memory_stats(self, device: torch.device | None = None) -> None:
+        if torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def manual_seed_all(self, seed: int) -> None:
+        # Lazy in torch: seeds each GPU when CUDA initialises, so this never initialises CUDA.
+        torch.cuda.manual_seed_all(seed)
+
+
+class MPSAccelerator(Accelerator):
+    type = "mps"
+    distributed_backend = "gloo"
+
+    def is_available(self) -> bool:
+        return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+    def device_count(self) -> int:
+        return 1 if self.is_available() else 0
+
+    def device(self, index: int | None = None) -> torch.device:
+        return torch.device("mps")
+
+    def synchronize(self, device: torch.device | None = None) -> None:
+        torch.mps.synchronize()
+
+    def empty_cache(self) -> None:
+        torch.mps.empty_cache()
+
+    def supports_bf16(self, device: torch.device | None = None) -> bool:
+        return False
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.mps.manual_seed(seed)
+
+
+_BY_TYPE: dict[str, type[Accelerator]] = {
+    "cpu": CPUAccelerator,
+    "cuda": CUDAAccelerator,
+    "mps": MPSAccelerator,
+}
+
+
+def get_accelerator(device: torch.device | str) -> Accelerator:
+    """The accelerator for a device or device-type string (``"cuda:1"`` -> CUDA).
+
+    Raises:
+        ConfigurationError: for a device type gpukit does not support.
+    """
+    device_type = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+    cls = _BY_TYPE.get(device_type)
+    if cls is None:
+        raise ConfigurationError(
+            f"Unsupported device type {device_type!r}; gpukit supports {', '.join(DEVICE_TYPES)}."
+        )
+    return cls()
+
+
+def auto_device_type() -> str:
+    """The best device type this process can use: "cuda", then "mps", then "cpu"."""
+    for device_type in ("cuda", "mps"):
+        if _BY_TYPE[device_type]().is_available():
+            return device_type
+    return "cpu"

@@ -1,0 +1,68 @@
+"""Root click group with lazily imported subcommands."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from gpukit.errors import GpukitError
+
+# subcommand -> "module:attribute". Each module holds one command and imports what it needs.
+_COMMANDS: dict[str, str] = {
+    "ls": "gpukit.cli.ls:ls",
+    "select": "gpukit.cli.select:select",
+    "run": "gpukit.cli.run:run",
+    "demo": "gpukit.cli.demo:demo",
+    "ckpt": "gpukit.cli.ckpt:ckpt",
+    "plan": "gpukit.cli.plan:plan",
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name in _COMMANDS if self._load(name) is not None)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return self._load(cmd_name)
+
+    @staticmethod
+    def _load(name: str) -> click.Command | None:
+        target = _COMMANDS.get(name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:  # command not built yet
+                return None
+            raise
+        return getattr(module, attr)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gpukit")
+def cli() -> None:
+    """gpukit: see, pick and claim GPUs, and train PyTorch on them well."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: gpukit errors become one clear line and exit code 2."""
+    try:
+        exit_code = cli.main(args=argv, prog_name="gpukit", standalone_mode=False)
+        if isinstance(exit_code, int) and exit_code != 0:
+            sys.exit(exit_code)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except GpukitError as exc:
+        click.echo(f"gpukit: error: {exc}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
