@@ -1,0 +1,109 @@
+"""``gpukit ls``: what the GPUs are doing, like nvidia-smi. Never imports torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import click
+
+from gpukit.devices import _nvml
+from gpukit.devices import claim_holders, driver_version, list_gpus, selectable_units, unavailable_reason
+
+__all__ = ["ls"]
+
+
+def _collect() -> dict[str, Any]:
+    gpus = list_gpus()
+    uuids = [u.uuid for g in gpus for u in (g, *g.mig_devices) if u.uuid]
+    return {"gpus": gpus, "claims": claim_holders(uuids) if uuids else {}}
+
+
+def _header(state: dict[str, Any]) -> str:
+    fake = os.environ.get(_nvml.FAKE_ENV)
+    source = f"fake GPUs from {fake}" if fake else "NVML"
+    n = len(state["gpus"])
+    gpus = f"{n} GPU{'s' if n != 1 else ''}"
+    return f"{gpus} · driver {driver_version() or 'n/a'} · {source} · {time.strftime('%H:%M:%S')}"
+
+
+def _as_json(state: dict[str, Any]) -> str:
+    return json.dumps({
+        "driver_version": driver_version(),
+        "notice": unavailable_reason(),
+        "gpus": [g.to_dict() for g in state["gpus"]],
+        "claims": [{"uuid": u, "pid": pid} for u, pid in state["claims"].items()],
+        "selectable": [u.uuid for u in selectable_units(state["gpus"]) if u.usable],
+    })
+
+
+def _no_gpu_message() -> str:
+    reason = unavailable_reason() or "no NVIDIA GPU found"
+    return (f"{reason[:1].upper()}{reason[1:]}.\n"
+            "gpukit runs on the CPU here. To try the GPU features without GPUs:\n"
+            "  GPUKIT_FAKE_GPUS=examples/fake-gpus/shared-4gpu.json gpukit ls")
+
+
+@click.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (sizes in bytes).")
+@click.option("--watch", type=click.FloatRange(min=0.1), is_flag=False, flag_value=2.0, default=None,
+              metavar="[SECONDS]", help="Refresh in place every SECONDS (default 2) until Ctrl-C.")
+def ls(as_json: bool, watch: float | None) -> None:
+    """Show the GPUs (memory, utilization, temperature, power, claims) and the processes on them.
+
+    GPUs are numbered like nvidia-smi (PCI bus order). Set GPUKIT_FAKE_GPUS=spec.json to
+    show fake GPUs from a spec (see examples/fake-gpus/).
+    """
+    _nvml.silence_notice()  # this command says "no GPU" in its own words below
+    try:
+        if watch is None:
+            _show_once(as_json)
+        else:
+            _watch(as_json, watch)
+    except KeyboardInterrupt:  # Ctrl-C ends --watch; that is success, not an error
+        pass
+
+
+def _show_once(as_json: bool) -> None:
+    state = _collect()
+    if as_json:
+        click.echo(_as_json(state))
+        return
+    if not state["gpus"] and unavailable_reason():
+        click.echo(_no_gpu_message())
+        return
+    from rich.console import Console
+
+    from gpukit.cli._gpu_table import render_gpus
+
+    console = Console()
+    console.print(render_gpus(state["gpus"], state["claims"], _header(state), width=console.width))
+
+
+def _watch(as_json: bool, interval_s: float) -> None:
+    if as_json:  # one JSON document per line, for piping into other tools
+        while True:
+            click.echo(_as_json(_collect()))
+            sys.stdout.flush()
+            time.sleep(interval_s)
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    from gpukit.cli._gpu_table import render_gpus
+
+    console = Console()
+
+    def frame() -> Any:
+        state = _collect()
+        if not state["gpus"] and unavailable_reason():
+            return Text(_no_gpu_message())
+        return render_gpus(state["gpus"], state["claims"], _header(state) + " · Ctrl-C to stop", width=console.width)
+
+    with Live(frame(), console=console, auto_refresh=False, transient=False) as live:
+        while True:
+            time.sleep(interval_s)
+            live.update(frame(), refresh=True)

@@ -1,0 +1,80 @@
+"""``gpukit select``: print the best GPUs for a job, in a form the shell can use.
+
+``select`` only selects (skipping GPUs that other processes have claimed); it does not claim,
+because a claim held by this short-lived command would end the moment it exits. To hold GPUs
+for a job's lifetime, use ``gpukit run`` or ``gpukit.devices.claim_gpus`` in the job itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+from gpukit.errors import ConfigurationError
+
+__all__ = ["select"]
+
+_FORMATS = ("indices", "uuids", "env")
+
+
+def _parse_wait(value: str | None) -> float | None:
+    """``--wait`` alone waits without limit (``inf``); ``--wait 60`` waits up to 60 s."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigurationError(f"--wait {value!r}: give the longest wait in seconds (e.g. --wait 600), "
+                                 "or --wait alone to wait without limit.") from None
+    if seconds < 0 or math.isnan(seconds):
+        raise ConfigurationError(f"--wait {value!r}: seconds must be >= 0.")
+    return seconds
+
+
+@click.command("select")
+@click.option("-n", "--count", type=click.IntRange(min=1), default=1, show_default=True, help="How many GPUs.")
+@click.option("--min-free", metavar="SIZE", default=None,
+              help="Least free memory per GPU: 8GiB, 8000MiB, 8G, or bytes.")
+@click.option("--max-util", metavar="PCT", type=click.FloatRange(0, 100), default=None,
+              help="Highest GPU utilization in percent.")
+@click.option("--max-procs", metavar="N", type=click.IntRange(min=0), default=None,
+              help="Most processes already on a GPU (0: idle GPUs only).")
+@click.option("--exclude", metavar="LIST", default="", help="Comma-separated GPU indices or UUID prefixes to skip.")
+@click.option("--order", type=click.Choice(["free-memory", "utilization", "index"]), default="free-memory",
+              show_default=True, help="Ranking; ties go to lower utilization, fewer processes, lower index.")
+@click.option("--wait", "wait", metavar="[TIMEOUT]", is_flag=False, flag_value="inf", default=None,
+              help="Wait until enough GPUs qualify; TIMEOUT in seconds (no value: no limit).")
+@click.option("--format", "fmt", type=click.Choice(_FORMATS), default="indices", show_default=True,
+              help="indices: 3,0   uuids: GPU-…,GPU-…   env: CUDA_VISIBLE_DEVICES=3,0")
+def select(count: int, min_free: str | None, max_util: float | None, max_procs: int | None, exclude: str,
+           order: str, wait: str | None, fmt: str) -> None:
+    """Choose GPUs for a job and print them, best first.
+
+    Indices are nvidia-smi's (PCI bus order). Only the choice goes to stdout, so it composes:
+
+        CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=$(gpukit select -n 2 --min-free 8GiB) python train.py
+
+    Exits with status 2 and a message naming each GPU and the criterion it failed when the
+    request cannot be met.
+    """
+    from gpukit.devices import _nvml, select_gpus
+
+    _nvml.silence_notice()  # the selection error says "no GPU" itself
+    timeout = _parse_wait(wait)
+    chosen = select_gpus(
+        count,
+        min_free_memory=min_free,
+        max_utilization=max_util,
+        max_processes=max_procs,
+        exclude=[item.strip() for item in exclude.split(",") if item.strip()],
+        order=order,
+        wait=wait is not None,
+        timeout_s=None if timeout is None or math.isinf(timeout) else timeout,
+    )
+    if fmt == "uuids":
+        click.echo(",".join(g.uuid or "" for g in chosen))
+        return
+    # MIG devices have no index of their own: CUDA_VISIBLE_DEVICES names them by MIG UUID.
+    ids = ",".join(g.uuid or "" if g.is_mig else str(g.index) for g in chosen)
+    click.echo(f"CUDA_VISIBLE_DEVICES={ids}" if fmt == "env" else ids)

@@ -1,0 +1,313 @@
+"""Choosing GPUs: criteria, the deterministic ranking, the "why not" report, and waiting.
+
+Ranking (``order``), best first, ties broken left to right:
+
+* ``"free-memory"`` (default): most free memory, then lower GPU utilization (unknown counts as
+  busiest), then fewer processes, then lower NVML index (then MIG instance id).
+* ``"utilization"``: lower GPU utilization, then most free memory, fewer processes, lower index.
+* ``"index"``: NVML index order (``nvidia-smi`` order), MIG devices by instance id.
+
+A GPU never qualifies when it is unusable (e.g. "GPU is lost"), in compute mode Prohibited, in
+Exclusive_Process mode with a process on it, hidden by ``CUDA_VISIBLE_DEVICES`` (when set),
+excluded, or claimed by another process. A GPU in MIG mode is offered as its MIG devices.
+An unknown utilization (MIG devices report none) does not fail ``max_utilization``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+
+from gpukit._units import format_bytes, parse_size
+from gpukit.devices import _nvml
+from gpukit.devices._snapshot import GpuSnapshot, list_gpus, selectable_units
+from gpukit.devices._visible import ENV_VAR, resolve_visible
+from gpukit.errors import ClaimTimeoutError, ConfigurationError, GpuSelectionError
+
+__all__ = ["ORDERS", "Criteria", "make_criteria", "evaluate", "rank", "selection_error", "select_gpus", "poll"]
+
+ORDERS = ("free-memory", "utilization", "index")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """Validated selection criteria (sizes in bytes)."""
+
+    min_free_memory_bytes: int | None = None
+    max_utilization_pct: float | None = None
+    max_processes: int | None = None
+    exclude: tuple[int | str, ...] = ()
+    visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES when set: only those GPUs qualify
+
+    def describe(self) -> str:
+        parts = []
+        if self.min_free_memory_bytes is not None:
+            parts.append(f"free memory >= {format_bytes(self.min_free_memory_bytes)}")
+        if self.max_utilization_pct is not None:
+            parts.append(f"utilization <= {self.max_utilization_pct:g}%")
+        if self.max_processes is not None:
+            parts.append(f"at most {self.max_processes} process(es)")
+        return " with " + ", ".join(parts) if parts else ""
+
+
+def make_criteria(
+    *,
+    min_free_memory: int | str | None = None,
+    max_utilization: float | None = None,
+    max_processes: int | None = None,
+    exclude: Iterable[int | str] = (),
+    env: Mapping[str, str] | None = None,
+) -> Criteria:
+    """Validate user-given criteria.
+
+    Raises:
+        ConfigurationError: a size not in an accepted form, a percentage outside 0-100, a
+            negative process count, or an exclude entry that is neither an index nor a UUID.
+    """
+    min_free = None if min_free_memory is None else parse_size(min_free_memory)
+    if max_utilization is not None:
+        if isinstance(max_utilization, bool) or not isinstance(max_utilization, (int, float)) \
+                or not 0 <= max_utilization <= 100:
+            raise ConfigurationError(f"max_utilization={max_utilization!r}: give a percentage between 0 and 100.")
+    if max_processes is not None and (isinstance(max_processes, bool) or not isinstance(max_processes, int)
+                                      or max_processes < 0):
+        raise ConfigurationError(f"max_processes={max_processes!r}: give a whole number >= 0.")
+    if isinstance(exclude, (str, int)):
+        exclude = [exclude]
+    excluded: list[int | str] = []
+    for item in exclude:
+        if isinstance(item, str) and item.strip().isdigit():
+            item = int(item.strip())
+        if isinstance(item, bool) or not (isinstance(item, int) and item >= 0
+                                          or isinstance(item, str) and item.startswith(("GPU-", "MIG-"))):
+            raise ConfigurationError(
+                f"Cannot exclude {item!r}: give a GPU index as nvidia-smi shows it (0, 1, ...) "
+                f"or a UUID or UUID prefix starting with 'GPU-' or 'MIG-'.")
+        excluded.append(item)
+    env = os.environ if env is None else env
+    return Criteria(min_free, None if max_utilization is None else float(max_utilization), max_processes,
+                    tuple(excluded), env.get(ENV_VAR))
+
+
+def _is_excluded(unit: GpuSnapshot, exclude: tuple[int | str, ...]) -> bool:
+    for item in exclude:
+        if isinstance(item, int) and unit.index == item:
+            return True
+        if isinstance(item, str) and any((u or "").lower().startswith(item.lower())
+                                         for u in (unit.uuid, unit.mig_parent_uuid)):
+            return True
+    return False
+
+
+def evaluate(gpus: list[GpuSnapshot], criteria: Criteria,
+             claims: Mapping[str, int | None] | None = None) -> list[tuple[GpuSnapshot, list[str]]]:
+    """Each selectable unit with the reasons it fails (an empty list: it qualifies).
+
+    Args:
+        gpus: physical GPUs from :func:`list_gpus` (MIG GPUs are expanded to their devices).
+        criteria: from :func:`make_criteria`.
+        claims: UUID -> owner pid (``None``: unknown owner) of GPUs claimed by others.
+    """
+    visible = None if criteria.visible_devices is None else {
+        u.uuid for u in resolve_visible(criteria.visible_devices, gpus)}
+    claims = claims or {}
+    out = []
+    for unit in selectable_units(gpus):
+        why: list[str] = []
+        if not unit.usable:
+            why.append(f"unusable: {unit.error or 'unknown error'}")
+        else:
+            if visible is not None and unit.uuid not in visible:
+                why.append(f"hidden by {ENV_VAR}={criteria.visible_devices!r}")
+            if _is_excluded(unit, criteria.exclude):
+                why.append("excluded")
+            if unit.compute_mode == "Prohibited":
+                why.append("compute mode Prohibited (no CUDA work allowed)")
+            elif unit.compute_mode == "Exclusive_Process" and unit.processes:
+                why.append(f"Exclusive_Process mode and in use by pid {unit.processes[0].pid}")
+            free = unit.memory_free_bytes
+            need = criteria.min_free_memory_bytes
+            if need is not None and (free is None or free < need):
+                why.append(f"free {format_bytes(free)} < required {format_bytes(need)}")
+            util = unit.utilization_gpu_pct
+            if criteria.max_utilization_pct is not None and util is not None and util > criteria.max_utilization_pct:
+                why.append(f"utilization {util}% > max {criteria.max_utilization_pct:g}%")
+            if criteria.max_processes is not None and len(unit.processes) > criteria.max_processes:
+                why.append(f"{len(unit.processes)} process(es) > max {criteria.max_processes}")
+        if unit.uuid is not None and unit.uuid in claims:
+            owner = claims[unit.uuid]
+            mine = " (this process)" if owner == os.getpid() else ""
+            why.append(f"claimed by pid {owner}{mine}" if owner is not None else "claimed by another process")
+        out.append((unit, why))
+    return out
+
+
+def _rank_key(order: str) -> Callable[[GpuSnapshot], tuple[float, ...]]:
+    def key(u: GpuSnapshot) -> tuple[float, ...]:
+        free = -(u.memory_free_bytes or 0)
+        util = u.utilization_gpu_pct if u.utilization_gpu_pct is not None else math.inf
+        tail = (len(u.processes), u.index, u.gpu_instance_id or 0)
+        if order == "free-memory":
+            return (free, util, *tail)
+        if order == "utilization":
+            return (util, free, *tail)
+        return (u.index, u.gpu_instance_id or 0)
+
+    return key
+
+
+def check_order(order: str) -> None:
+    if order not in ORDERS:
+        raise ConfigurationError(f"order={order!r} is not known; choose one of: {', '.join(ORDERS)}.")
+
+
+def rank(units: Sequence[GpuSnapshot], order: str = "free-memory") -> list[GpuSnapshot]:
+    """Sort qualifying units best first by ``order`` (see the module docstring for tie-breaks)."""
+    check_order(order)
+    return sorted(units, key=_rank_key(order))
+
+
+def check_count(count: object) -> int:
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigurationError(f"count={count!r}: give the number of GPUs wanted, a whole number >= 1.")
+    return count
+
+
+def selection_error(count: int, gpus: list[GpuSnapshot], evaluations: list[tuple[GpuSnapshot, list[str]]],
+                    criteria: Criteria, *, waited_s: float | None = None) -> GpuSelectionError:
+    """The error for an unmet request: one line per GPU with the criteria it failed."""
+    plural = "GPU" if count == 1 else "GPUs"
+    if not gpus:
+        reason = _nvml.unavailable_reason() or "this machine has no NVIDIA GPU"
+        return GpuSelectionError(f"Need {count} {plural} but {reason}. Run on the CPU, or on a machine with GPUs.")
+    ok = sum(1 for _, why in evaluations if not why)
+    lines = [f"Need {count} {plural}{criteria.describe()}; {ok} of {len(evaluations)} qualify:"]
+    lines += [f"  {unit.label}: {'; '.join(why) if why else 'ok'}" for unit, why in evaluations]
+    if waited_s is not None:
+        lines.append(f"Gave up after waiting {waited_s:.1f} s. Wait longer (timeout_s / --wait SECONDS), "
+                     "or lower the requirements.")
+        return ClaimTimeoutError("\n".join(lines))
+    lines.append("Lower the requirements, exclude fewer GPUs, or wait for GPUs to free up "
+                 "(wait=True, or gpukit select --wait).")
+    return GpuSelectionError("\n".join(lines))
+
+
+def poll(attempt: Callable[[], tuple[T | None, Callable[[float | None], GpuSelectionError]]], *, wait: bool,
+         timeout_s: float | None, poll_interval_s: float, what: str) -> T:
+    """Run ``attempt`` until it returns a result; while waiting, show on stderr what it waits for.
+
+    ``attempt`` returns ``(result, make_error)``; ``make_error(waited_s)`` builds the error to
+    raise when giving up (``waited_s`` is ``None`` when not waiting at all).
+    """
+    if timeout_s is not None and (isinstance(timeout_s, bool) or timeout_s < 0):
+        raise ConfigurationError(f"timeout_s={timeout_s!r}: give seconds >= 0, or None to wait without limit.")
+    start = time.monotonic()
+    deadline = None if timeout_s is None else start + timeout_s
+    with _WaitStatus(what) as status:
+        while True:
+            result, make_error = attempt()
+            if result is not None:
+                return result
+            if not wait:
+                raise make_error(None)
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise make_error(now - start)
+            status.update(str(make_error(None)).splitlines(), now - start)
+            pause = poll_interval_s if deadline is None else min(poll_interval_s, max(deadline - now, 0.0))
+            time.sleep(pause)
+
+
+class _WaitStatus:
+    """A rich status line on an interactive stderr; otherwise one stderr line per change of state."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._status: Any = None  # rich.status.Status, imported only when shown
+        self._last: str | None = None
+
+    def __enter__(self) -> _WaitStatus:
+        return self
+
+    def update(self, report: list[str], waited_s: float) -> None:
+        busy = [line.strip() for line in report[1:-1] if not line.rstrip().endswith(": ok")]
+        summary = f"waiting for {self.what}: " + ("; ".join(busy) if busy else report[0])
+        if sys.stderr.isatty():
+            if self._status is None:
+                from rich.console import Console
+
+                self._status = Console(stderr=True).status(summary)
+                self._status.start()
+            self._status.update(f"{summary} [{waited_s:.0f} s]")
+        elif summary != self._last:
+            print(f"gpukit: {summary}", file=sys.stderr, flush=True)
+        self._last = summary
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status is not None:
+            self._status.stop()
+
+
+def select_gpus(
+    count: int,
+    *,
+    min_free_memory: int | str | None = None,
+    max_utilization: float | None = None,
+    max_processes: int | None = None,
+    exclude: Iterable[int | str] = (),
+    order: str = "free-memory",
+    wait: bool = False,
+    timeout_s: float | None = None,
+    poll_interval_s: float = 1.0,
+    claim_dir: str | os.PathLike[str] | None = None,
+) -> list[GpuSnapshot]:
+    """Choose ``count`` GPUs that meet the criteria, best first. Selecting does not claim.
+
+    Args:
+        count: how many GPUs (or MIG devices) to choose.
+        min_free_memory: bytes, or a size string such as ``"8GiB"``, ``"8000MiB"``, ``"8G"``.
+        max_utilization: highest GPU utilization in percent (0-100).
+        max_processes: most processes already on a GPU (``0``: only idle GPUs).
+        exclude: GPU indices (nvidia-smi numbering) or UUIDs / UUID prefixes to leave out.
+        order: ``"free-memory"``, ``"utilization"`` or ``"index"``; ties are broken as the
+            module docstring says, so the same state always gives the same choice.
+        wait: poll until enough GPUs qualify, showing on stderr what it waits for.
+        timeout_s: give up waiting after this many seconds (``None``: no limit).
+        poll_interval_s: seconds between polls while waiting.
+        claim_dir: where claims live (default ``GPUKIT_CLAIM_DIR`` or the temp dir); GPUs
+            claimed by other processes are skipped.
+
+    Returns:
+        ``count`` snapshots, best first. Use :func:`~gpukit.devices.claim_gpus` to also hold them.
+
+    Raises:
+        GpuSelectionError: too few GPUs qualify; the message names each GPU and what it failed.
+        ClaimTimeoutError: ``wait=True`` and ``timeout_s`` passed first.
+        ConfigurationError: invalid arguments.
+    """
+    from gpukit.devices._claims import claim_holders
+
+    count = check_count(count)
+    check_order(order)
+    criteria = make_criteria(min_free_memory=min_free_memory, max_utilization=max_utilization,
+                             max_processes=max_processes, exclude=exclude)
+
+    def attempt() -> tuple[list[GpuSnapshot] | None, Callable[[float | None], GpuSelectionError]]:
+        gpus = list_gpus()
+        if not gpus:  # no driver or no GPU: waiting cannot help
+            raise selection_error(count, gpus, [], criteria)
+        units = [u.uuid for u in selectable_units(gpus) if u.uuid is not None]
+        evaluations = evaluate(gpus, criteria, claim_holders(units, claim_dir))
+        chosen = rank([unit for unit, why in evaluations if not why], order)
+        if len(chosen) >= count:
+            return chosen[:count], lambda _w: GpuSelectionError("unreachable")
+        return None, lambda waited: selection_error(count, gpus, evaluations, criteria, waited_s=waited)
+
+    plural = "GPU" if count == 1 else "GPUs"
+    return poll(attempt, wait=wait, timeout_s=timeout_s, poll_interval_s=poll_interval_s,
+                what=f"{count} {plural}{criteria.describe()}")
