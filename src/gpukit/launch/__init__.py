@@ -1,0 +1,47 @@
+"""Launch workers the way torchrun does -- through PyTorch's elastic agent -- on the GPUs
+gpukit claims, and never leave a process behind.
+
+``gpukit run`` is the command-line face of :func:`launch_script`; ``Session.launch``
+calls :func:`launch_function`. Inside workers, :func:`install_preemption_handler` turns
+SIGTERM into :func:`stop_requested` so a run can checkpoint and exit with
+:data:`PREEMPTED_EXIT_CODE`. Importing this package does not import torch.
+"""
+
+from __future__ import annotations
+
+from gpukit.launch._api import DEFAULT_GRACE_S, GRACE_ENV, RUN_ID_ENV, launch_function, launch_script
+from gpukit.launch._elastic import Topology
+from gpukit.launch._gpus import CPU_ENV, GpuRequest, parse_gpu_request
+from gpukit.launch._orphans import LAUNCHER_PID_ENV
+from gpukit.launch._preemption import (
+    PREEMPTED_EXIT_CODE,
+    clear_stop_request,
+    install_preemption_handler,
+    request_stop,
+    stop_requested,
+    uninstall_preemption_handler,
+)
+from gpukit.launch._signals import RunInterruptedError
+from gpukit.launch._summary import WorkerFailedError, WorkerFailure
+
+__all__ = [
+    "launch_function",
+    "launch_script",
+    "Topology",
+    "GpuRequest",
+    "parse_gpu_request",
+    "stop_requested",
+    "install_preemption_handler",
+    "uninstall_preemption_handler",
+    "request_stop",
+    "clear_stop_request",
+    "PREEMPTED_EXIT_CODE",
+    "WorkerFailedError",
+    "WorkerFailure",
+    "RunInterruptedError",
+    "DEFAULT_GRACE_S",
+    "GRACE_ENV",
+    "RUN_ID_ENV",
+    "CPU_ENV",
+    "LAUNCHER_PID_ENV",
+]

@@ -1,0 +1,252 @@
+"""launch_function / launch_script: validate, claim devices, run the workers, release.
+
+Settings reach the workers as environment variables (documented in docs/readme/run.md):
+``GPUKIT_RUN_ID``, ``GPUKIT_LAUNCHER_PID``, ``GPUKIT_GRACE_S``, ``GPUKIT_CPU`` and
+``CUDA_VISIBLE_DEVICES``/``CUDA_DEVICE_ORDER``, next to everything torchrun sets
+(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``...).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gpukit.errors import ConfigurationError
+from gpukit.launch._worker import run_function
+from gpukit.launch._elastic import Topology, run_workers
+from gpukit.launch._gpus import DevicePlan, GpuRequest, plan_devices
+from gpukit.launch._orphans import LAUNCHER_PID_ENV
+
+__all__ = ["launch_function", "launch_script", "GRACE_ENV", "RUN_ID_ENV", "DEFAULT_GRACE_S"]
+
+GRACE_ENV = "GPUKIT_GRACE_S"
+RUN_ID_ENV = "GPUKIT_RUN_ID"
+DEFAULT_GRACE_S = 10.0
+
+Echo = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigurationError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return value
+
+
+def _check_run_settings(nproc: int | None, max_restarts: int, grace_s: float) -> None:
+    if nproc is not None:
+        _check_int("nproc (--nproc)", nproc, 1)
+    _check_int("max_restarts (--max-restarts)", max_restarts, 0)
+    if not isinstance(grace_s, (int, float)) or isinstance(grace_s, bool) or grace_s < 0:
+        raise ConfigurationError(f"grace_s (--grace) must be a number of seconds >= 0, got {grace_s!r}.")
+
+
+def _check_topology(topology: Topology) -> None:
+    _check_int("nnodes (--nnodes)", topology.nnodes, 1)
+    _check_int("node_rank (--node-rank)", topology.node_rank, 0)
+    if topology.node_rank >= topology.nnodes:
+        raise ConfigurationError(
+            f"--node-rank {topology.node_rank} is out of range for --nnodes {topology.nnodes}: "
+            f"use 0..{topology.nnodes - 1}."
+        )
+    if topology.nnodes > 1 and not topology.master_addr:
+        raise ConfigurationError(
+            f"--nnodes {topology.nnodes} needs --master-addr: the address of node 0, the same on every node."
+        )
+    if not 1 <= topology.master_port <= 65535:
+        raise ConfigurationError(f"--master-port must be in 1..65535, got {topology.master_port}.")
+    if not topology.rdzv_timeout_s > 0:
+        raise ConfigurationError(f"--rdzv-timeout must be > 0 seconds, got {topology.rdzv_timeout_s}.")
+
+
+def _check_target(target: str, module: bool) -> None:
+    if module:
+        sys.path.insert(0, os.getcwd())
+        try:
+            found = importlib.util.find_spec(target) is not None
+        except (ImportError, ValueError):
+            found = False
+        finally:
+            sys.path.pop(0)
+        if not found:
+            raise ConfigurationError(
+                f"Module {target!r} not found (searched the current directory and sys.path). "
+                "Give an importable module after -m, or a script path without -m."
+            )
+    elif not os.path.isfile(target):
+        raise ConfigurationError(
+            f"Script {target!r} not found (relative to {os.getcwd()}). Give the path of a Python "
+            "file, or -m package.module to run a module."
+        )
+
+
+def _check_picklable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    name = getattr(fn, "__qualname__", repr(fn))
+    if getattr(fn, "__module__", None) == "__main__" and not getattr(sys.modules.get("__main__"), "__file__", None):
+        raise ConfigurationError(
+            f"launch_function({name}): workers are started fresh (spawn) and cannot see functions defined "
+            "in an interactive session, notebook or `python -c`. Put the function in a .py module and import it."
+        )
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing here
+        raise ConfigurationError(
+            f"launch_function({name}): the function must be importable by worker processes, which are "
+            f"started fresh (spawn), but it cannot be pickled ({type(exc).__name__}: {exc}). Define it at "
+            "module level -- not a lambda, nested function or bound method of an unpicklable object."
+        ) from exc
+    try:
+        pickle.dumps(args)
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigurationError(
+            f"launch_function({name}): its args must be picklable to reach the workers, but "
+            f"{type(exc).__name__}: {exc}."
+        ) from exc
+
+
+def _worker_env(plan: DevicePlan, *, nproc: int, grace_s: float, run_id: str) -> dict[str, str]:
+    env = {
+        RUN_ID_ENV: run_id,
+        LAUNCHER_PID_ENV: str(os.getpid()),
+        GRACE_ENV: f"{grace_s:g}",
+        **plan.env,
+    }
+    if "OMP_NUM_THREADS" not in os.environ:
+        # Like torchrun: N workers each using every core would oversubscribe the CPU.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    return env
+
+
+def _announce(echo: Echo | None, plan: DevicePlan, nproc: int, topology: Topology) -> None:
+    if echo is None:
+        return
+    where = "" if topology.nnodes == 1 else f" (node {topology.node_rank} of {topology.nnodes})"
+    echo(f"gpukit: {nproc} worker process{'es' if nproc != 1 else ''} on this node{where}")
+    for line in plan.mapping.splitlines():
+        echo(f"gpukit: {line}")
+
+
+def launch_function(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    *,
+    nproc: int,
+    cpu: bool = False,
+    gpus: GpuRequest = None,
+    max_restarts: int = 0,
+    grace_s: float = DEFAULT_GRACE_S,
+    min_free_memory: int | str | None = None,
+    max_utilization: float | None = None,
+    wait: bool = False,
+    wait_timeout_s: float | None = None,
+    verbose: bool = False,
+    echo: Echo | None = _stderr,
+) -> list[Any]:
+    """Run ``fn(*args)`` in ``nproc`` worker processes on this machine, as torchrun would.
+
+    Each worker has ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` set (a free port: launches side by side never collide), so
+    ``torch.distributed.init_process_group()`` works inside ``fn`` with no arguments.
+
+    Args:
+        fn: A module-level function (workers are started with spawn and import it).
+        args: Picklable positional arguments for ``fn``.
+        nproc: Number of worker processes.
+        cpu: Run on the CPU (gloo); GPUs are hidden from the workers.
+        gpus: ``None`` (``nproc`` GPUs if the machine has any, else CPU), a count,
+            ``"all"``, or GPU indices/UUIDs. Claimed for the launch's duration.
+        max_restarts: Restart the whole group this many times after a failure.
+        grace_s: Seconds between SIGTERM and SIGKILL when workers are stopped.
+        min_free_memory, max_utilization, wait, wait_timeout_s: GPU selection (see
+            ``gpukit.devices.claim_gpus``).
+        verbose: Keep torch elastic's log lines.
+        echo: Where the device mapping is printed (default stderr; ``None``: silent).
+
+    Returns:
+        ``fn``'s return value of each rank, by rank.
+
+    Raises:
+        ConfigurationError: bad arguments, or ``fn``/``args`` that workers cannot unpickle.
+        GpuSelectionError: the GPUs asked for are not there or not free.
+        WorkerFailedError: (a ``LaunchError``) a worker raised or died; names the rank and error.
+        RunInterruptedError: (a ``LaunchError``) this process got Ctrl-C/SIGTERM meanwhile.
+    """
+    _check_run_settings(nproc, max_restarts, grace_s)
+    _check_picklable(fn, args)
+    topology = Topology()
+    plan = plan_devices(gpus, cpu=cpu, nproc=nproc, min_free_memory=min_free_memory,
+                        max_utilization=max_utilization, wait=wait, wait_timeout_s=wait_timeout_s)
+    try:
+        _announce(echo, plan, nproc, topology)
+        run_id = f"gpukit-{uuid.uuid4().hex[:12]}"
+        values = run_workers(
+            run_function, (fn, *args), nproc=nproc, topology=topology,
+            env=_worker_env(plan, nproc=nproc, grace_s=grace_s, run_id=run_id), run_id=run_id,
+            max_restarts=max_restarts, grace_s=grace_s, verbose=verbose,
+        )
+    finally:
+        plan.release()
+    return [values[rank] for rank in sorted(values)]
+
+
+def launch_script(
+    target: str,
+    script_args: Sequence[str] = (),
+    *,
+    module: bool = False,
+    nproc: int | None = None,
+    cpu: bool = False,
+    gpus: GpuRequest = None,
+    max_restarts: int = 0,
+    grace_s: float = DEFAULT_GRACE_S,
+    topology: Topology | None = None,
+    min_free_memory: int | str | None = None,
+    max_utilization: float | None = None,
+    wait: bool = False,
+    wait_timeout_s: float | None = None,
+    verbose: bool = False,
+    echo: Echo | None = _stderr,
+) -> None:
+    """Run a script (or ``-m`` module) in worker processes -- what ``gpukit run`` does.
+
+    Args:
+        target: Path of the script, or the module name when ``module`` is true.
+        script_args: The script's own arguments.
+        module: Run ``target`` as ``python -m target``.
+        nproc: Workers on this node; default the number of GPUs claimed, or 1.
+        topology: Nodes and rendezvous (default: this machine only).
+        Other args: as for :func:`launch_function`.
+
+    Raises:
+        ConfigurationError: bad arguments or a missing script/module.
+        GpuSelectionError: the GPUs asked for are not there or not free.
+        WorkerFailedError: a worker failed; ``exit_code`` is what ``gpukit run`` exits with.
+        RunInterruptedError: Ctrl-C/SIGTERM; ``exit_code`` is 75 when preempted cleanly.
+        LaunchError: the rendezvous failed (unreachable master, nodes missing).
+    """
+    topology = topology or Topology()
+    _check_run_settings(nproc, max_restarts, grace_s)
+    _check_topology(topology)
+    _check_target(target, module)
+    plan = plan_devices(gpus, cpu=cpu, nproc=nproc, min_free_memory=min_free_memory,
+                        max_utilization=max_utilization, wait=wait, wait_timeout_s=wait_timeout_s)
+    try:
+        workers = nproc or max(1, plan.gpu_count)
+        _announce(echo, plan, workers, topology)
+        run_id = f"gpukit-{uuid.uuid4().hex[:12]}" if topology.single_machine else f"gpukit-{topology.master_port}"
+        command = ("-u", "-m", "gpukit.launch._bootstrap", *(("-m",) if module else ()), target, *script_args)
+        run_workers(
+            sys.executable, command, nproc=workers, topology=topology,
+            env=_worker_env(plan, nproc=workers, grace_s=grace_s, run_id=run_id), run_id=run_id,
+            max_restarts=max_restarts, grace_s=grace_s, verbose=verbose,
+        )
+    finally:
+        plan.release()

@@ -1,0 +1,335 @@
+"""The one place that drives ``torch.distributed.elastic`` -- the engine behind torchrun.
+
+Scripts and Python functions both run as a worker group of a ``LocalElasticAgent``
+subclass behind a c10d rendezvous: on one machine the rendezvous store and the workers'
+store listen on port 0 (the OS picks a free port, so runs side by side never collide);
+across machines node 0 hosts the rendezvous at ``--master-addr:--master-port``.
+
+What gpukit changes in the agent, and why:
+- every stop is SIGTERM, then SIGKILL after ``grace_s`` -- elastic would forward SIGINT
+  as SIGINT and wait a fixed 30 s when a worker fails;
+- a further Ctrl-C during that grace period kills the workers at once instead of
+  aborting the shutdown half way;
+- exit codes are kept after a stop, to tell a clean preemption from a kill.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from gpukit.errors import LaunchError
+from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
+from gpukit.launch._signals import (
+    RunInterruptedError,
+    StopSignal,
+    escalate_on_signal,
+    kill_now,
+    launcher_signals,
+)
+from gpukit.launch._summary import WorkerFailedError, WorkerFailure
+
+__all__ = ["Topology", "run_workers"]
+
+_MONITOR_INTERVAL_S = 0.1
+_LOCALHOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where the workers run: one machine, or node ``node_rank`` of ``nnodes``.
+
+    Attributes:
+        nnodes: Machines taking part.
+        node_rank: This machine's number; node 0 hosts the rendezvous.
+        master_addr: Address of node 0 (required when ``nnodes > 1``).
+        master_port: Port of the rendezvous on node 0.
+        local_addr: This node's address as the other nodes reach it; by default the
+            address of the interface that routes to ``master_addr``.
+        rdzv_timeout_s: How long to wait for the master to answer and the nodes to join.
+    """
+
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int = 29500
+    local_addr: str | None = None
+    rdzv_timeout_s: float = 300.0
+
+    @property
+    def single_machine(self) -> bool:
+        """One node and no master address given: everything on localhost."""
+        return self.nnodes == 1 and self.master_addr is None
+
+
+def _route_addr(host: str, port: int) -> str | None:
+    # A UDP "connect" sends nothing; it only asks the kernel which local address routes there.
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, port or 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect(sockaddr)
+            return str(sock.getsockname()[0])
+    except OSError:
+        return None
+
+
+def _rendezvous_parameters(topology: Topology, run_id: str) -> Any:
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    timeout_s = max(1, math.ceil(topology.rdzv_timeout_s))
+    if topology.single_machine:
+        endpoint, local_addr, is_host = f"{_LOCALHOST}:0", _LOCALHOST, True
+    else:
+        addr = str(topology.master_addr)
+        endpoint = f"[{addr}]:{topology.master_port}" if ":" in addr else f"{addr}:{topology.master_port}"
+        is_host = topology.node_rank == 0
+        local_addr = topology.local_addr or (addr if is_host else _route_addr(addr, topology.master_port))
+    return RendezvousParameters(
+        backend="c10d",
+        endpoint=endpoint,
+        run_id=run_id,
+        min_nodes=topology.nnodes,
+        max_nodes=topology.nnodes,
+        local_addr=local_addr,
+        is_host=is_host,
+        join_timeout=timeout_s,  # all nodes must arrive within this
+        read_timeout=timeout_s,  # reaching the store on node 0
+    )
+
+
+def _where(topology: Topology) -> str:
+    if topology.single_machine:
+        return "the local rendezvous"
+    return (
+        f"the rendezvous at {topology.master_addr}:{topology.master_port} "
+        f"(this is node {topology.node_rank} of {topology.nnodes})"
+    )
+
+
+def _rendezvous_error(exc: BaseException, topology: Topology) -> LaunchError:
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
+
+    where = _where(topology)
+    wait = f"{topology.rdzv_timeout_s:g} s"
+    if isinstance(exc, RendezvousConnectionError):
+        cause = exc.__cause__ or exc
+        hint = (
+            "Is the port free on node 0? Choose another --master-port."
+            if topology.node_rank == 0
+            else "Check that node 0 runs `gpukit run` with the same --master-addr/--master-port and is "
+            "reachable from here, or raise --rdzv-timeout."
+        )
+        detail = str(cause).strip().splitlines()[0][:200].rstrip(".") if str(cause).strip() else type(cause).__name__
+        return LaunchError(f"Could not reach {where} within {wait}: {detail}. {hint}")
+    if isinstance(exc, RendezvousTimeoutError):
+        return LaunchError(
+            f"Not all {topology.nnodes} nodes joined {where} within {wait}. Start `gpukit run` on every "
+            "node with the same --nnodes/--master-addr/--master-port, or raise --rdzv-timeout."
+        )
+    return LaunchError(f"Rendezvous failed at {where}: {type(exc).__name__}: {exc}")
+
+
+def _import_torch_quietly(verbose: bool) -> None:
+    # libtorch reads TORCH_CPP_LOG_LEVEL once, at import: keep the launcher's C++ store
+    # retries (with 40-line stack dumps) off the terminal -- gpukit reports the outcome.
+    # Not exported to the workers: their own C++ warnings stay visible.
+    if verbose or "torch" in sys.modules or "TORCH_CPP_LOG_LEVEL" in os.environ:
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    try:
+        import torch  # noqa: F401
+    finally:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
+
+
+@contextmanager
+def _environ(updates: Mapping[str, str]) -> Iterator[None]:
+    # Workers inherit the launcher's environment (scripts via Popen, functions via spawn),
+    # so settings for them go into os.environ for the run's duration only.
+    saved = {key: os.environ.get(key) for key in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
+def _quiet_torch_logs(verbose: bool) -> Iterator[None]:
+    # Elastic logs every step at WARNING, and whole tracebacks for a failed worker; the
+    # summary says what matters. --verbose keeps them.
+    if verbose:
+        yield
+        return
+    loggers = [
+        logger
+        for name, logger in list(logging.root.manager.loggerDict.items())
+        if name.startswith("torch.distributed") and isinstance(logger, logging.Logger)
+    ]
+    saved = {logger: logger.level for logger in loggers}
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in saved.items():
+            logger.setLevel(level)
+
+
+def _exit_codes(pcontext: Any) -> dict[int, int | None]:
+    handlers = getattr(pcontext, "subprocess_handlers", None)  # script workers
+    if handlers:
+        return {rank: handler.proc.returncode for rank, handler in handlers.items()}
+    processes = getattr(getattr(pcontext, "_pc", None), "processes", None)  # function workers
+    if processes:
+        return {rank: proc.exitcode for rank, proc in enumerate(processes)}
+    return {}
+
+
+def _make_agent_class() -> type:
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    class GpukitAgent(LocalElasticAgent):  # type: ignore[misc]
+        """LocalElasticAgent whose every stop is SIGTERM, ``grace_s``, SIGKILL."""
+
+        def __init__(self, spec: Any, logs_specs: Any, grace_s: float) -> None:
+            super().__init__(spec, logs_specs=logs_specs, start_method="spawn")
+            self.grace_s = grace_s
+            self.attempts = 0
+            self.exit_codes: dict[int, int | None] = {}
+
+        def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+            pids = super()._start_workers(worker_group)
+            self.attempts += 1
+            self.exit_codes = {}
+            pcontext = self._pcontext
+            close = pcontext.close
+
+            # The agent closes the workers from several places (a failed worker, a signal,
+            # a restart), some with a fixed 30 s timeout; all go through here instead.
+            def graceful_close(death_sig: Any = None, timeout: float = 30) -> None:
+                with escalate_on_signal(lambda: kill_now(pcontext.pids().values())):
+                    close(signal.SIGTERM, self.grace_s)
+                self.exit_codes = _exit_codes(pcontext)
+
+            pcontext.close = graceful_close
+            return pids
+
+        def stopped_cleanly(self) -> bool:
+            codes = self.exit_codes
+            return bool(codes) and all(code in (0, PREEMPTED_EXIT_CODE) for code in codes.values())
+
+    return GpukitAgent
+
+
+def _failure(rank: int, failure: Any) -> WorkerFailure:
+    message = failure.message
+    error = traceback = None
+    if isinstance(message, dict):
+        error = message.get("message")
+        traceback = message.get("extraInfo", {}).get("py_callstack")
+    return WorkerFailure(
+        rank=int(rank),
+        local_rank=int(failure.local_rank),
+        pid=int(failure.pid),
+        exitcode=int(failure.exitcode),
+        error=error,
+        traceback=traceback,
+        timestamp=float(failure.timestamp),
+    )
+
+
+def run_workers(
+    entrypoint: Callable[..., Any] | str,
+    args: tuple[Any, ...],
+    *,
+    nproc: int,
+    topology: Topology,
+    env: Mapping[str, str],
+    run_id: str,
+    max_restarts: int = 0,
+    grace_s: float = 10.0,
+    verbose: bool = False,
+) -> dict[int, Any]:
+    """Start ``nproc`` workers on this node under the elastic agent and supervise them.
+
+    Args:
+        entrypoint: A picklable function, or an executable (``sys.executable``).
+        args: Arguments for the function / command line for the executable.
+        nproc: Workers on this node.
+        topology: Single machine or this node's place among several.
+        env: Extra environment for the workers (on top of the launcher's and torchrun's).
+        run_id: Rendezvous id; every node of a run must use the same one.
+        max_restarts: Restarts of the whole worker group after a failure.
+        grace_s: Seconds between SIGTERM and SIGKILL whenever workers are stopped.
+        verbose: Keep torch elastic's own log lines.
+
+    Returns:
+        Return values by global rank (``None`` for script workers).
+
+    Raises:
+        WorkerFailedError: a worker failed (after all restarts); names the rank and error.
+        RunInterruptedError: the launcher got Ctrl-C/SIGTERM; its ``preempted`` says
+            whether the workers stopped cleanly.
+        LaunchError: the rendezvous could not be reached or completed.
+    """
+    _import_torch_quietly(verbose)
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.rendezvous import RendezvousError, registry
+
+    log_dir = tempfile.mkdtemp(prefix="gpukit-run-")
+    try:
+        with _environ(env), _quiet_torch_logs(verbose), launcher_signals():
+            try:
+                handler = registry.get_rendezvous_handler(_rendezvous_parameters(topology, run_id))
+            except (RendezvousError, RuntimeError, ValueError, TimeoutError) as exc:
+                raise _rendezvous_error(exc, topology) from exc
+            spec = WorkerSpec(
+                role="worker",
+                local_world_size=nproc,
+                entrypoint=entrypoint,
+                args=tuple(args),
+                rdzv_handler=handler,
+                max_restarts=max_restarts,
+                monitor_interval=_MONITOR_INTERVAL_S,
+            )
+            agent = _make_agent_class()(spec, DefaultLogsSpecs(log_dir=log_dir), grace_s)
+            close_rendezvous = True
+            try:
+                result = agent.run()
+            except (StopSignal, SignalException) as exc:
+                # Like torchrun: a stopped node leaves the rendezvous open for the others.
+                close_rendezvous = False
+                signum = exc.signum if isinstance(exc, StopSignal) else int(exc.sigval)
+                raise RunInterruptedError(signum, preempted=agent.stopped_cleanly(), grace_s=grace_s) from None
+            except RendezvousError as exc:
+                raise _rendezvous_error(exc, topology) from exc
+            finally:
+                if close_rendezvous:
+                    try:
+                        handler.shutdown()
+                    except Exception:  # noqa: BLE001 - the run's outcome matters more
+                        pass
+            if result is None:  # the rendezvous was closed by another node
+                raise LaunchError(f"{_where(topology)} was closed by another node before this one finished.")
+            if result.is_failed():
+                failures = [_failure(rank, failure) for rank, failure in result.failures.items()]
+                raise WorkerFailedError(failures, attempts=agent.attempts)
+            return dict(result.return_values)
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)

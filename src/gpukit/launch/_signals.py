@@ -1,0 +1,141 @@
+"""Launcher-side signals: Ctrl-C/SIGTERM stop the run gracefully, a second one stops it now.
+
+The elastic agent does the stopping itself (SIGTERM to every worker's process group,
+``--grace`` seconds, then SIGKILL); this module decides *when*: it turns a stop signal
+into :class:`StopSignal` in the launcher's main thread, keeps a second signal from
+aborting a shutdown half way (it SIGKILLs the workers at once instead), and puts the
+caller's own handlers back afterwards -- ``launch_function`` runs inside user programs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from gpukit.errors import LaunchError
+from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
+
+__all__ = [
+    "STOP_SIGNALS",
+    "StopSignal",
+    "RunInterruptedError",
+    "launcher_signals",
+    "escalate_on_signal",
+    "kill_now",
+    "interrupted_exit_code",
+]
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+)
+
+
+class StopSignal(Exception):
+    """Raised in the launcher's main thread when it receives a stop signal."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"launcher received {signal.Signals(signum).name}")
+
+
+class RunInterruptedError(LaunchError):
+    """The launcher was told to stop (Ctrl-C, SIGTERM, ...) and stopped its workers.
+
+    Attributes:
+        signal_name: The signal the launcher received, e.g. ``"SIGTERM"``.
+        preempted: ``True`` when every worker exited by itself (code 0 or
+            ``PREEMPTED_EXIT_CODE``) within the grace period -- a clean preemption.
+        exit_code: ``PREEMPTED_EXIT_CODE`` (75) when preempted, else 128 + signal number.
+    """
+
+    def __init__(self, signum: int, *, preempted: bool, grace_s: float) -> None:
+        self.signal_name = signal.Signals(signum).name
+        self.preempted = preempted
+        self.exit_code = interrupted_exit_code(signum, preempted=preempted)
+        if preempted:
+            msg = (
+                f"run preempted: {self.signal_name} received; every worker stopped cleanly "
+                f"(exit code {self.exit_code})"
+            )
+        else:
+            msg = (
+                f"run stopped by {self.signal_name}: workers got SIGTERM and, after {grace_s:g} s, "
+                f"SIGKILL if still running (exit code {self.exit_code})"
+            )
+        super().__init__(msg)
+
+
+def interrupted_exit_code(signum: int, *, preempted: bool) -> int:
+    """``PREEMPTED_EXIT_CODE`` for a clean stop, else the shell's 128 + signal number."""
+    return PREEMPTED_EXIT_CODE if preempted else 128 + int(signum)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise StopSignal(signum)
+
+
+@contextmanager
+def launcher_signals() -> Iterator[None]:
+    """Stop signals raise :class:`StopSignal` inside the block; old handlers come back after.
+
+    Off the main thread Python cannot install handlers, so this does nothing there.
+    """
+    if not _in_main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _raise_stop)
+        yield
+    finally:
+        # The elastic agent installs handlers of its own at every worker start; undo them too.
+        for sig, handler in saved.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+@contextmanager
+def escalate_on_signal(on_signal: Callable[[], None]) -> Iterator[None]:
+    """During a graceful shutdown, a further stop signal calls ``on_signal`` (kill now).
+
+    Without this a second Ctrl-C would raise in the middle of the agent's shutdown and
+    leave workers without their SIGKILL.
+    """
+    if not _in_main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        os.write(2, f"gpukit: {signal.Signals(signum).name} again: killing workers now\n".encode())
+        on_signal()
+
+    try:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, handler)
+        yield
+    finally:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+
+
+def kill_now(pids: Iterable[int]) -> None:
+    """SIGKILL each worker's process group (workers lead their own), or the pid alone."""
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+            continue
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

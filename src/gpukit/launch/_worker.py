@@ -1,0 +1,99 @@
+"""What every worker runs first (``python -m gpukit.launch._bootstrap script.py args...``
+for scripts, :func:`run_function` for functions).
+
+It makes the worker die with its launcher (see ``_orphans``), then runs the user's script
+(or ``-m module``) exactly as ``python script.py`` would -- same ``sys.argv``, same
+``sys.path[0]``, ``__name__ == "__main__"`` -- so scripts written for torchrun run
+unchanged. An uncaught exception is written to the worker's error file
+(``TORCHELASTIC_ERROR_FILE``, torch elastic's own format) so the launcher's summary can
+name the rank and its error. :func:`run_function` is the same for function workers.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from gpukit.launch._orphans import die_with_launcher
+
+__all__ = ["main", "run_function", "record_exception"]
+
+_USAGE = "usage: python -m gpukit.launch._bootstrap (SCRIPT | -m MODULE) [ARGS...]"
+
+
+def record_exception(exc: BaseException) -> None:
+    """Write ``exc`` (being handled) to ``TORCHELASTIC_ERROR_FILE`` in elastic's format."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return
+    try:
+        # Imported only on failure: a worker that succeeds never pays for it.
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        get_error_handler().record_exception(exc)
+    except Exception:  # noqa: BLE001 - reporting must never mask the real error
+        pass
+
+
+def _run_target(argv: Sequence[str]) -> None:
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit(_USAGE)
+        module, args = argv[1], list(argv[2:])
+        sys.argv = [module, *args]
+        sys.path[0] = os.getcwd()  # as `python -m` does
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        script, args = argv[0], list(argv[1:])
+        sys.argv = [script, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` does
+        runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Run a script or module as a supervised worker; exits with its exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        raise SystemExit(_USAGE)
+    die_with_launcher()
+    try:
+        _run_target(argv)
+    except SystemExit:
+        raise
+    except Exception as exc:
+        record_exception(exc)
+        _print_user_traceback(exc)
+        raise SystemExit(1) from None
+    except BaseException as exc:  # KeyboardInterrupt & co: keep Python's own exit behaviour
+        record_exception(exc)
+        raise
+    raise SystemExit(0)
+
+
+def _print_user_traceback(exc: BaseException) -> None:
+    # What `python script.py` would print: without the frames of this bootstrap and runpy.
+    tb = exc.__traceback__
+    own = (os.path.dirname(os.path.abspath(__file__)), "<frozen runpy>", runpy.__file__ or "runpy")
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(own):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+    sys.stderr.flush()
+
+
+def _own_process_group() -> None:
+    # Like script workers (started in a new session by the agent): the terminal's Ctrl-C
+    # reaches only the launcher, which then stops every worker the same graceful way.
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+
+
+def run_function(fn: Callable[..., Any], *args: Any) -> Any:
+    """Entry point of a function worker: supervise, then return ``fn(*args)``."""
+    die_with_launcher()
+    _own_process_group()
+    return fn(*args)

@@ -1,0 +1,50 @@
+"""The failure summary picks the real root cause, not a worker the launcher stopped."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpukit.errors import ConfigurationError
+from gpukit.launch import PREEMPTED_EXIT_CODE, WorkerFailedError, WorkerFailure, parse_gpu_request
+from gpukit.launch._summary import format_summary
+
+TB = 'Traceback (most recent call last):\n  File "/x/runpy.py", line 9, in run\n  File "/w/train.py", line 42, in step\nKeyError: 3\n'
+
+
+def test_root_cause_is_the_worker_with_an_error_even_if_a_stopped_one_looks_earlier():
+    stopped = WorkerFailure(rank=0, local_rank=0, pid=10, exitcode=-15, timestamp=100.0)
+    crashed = WorkerFailure(rank=3, local_rank=1, pid=11, exitcode=1, error="KeyError: 3", traceback=TB,
+                            timestamp=100.0)
+    err = WorkerFailedError([stopped, crashed], attempts=3)
+    assert err.root is crashed
+    assert err.exit_code == 1
+    text = str(err)
+    assert text.splitlines()[0] == "rank 3 (local rank 1, pid 11) failed: KeyError: 3"
+    assert "at /w/train.py:42 in step" in text
+    assert "rank 0 killed by SIGTERM" in text
+    assert "after 3 attempts" in text
+
+
+def test_exit_codes_for_signals_and_preemption():
+    segv = WorkerFailedError([WorkerFailure(rank=1, local_rank=1, pid=5, exitcode=-11)])
+    assert segv.exit_code == 128 + 11 and "killed by SIGSEGV" in str(segv)
+    preempted = WorkerFailedError([
+        WorkerFailure(rank=0, local_rank=0, pid=5, exitcode=PREEMPTED_EXIT_CODE),
+        WorkerFailure(rank=1, local_rank=1, pid=6, exitcode=-15),
+    ])
+    assert preempted.preempted and preempted.exit_code == PREEMPTED_EXIT_CODE
+    assert format_summary([]) == "workers failed (no details recorded)"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("2", 2), ("all", "all"), ("ALL", "all"), ("1,3", [1, 3]), ("3,", [3]),
+    ("GPU-abc,1", ["GPU-abc", 1]), (" 0 , 2 ", [0, 2]),
+])
+def test_parse_gpu_request(text, expected):
+    assert parse_gpu_request(text) == expected
+
+
+@pytest.mark.parametrize("text", ["two", "", ",", "1,x", "-1"])
+def test_parse_gpu_request_rejects_with_the_accepted_forms(text):
+    with pytest.raises(ConfigurationError, match="comma-separated list"):
+        parse_gpu_request(text)
