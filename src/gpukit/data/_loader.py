@@ -1,0 +1,252 @@
+"""DeviceLoader: a DataLoader whose batches arrive on the device and whose epochs resume.
+
+``build_loader`` (what ``Session.setup_dataloader`` calls) turns a dataset or an existing
+DataLoader into one with a DistributedSampler (one shard per process, ``num_replicas=1`` in a
+single process), pinned memory when the device benefits, seeded workers and a resumable
+batch sampler.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
+
+from gpukit.accelerators import Accelerator
+from gpukit.errors import CheckpointError, ConfigurationError
+from gpukit.placement import to_device
+from gpukit.data._sampler import ResumableBatchSampler
+from gpukit.data._workers import auto_num_workers, chain_worker_init
+
+__all__ = ["DeviceLoader", "build_loader"]
+
+# DataLoader settings carried over from a loader the user built
+_CARRIED = (
+    "collate_fn", "timeout", "multiprocessing_context", "prefetch_factor",
+)
+
+
+class DeviceLoader:
+    """Iterate a DataLoader with batches moved to ``device``; epochs advance on their own.
+
+    Each ``for batch in loader`` is one epoch: the sampler is given the epoch number (so the
+    shuffle changes per epoch, identically on every rank), and a pass that started advances
+    the epoch when the next one begins. ``set_epoch`` overrides the count.
+    ``state_dict``/``load_state_dict`` carry (epoch, batches consumed, seed): a fresh process
+    that loads them continues with exactly the next batch.
+    """
+
+    def __init__(
+        self,
+        loader: DataLoader,
+        device: torch.device | None,
+        *,
+        seed: int,
+        world_size: int = 1,
+        resumable: bool = True,
+    ) -> None:
+        self.loader = loader
+        self.device = device
+        self.seed = seed
+        self.world_size = world_size
+        self._batch_sampler = loader.batch_sampler if resumable else None
+        self.batch_size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
+        self._epoch = 0
+        self._consumed = 0
+        self._in_progress = False
+
+    @property
+    def dataset(self) -> Dataset:
+        return self.loader.dataset
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def batches_consumed(self) -> int:
+        return self._consumed
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch`` (keeps a restored position in that same epoch)."""
+        if epoch != self._epoch:
+            self._epoch, self._consumed = int(epoch), 0
+        self._in_progress = False
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._in_progress:  # the previous pass was cut short: this is the next epoch
+            self._epoch, self._consumed = self._epoch + 1, 0
+        self._in_progress = True
+        skip = self._consumed
+        batches: Iterator[Any]
+        if isinstance(self._batch_sampler, ResumableBatchSampler):
+            self._batch_sampler.set_epoch(self._epoch)
+            self._batch_sampler.skip_batches = skip
+            batches = iter(self.loader)
+        else:
+            sampler = getattr(self.loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(self._epoch)
+            # an order gpukit does not control can only be skipped by drawing batches
+            batches = itertools.islice(iter(self.loader), skip, None)
+        device = self.device
+        for batch in batches:
+            self._consumed += 1
+            yield batch if device is None else to_device(batch, device)
+        self._epoch, self._consumed, self._in_progress = self._epoch + 1, 0, False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position in the data: ``{"epoch", "batches_consumed", "seed", "batch_size",
+        "world_size"}``; after a finished pass, the next epoch with 0 consumed."""
+        return {
+            "epoch": self._epoch,
+            "batches_consumed": self._consumed,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: the next pass yields the next unseen batch.
+
+        Raises:
+            CheckpointError: the state was saved with another batch size or world size, where
+                "the next batch" is not the same set of samples.
+        """
+        for key in ("batch_size", "world_size"):
+            saved, now = state.get(key), self.state_dict()[key]
+            if saved is not None and saved != now:
+                raise CheckpointError(
+                    f"Data-loader state was saved with {key}={saved}, this run has {key}={now}; "
+                    "a mid-epoch position does not carry over. Use the same setting, or drop "
+                    "batches_consumed (set it to 0) to restart the epoch."
+                    if state.get("batches_consumed")
+                    else f"Data-loader state was saved with {key}={saved}, this run has {now}."
+                )
+        self._epoch = int(state["epoch"])
+        self._consumed = int(state.get("batches_consumed", 0))
+        self._in_progress = False
+        if "seed" in state and state["seed"] is not None:
+            self.seed = int(state["seed"])
+            if isinstance(self._batch_sampler, ResumableBatchSampler):
+                self._batch_sampler.sampler.seed = self.seed
+
+    def __getattr__(self, name: str) -> Any:
+        # anything else (batch_size, num_workers, sampler...) is the DataLoader's
+        if name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __repr__(self) -> str:
+        return (
+            f"DeviceLoader(batches={len(self)}, device={self.device}, epoch={self._epoch}, "
+            f"batches_consumed={self._consumed})"
+        )
+
+
+def build_loader(
+    data: Dataset | DataLoader,
+    *,
+    device: torch.device,
+    accelerator: Accelerator,
+    rank: int,
+    world_size: int,
+    local_world_size: int,
+    seed: int,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
+    num_workers: int | str | None = None,
+    drop_last: bool | None = None,
+    pin_memory: bool | None = None,
+    move_to_device: bool = True,
+    **loader_kwargs: Any,
+) -> DeviceLoader:
+    """Build the session's loader; see ``Session.setup_dataloader`` for the arguments.
+
+    Raises:
+        ConfigurationError: bad arguments, or a custom sampler under several processes.
+    """
+    given = data if isinstance(data, DataLoader) else None
+    explicit_persistent = loader_kwargs.pop("persistent_workers", None)
+    dataset = given.dataset if given is not None else data
+    if given is not None:
+        for key in _CARRIED:
+            loader_kwargs.setdefault(key, getattr(given, key))
+        user_init = loader_kwargs.pop("worker_init_fn", given.worker_init_fn)
+    else:
+        user_init = loader_kwargs.pop("worker_init_fn", None)
+    if batch_size is None:
+        batch_size = given.batch_size if given is not None else 1
+    if drop_last is None:
+        drop_last = given.drop_last if given is not None else False
+    if num_workers is None:
+        num_workers = given.num_workers if given is not None else "auto"
+    if num_workers == "auto":
+        num_workers = auto_num_workers(dataset, accelerator, local_world_size)
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
+        raise ConfigurationError(f"num_workers={num_workers!r}; use 'auto' or an int >= 0.")
+    if pin_memory is None:
+        pin_memory = accelerator.benefits_from_pinned_memory
+    if num_workers == 0:
+        loader_kwargs.pop("prefetch_factor", None)
+        loader_kwargs["persistent_workers"] = False
+    else:
+        # workers that outlive an epoch skip re-forking and re-importing every epoch
+        loader_kwargs["persistent_workers"] = explicit_persistent is not False
+    common = dict(
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        worker_init_fn=chain_worker_init(user_init),
+        generator=torch.Generator().manual_seed(seed + rank),  # worker seeds, distinct per rank
+        **loader_kwargs,
+    )
+    target = device if move_to_device else None
+
+    custom = given is not None and not _plain_sampling(given)
+    if isinstance(dataset, IterableDataset) or custom:
+        if custom and world_size > 1:
+            raise ConfigurationError(
+                f"This DataLoader uses its own sampler ({type(given.sampler).__name__}/"
+                f"{type(given.batch_sampler).__name__}); under {world_size} processes gpukit "
+                "cannot shard it. Pass the dataset instead, or shard it in your sampler and "
+                "call setup_dataloader on each rank's own loader with move_to_device only."
+            )
+        if given is not None:
+            return DeviceLoader(given, target, seed=seed, world_size=world_size, resumable=False)
+        loader = DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, **common)
+        return DeviceLoader(loader, target, seed=seed, world_size=world_size, resumable=False)
+
+    if shuffle is None:
+        old = given.sampler if given is not None else None
+        shuffle = isinstance(old, RandomSampler) or (
+            isinstance(old, DistributedSampler) and old.shuffle
+        )
+    sampler = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=bool(shuffle), seed=seed
+    )
+    batch_sampler = ResumableBatchSampler(sampler, batch_size, drop_last)
+    loader = DataLoader(dataset, batch_sampler=batch_sampler, **common)
+    return DeviceLoader(loader, target, seed=seed, world_size=world_size)
+
+
+def _plain_sampling(loader: DataLoader) -> bool:
+    """Whether the loader samples in a way gpukit can reproduce (plain batches, std sampler)."""
+    return (
+        loader.batch_size is not None
+        and type(loader.batch_sampler) is BatchSampler
+        and type(loader.sampler) in (RandomSampler, SequentialSampler, DistributedSampler)
+    )

@@ -1,0 +1,245 @@
+"""Numeric precision: how the model's weights are stored and how its maths runs.
+
+=============  ===========================  =========================================
+name           weights / maths              notes
+=============  ===========================  =========================================
+"32-true"      fp32 / fp32                  the plain PyTorch default
+"bf16-mixed"   fp32 / bf16 under autocast   no loss scaling needed (bf16 has fp32 range)
+"16-mixed"     fp32 / fp16 under autocast   GradScaler scales the loss, skips inf steps
+"bf16-true"    bf16 / bf16                  normalisation layers kept in fp32
+"16-true"      fp16 / fp16                  normalisation layers kept in fp32
+"auto"         bf16-mixed on GPUs with native bf16, 16-mixed on older GPUs,
+               32-true on the CPU and other devices
+=============  ===========================  =========================================
+
+An unsupported combination (bf16 on a GPU without native bf16, fp16 autocast on a device
+without it) raises :class:`~gpukit.errors.ConfigurationError`; nothing falls back silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpukit.accelerators import Accelerator, CUDAAccelerator
+from gpukit.errors import ConfigurationError
+
+__all__ = [
+    "PRECISIONS",
+    "Precision",
+    "MixedPrecision",
+    "TruePrecision",
+    "get_precision",
+    "NORM_LAYERS",
+]
+
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "auto")
+
+#: layers kept in fp32 by the "-true" precisions: their statistics lose too much in 16 bits
+NORM_LAYERS: tuple[type[nn.Module], ...] = tuple(
+    cls
+    for cls in (
+        nn.modules.batchnorm._NormBase,  # BatchNorm*, SyncBatchNorm, InstanceNorm*
+        nn.LayerNorm,
+        nn.GroupNorm,
+        getattr(nn, "RMSNorm", None),
+    )
+    if cls is not None
+)
+
+
+class Precision:
+    """Base class: full fp32, nothing to do. Subclasses override only what differs."""
+
+    name: str = "32-true"
+    #: dtype that autocast runs matmuls in, or ``None`` without autocast
+    autocast_dtype: torch.dtype | None = None
+    #: dtype the weights are stored in
+    param_dtype: torch.dtype = torch.float32
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device if device is not None else torch.device("cpu")
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The GradScaler of fp16 mixed precision; ``None`` otherwise."""
+        return None
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        """Convert the weights to this precision's storage dtype (in place)."""
+        return module
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """A context in which forward passes run at this precision."""
+        return contextlib.nullcontext()
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The tensor to call ``backward`` on."""
+        return loss
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Bring gradients back to their true size before clipping (scaler only)."""
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step the optimizer. Returns False when the step was skipped (non-finite grads)."""
+        optimizer.step()
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class MixedPrecision(Precision):
+    """Weights in fp32, forward under ``torch.autocast``; fp16 adds a GradScaler."""
+
+    def __init__(self, name: str, device: torch.device) -> None:
+        super().__init__(device)
+        self.name = name
+        self.autocast_dtype = torch.bfloat16 if name.startswith("bf16") else torch.float16
+        self._scaler = (
+            torch.amp.GradScaler(device.type) if self.autocast_dtype == torch.float16 else None
+        )
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self._scaler
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss if self._scaler is None else self._scaler.scale(loss)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._scaler is not None:
+            self._scaler.unscale_(optimizer)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        if self._scaler is None:
+            optimizer.step()
+            return True
+        scale_before = self._scaler.get_scale()
+        self._scaler.step(optimizer)  # skips the step when a gradient is inf/nan
+        self._scaler.update()
+        # update() lowers the scale exactly when this step found non-finite gradients
+        return self._scaler.get_scale() >= scale_before
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self._scaler is None else {"scaler": self._scaler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._scaler is not None and state.get("scaler"):
+            self._scaler.load_state_dict(state["scaler"])
+
+
+class TruePrecision(Precision):
+    """Weights and maths in bf16 or fp16; normalisation layers stay fp32.
+
+    Floating-point inputs are cast to the low dtype on the way into the model and its
+    floating-point outputs back to fp32, so the loss is computed in fp32.
+    """
+
+    def __init__(self, name: str, device: torch.device) -> None:
+        super().__init__(device)
+        self.name = name
+        self.param_dtype = torch.bfloat16 if name.startswith("bf16") else torch.float16
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        if getattr(module, "_gpukit_precision", None) == self.name:
+            return module  # set up twice (e.g. re-wrapped): hooks must not stack
+        module.to(self.param_dtype)
+        low = self.param_dtype
+        for sub in module.modules():
+            if isinstance(sub, NORM_LAYERS):
+                sub.float()
+                sub.register_forward_pre_hook(_cast_hook(torch.float32), with_kwargs=True)
+                sub.register_forward_hook(_cast_output_hook(low))
+        module.register_forward_pre_hook(_cast_hook(low), with_kwargs=True)
+        module.register_forward_hook(_cast_output_hook(torch.get_default_dtype()))
+        module._gpukit_precision = self.name
+        return module
+
+
+def _cast(obj: Any, dtype: torch.dtype) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_cast(v, dtype) for v in obj)
+    if isinstance(obj, dict):
+        return {k: _cast(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+def _cast_hook(dtype: torch.dtype) -> Any:
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return _cast(args, dtype), _cast(kwargs, dtype)
+
+    return hook
+
+
+def _cast_output_hook(dtype: torch.dtype) -> Any:
+    def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+        return _cast(output, dtype)
+
+    return hook
+
+
+def get_precision(
+    name: str | Precision, accelerator: Accelerator, device: torch.device
+) -> Precision:
+    """The precision object for ``name`` on ``device``.
+
+    Args:
+        name: one of :data:`PRECISIONS`, or a ready :class:`Precision`.
+        accelerator: the accelerator of ``device`` (asked what it supports).
+        device: the device the model runs on.
+
+    Raises:
+        ConfigurationError: unknown name, or a precision the device cannot run.
+    """
+    if isinstance(name, Precision):
+        return name
+    if isinstance(name, int) and not isinstance(name, bool):
+        name = str(name)  # precision=32 / 16 as in other libraries
+    key = str(name).strip().lower()
+    key = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}.get(key, key)
+    if key not in PRECISIONS:
+        raise ConfigurationError(
+            f"Unknown precision {name!r}; choose one of {', '.join(map(repr, PRECISIONS))}."
+        )
+    if key == "auto":
+        key = _auto_name(accelerator, device)
+    if key == "32-true":
+        return Precision(device)
+    if key.startswith("bf16") and not accelerator.supports_bf16(device):
+        raise ConfigurationError(
+            f"Precision {key!r} needs native bfloat16, which {device} does not have "
+            "(CUDA needs compute capability 8.0+, i.e. Ampere or newer). Use '16-mixed' or "
+            "'32-true'."
+        )
+    if key == "16-mixed" and not accelerator.supports_fp16_autocast():
+        raise ConfigurationError(
+            f"Precision '16-mixed' needs float16 autocast, which {device} does not support. "
+            "Use '32-true' or 'bf16-mixed'."
+        )
+    if key.endswith("-mixed"):
+        return MixedPrecision(key, device)
+    return TruePrecision(key, device)
+
+
+def _auto_name(accelerator: Accelerator, device: torch.device) -> str:
+    # Mixed precision pays off on CUDA tensor cores; on the CPU it is usually slower.
+    # TODO(lead): an Accelerator.auto_precision(device) method would remove this type check.
+    if not isinstance(accelerator, CUDAAccelerator):
+        return "32-true"
+    return "bf16-mixed" if accelerator.supports_bf16(device) else "16-mixed"
+

@@ -1,0 +1,370 @@
+"""Session: one training loop for the CPU, one GPU, DataParallel and DDP.
+
+The session holds three objects -- an accelerator (what the device is), a strategy (how the
+model is placed and kept in sync) and a precision (how the maths runs) -- and its methods
+delegate to them. Users keep their own loop::
+
+    session = gpukit.Session(precision="auto", accumulate_grad_batches=2, seed=0)
+    model, optimizer = session.setup(model, optimizer)
+    loader = session.setup_dataloader(dataset, batch_size=64, shuffle=True)
+    for epoch in range(3):
+        for x, y in session.progress(loader):
+            with session.accumulate(model):
+                with session.autocast():
+                    loss = loss_fn(model(x), y)
+                session.backward(loss)
+            session.step(optimizer, clip_grad_norm=1.0)
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from gpukit._progress import progress as _progress
+from gpukit._seeding import fresh_seed, seed_everything
+from gpukit.accelerators import Accelerator
+from gpukit.data import DeviceLoader, build_loader
+from gpukit.errors import ConfigurationError, DistributedError
+from gpukit.placement import is_cpu, to_device, unwrap_model
+from gpukit.precision import Precision, get_precision
+from gpukit.strategies import Strategy, select_strategy
+
+__all__ = ["Session"]
+
+T = TypeVar("T")
+M = TypeVar("M", bound=nn.Module)
+
+
+class Session:
+    """Run a user-written training loop on the devices, strategy and precision asked for.
+
+    Args:
+        devices: "auto" (one device per process), an int N (-1: all visible GPUs), a list of
+            GPU indices, or one device ("cpu", "cuda:1", a torch.device). On the CPU,
+            ``accelerator="cpu", devices=N`` means N processes (DDP on gloo).
+        precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true" or "auto".
+        strategy: "auto", "single", "dp" or "ddp" (or a Strategy object).
+        seed: seeds Python, NumPy, torch, every GPU, shuffling and loader workers.
+        accumulate_grad_batches: micro-batches per optimizer step.
+        sync_batchnorm: under DDP, compute BatchNorm statistics over the global batch.
+        accelerator: "auto", "cpu", "cuda" or "mps".
+        verbose: print (on rank 0) what was chosen.
+
+    Raises:
+        ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
+        DeviceError: more devices than are visible, or a device type that is not here.
+    """
+
+    def __init__(
+        self,
+        devices: Any = "auto",
+        precision: str | Precision = "auto",
+        strategy: str | Strategy = "auto",
+        seed: int | None = None,
+        accumulate_grad_batches: int = 1,
+        sync_batchnorm: bool = False,
+        accelerator: str | Accelerator = "auto",
+        verbose: bool = True,
+    ) -> None:
+        if (
+            not isinstance(accumulate_grad_batches, int)
+            or isinstance(accumulate_grad_batches, bool)
+            or accumulate_grad_batches < 1
+        ):
+            raise ConfigurationError(
+                f"accumulate_grad_batches={accumulate_grad_batches!r}; use an int >= 1."
+            )
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise ConfigurationError(f"seed={seed!r}; use an int or None.")
+        # what a worker started by launch() needs to build the same session
+        self._config = dict(
+            devices=devices, precision=precision, strategy=strategy, seed=seed,
+            accumulate_grad_batches=accumulate_grad_batches, sync_batchnorm=sync_batchnorm,
+            accelerator=accelerator, verbose=verbose,
+        )
+        self.strategy: Strategy = select_strategy(
+            devices, strategy, accelerator, sync_batchnorm=sync_batchnorm
+        )
+        self.accelerator: Accelerator = self.strategy.accelerator
+        self.precision: Precision = get_precision(
+            precision, self.accelerator, self.strategy.root_device
+        )
+        self.strategy.precision = self.precision
+        self.accumulate_grad_batches = accumulate_grad_batches
+        self.seed = seed
+        self._micro_step = 0
+        self._optimizer_steps = 0
+        if seed is not None:
+            seed_everything(seed, self.accelerator)
+        if self.strategy.launched:
+            self.strategy.setup_environment()
+            if verbose and self.is_main:
+                auto = {k: " (auto)" if self._config[k] == "auto" else "" for k in self._config}
+                print(
+                    f"gpukit: strategy {self.strategy.describe()}{auto['strategy']}; "
+                    f"precision {self.precision.name}{auto['precision']}",
+                    file=sys.stderr,
+                )
+
+    # -- where this process sits -------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """This process's device (the main GPU under DataParallel)."""
+        self._require_launched("session.device")
+        return self.strategy.root_device
+
+    @property
+    def rank(self) -> int:
+        return self.strategy.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0 -- the process that prints, logs and saves."""
+        return self.strategy.rank == 0
+
+    # -- set-up -----------------------------------------------------------------------------------
+    def setup(self, model: M, optimizer: torch.optim.Optimizer | None = None) -> Any:
+        """Place, convert and wrap ``model``; check and move ``optimizer``.
+
+        Returns:
+            ``(model, optimizer)``, or the model alone when no optimizer is given. The model
+            may be wrapped (DataParallel/DDP); ``gpukit.unwrap_model`` gives the inner one.
+
+        Raises:
+            ConfigurationError: the optimizer holds parameters that are not the model's.
+            DistributedError: several processes are needed but were not launched.
+        """
+        self._require_launched("session.setup()")
+        if optimizer is not None:
+            _check_optimizer(model, optimizer)
+        model = self.strategy.prepare_module(model)
+        model = self.precision.convert_module(model)
+        model = self.strategy.setup_module(model)
+        if optimizer is None:
+            return model
+        if optimizer.state:
+            # the optimizer's own loader casts state to each parameter's device and dtype
+            # (and keeps Adam's "step" counters where they belong)
+            optimizer.load_state_dict(optimizer.state_dict())
+        return model, optimizer
+
+    def setup_dataloader(
+        self,
+        data: Any,
+        batch_size: int | None = None,
+        shuffle: bool | None = None,
+        num_workers: int | str | None = None,
+        **kwargs: Any,
+    ) -> DeviceLoader:
+        """A loader for this process: its shard of ``data``, batches on ``session.device``.
+
+        Args:
+            data: a Dataset or a DataLoader (its settings are kept unless overridden).
+            batch_size: per process; default the loader's, or 1 for a dataset (as torch).
+            shuffle: default the loader's, or False for a dataset (as torch).
+            num_workers: "auto" (default for a dataset): 0 for in-memory TensorDatasets and
+                on the CPU, else usable CPUs per process - 1, at most 8.
+            **kwargs: ``drop_last``, ``pin_memory`` (default: on for GPUs),
+                ``move_to_device`` (default True) and any other DataLoader argument.
+
+        Returns:
+            A :class:`~gpukit.data.DeviceLoader`; each ``for`` over it is one epoch, with
+            ``set_epoch`` handled, and ``state_dict()`` records the position for resuming.
+        """
+        self._require_launched("session.setup_dataloader()")
+        seed = self.seed
+        if seed is None:  # random order per run, recorded in the loader's state_dict
+            seed = self.broadcast(fresh_seed()) if self.world_size > 1 else fresh_seed()
+        return build_loader(
+            data, device=self.device, accelerator=self.accelerator, rank=self.rank,
+            world_size=self.world_size, local_world_size=self.strategy.num_processes,
+            seed=int(seed), batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
+            **kwargs,
+        )
+
+    def to_device(self, obj: T) -> T:
+        """Move tensors/modules inside ``obj`` to ``session.device`` (see ``gpukit.to_device``)."""
+        return to_device(obj, self.device)
+
+    # -- the training step ------------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Context for the forward pass and loss at the session's precision."""
+        return self.precision.autocast()
+
+    def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Context that skips DDP's gradient sync except on the last micro-batch of a step."""
+        if (self._micro_step + 1) % self.accumulate_grad_batches == 0:
+            return contextlib.nullcontext()
+        return self.strategy.no_backward_sync(model)
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided by ``accumulate_grad_batches`` and scaled for fp16."""
+        self._require_launched("session.backward()")
+        if self.accumulate_grad_batches > 1:
+            # summed over the micro-batches this gives the gradient of the mean loss
+            loss = loss / self.accumulate_grad_batches
+        self.precision.scale_loss(loss).backward(**kwargs)
+
+    def step(self, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None = None) -> bool:
+        """Count a micro-batch; on the accumulation boundary clip, step and zero the grads.
+
+        Call it after every ``backward``, with the session's one optimizer.
+
+        Returns:
+            True when the optimizer stepped; False between boundaries and when fp16 found
+            non-finite gradients (the step is skipped and the loss scale lowered).
+        """
+        self._micro_step += 1
+        if self._micro_step % self.accumulate_grad_batches:
+            return False
+        if clip_grad_norm is not None:
+            self.precision.unscale_(optimizer)
+            params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
+        stepped = self.precision.optimizer_step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        self._optimizer_steps += int(stepped)
+        return stepped
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps taken (skipped fp16 steps not counted)."""
+        return self._optimizer_steps
+
+    # -- output (rank 0 only) -----------------------------------------------------------------
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on rank 0 only."""
+        if self.is_main:
+            kwargs.setdefault("flush", True)
+            builtins.print(*args, **kwargs)
+
+    def progress(
+        self, iterable: Iterable[T], total: int | None = None, description: str = ""
+    ) -> Iterator[T]:
+        """Iterate ``iterable`` with a live progress bar drawn on rank 0 only."""
+        return _progress(iterable, total=total, description=description, enabled=self.is_main)
+
+    # -- collectives (identity in a single process) -----------------------------------------------
+    def barrier(self) -> None:
+        """Wait until every process reaches this point."""
+        self._require_launched("session.barrier()")
+        self.strategy.barrier()
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """``obj`` as process ``src`` has it, on every process (tensor or picklable object)."""
+        self._require_launched("session.broadcast()")
+        return self.strategy.broadcast(obj, src)
+
+    def all_reduce(self, value: torch.Tensor | float, op: str = "mean") -> torch.Tensor:
+        """``value`` reduced over processes with "mean", "sum", "max" or "min" (a new tensor)."""
+        self._require_launched("session.all_reduce()")
+        return self.strategy.all_reduce(value, op)
+
+    def all_gather(self, value: torch.Tensor | float) -> torch.Tensor:
+        """Every process's ``value`` stacked along a new dim 0 of size ``world_size``."""
+        self._require_launched("session.all_gather()")
+        return self.strategy.all_gather(value)
+
+    # -- processes -----------------------------------------------------------------------------------
+    def launch(self, fn: Callable[..., T], *args: Any) -> list[T]:
+        """Run ``fn(session, *args)`` in every process this session needs.
+
+        When the processes are not running yet (plain ``python`` with devices > 1), starts
+        them through PyTorch's elastic launcher (as ``gpukit run`` does) and builds an equal
+        session in each. ``fn`` and ``args`` must be picklable (``fn`` defined at module level).
+        Otherwise ``fn`` runs here, once.
+
+        Returns:
+            ``fn``'s return values, one per rank in rank order (just this process's when
+            already launched or single-process).
+        """
+        if self.strategy.launched:
+            return [fn(self, *args)]
+        from gpukit.launch import launch_function
+
+        return list(
+            launch_function(
+                _run_worker, (self._config, fn, args),
+                nproc=self.strategy.num_processes, cpu=is_cpu(self.accelerator),
+            )
+        )
+
+    def close(self) -> None:
+        """Leave the process group this session joined (at the end of training)."""
+        self.strategy.teardown()
+
+    # -- state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Session-owned training state: micro-step, optimizer steps, GradScaler."""
+        return {
+            "micro_step": self._micro_step,
+            "optimizer_steps": self._optimizer_steps,
+            "precision": self.precision.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self._micro_step = int(state.get("micro_step", 0))
+        self._optimizer_steps = int(state.get("optimizer_steps", 0))
+        self.precision.load_state_dict(state.get("precision", {}))
+
+    def _require_launched(self, what: str) -> None:
+        if self.strategy.launched:
+            return
+        n = self.strategy.num_processes
+        raise DistributedError(
+            f"{what} needs {n} processes (strategy {self.strategy.name!r}, "
+            f"devices={self._config['devices']!r}), but this is one process started without a "
+            "launcher (no RANK/WORLD_SIZE in its environment); gpukit will not silently train "
+            f"on one device. Start the {n} processes in one of these ways:\n"
+            f"  - put the training in a function and call session.launch(train_fn);\n"
+            f"  - gpukit run --gpus {n} script.py;\n"
+            f"  - torchrun --nproc-per-node {n} script.py.\n"
+            "Or ask for one device: Session(devices=1)."
+        )
+
+    def __repr__(self) -> str:
+        state = self.strategy.describe() if self.strategy.launched else "not launched"
+        return f"Session({state}, precision={self.precision.name!r})"
+
+
+def _check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigurationError(
+            f"setup(model, optimizer) got a {type(optimizer).__name__} as optimizer; pass a "
+            "torch.optim.Optimizer (or call setup(model) alone)."
+        )
+    owned = {id(p) for p in unwrap_model(model).parameters()}
+    foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in owned]
+    if foreign:
+        shapes = ", ".join(str(tuple(p.shape)) for p in foreign[:5])
+        raise ConfigurationError(
+            f"The optimizer holds {len(foreign)} parameter tensor(s) that are not parameters of "
+            f"the model given to setup (shapes {shapes}{', ...' if len(foreign) > 5 else ''}). "
+            "Build the optimizer from this model, e.g. torch.optim.SGD(model.parameters(), ...), "
+            "after creating (or loading) the model and before session.setup."
+        )
+
+
+def _run_worker(config: dict[str, Any], fn: Callable[..., Any], args: tuple) -> Any:
+    """Entry point of a process started by :meth:`Session.launch`."""
+    session = Session(**config)
+    try:
+        return fn(session, *args)
+    finally:
+        session.close()

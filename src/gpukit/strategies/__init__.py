@@ -1,0 +1,32 @@
+"""Strategies: how a model is placed, wrapped and kept in sync across devices.
+
+- ``"single"``: one device in one process.
+- ``"dp"``: :class:`torch.nn.DataParallel` over several GPUs in one process.
+- ``"ddp"``: :class:`~torch.nn.parallel.DistributedDataParallel`, one process per device.
+- ``"auto"``: ddp when several processes are launched or asked for, else single.
+"""
+
+from __future__ import annotations
+
+from gpukit.strategies._env import DistEnv
+from gpukit.strategies._select import ACCELERATORS, STRATEGIES, select_strategy
+from gpukit.strategies._syncbn import HostSyncBatchNorm, convert_sync_batchnorm
+from gpukit.strategies.base import REDUCE_OPS, Strategy
+from gpukit.strategies.ddp import DDPStrategy
+from gpukit.strategies.dp import DataParallelStrategy, ModelWithLoss
+from gpukit.strategies.single import SingleDeviceStrategy
+
+__all__ = [
+    "ACCELERATORS",
+    "DDPStrategy",
+    "DataParallelStrategy",
+    "DistEnv",
+    "HostSyncBatchNorm",
+    "ModelWithLoss",
+    "REDUCE_OPS",
+    "STRATEGIES",
+    "SingleDeviceStrategy",
+    "Strategy",
+    "convert_sync_batchnorm",
+    "select_strategy",
+]

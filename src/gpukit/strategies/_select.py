@@ -1,0 +1,187 @@
+"""Turn ``Session(devices=..., strategy=..., accelerator=...)`` into a Strategy object.
+
+Rules (documented in docs/readme/session.md):
+- ``devices`` counts devices *per node*: "auto" (one per process: the local GPU under a
+  launcher, else GPU 0 / MPS / CPU), an int N (-1: every visible GPU), a list of GPU indices,
+  or one device spec ("cpu", "cuda:1", a torch.device).
+- On the CPU, ``devices=N`` means N processes; ask for it explicitly with
+  ``accelerator="cpu"`` (so ``devices=4`` on a box without GPUs is an error, not 4 CPU workers).
+- ``strategy="auto"``: several processes (launched, or to be launched) -> "ddp"; otherwise
+  "single". "dp" is never chosen automatically: DDP is faster; ask for it by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from gpukit.accelerators import DEVICE_TYPES, Accelerator, auto_device_type, get_accelerator
+from gpukit.errors import ConfigurationError, DeviceError
+from gpukit.placement import is_cpu, resolve_device, visible_mapping_text
+from gpukit.strategies._env import DistEnv
+from gpukit.strategies.base import Strategy
+from gpukit.strategies.ddp import DDPStrategy
+from gpukit.strategies.dp import DataParallelStrategy
+from gpukit.strategies.single import SingleDeviceStrategy
+
+__all__ = ["select_strategy", "STRATEGIES", "ACCELERATORS"]
+
+STRATEGIES = ("auto", "single", "dp", "ddp")
+ACCELERATORS = ("auto", *DEVICE_TYPES)
+_DEVICES_HELP = (
+    'devices="auto", an int N (-1 = all visible GPUs), a list of GPU indices, or one device '
+    'such as "cpu" or "cuda:1"'
+)
+
+
+def select_strategy(
+    devices: Any = "auto",
+    strategy: str | Strategy = "auto",
+    accelerator: str | Accelerator = "auto",
+    *,
+    sync_batchnorm: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> Strategy:
+    """The strategy for these settings in this process.
+
+    Raises:
+        ConfigurationError: an unknown string or a contradictory combination.
+        DeviceError: more devices than visible, or a device type that is not available.
+        DistributedError: a malformed launch environment.
+    """
+    if isinstance(strategy, Strategy):
+        return strategy
+    name = str(strategy).strip().lower()
+    if name not in STRATEGIES:
+        raise ConfigurationError(
+            f"Unknown strategy {strategy!r}; choose one of {', '.join(map(repr, STRATEGIES))}."
+        )
+    env = DistEnv.from_environ(environ)
+    acc = _accelerator(accelerator, devices)
+    indices = _device_indices(devices, acc, env, accelerator_given=accelerator != "auto")
+    if env is not None and not _is_auto(devices) and len(indices) != env.local_world_size:
+        raise ConfigurationError(
+            f"devices={devices!r} asks for {len(indices)} device(s) per node, but the launcher "
+            f"started {env.local_world_size} process(es) per node (LOCAL_WORLD_SIZE). Make them "
+            "agree, or use devices='auto' to take one device per launched process."
+        )
+    processes = env.world_size if env is not None else len(indices)
+    if name == "auto":
+        name = "ddp" if processes > 1 else "single"
+    if name == "single":
+        if processes > 1:
+            raise ConfigurationError(
+                f"strategy='single' uses one device, but {processes} were asked for "
+                f"(devices={devices!r}{', WORLD_SIZE=' + str(env.world_size) if env else ''}). "
+                "Use strategy='ddp' (or 'dp' for several GPUs in one process), or devices=1."
+            )
+        return SingleDeviceStrategy(acc, _device(acc, indices[0]))
+    if name == "dp":
+        if env is not None and env.world_size > 1:
+            raise ConfigurationError(
+                f"strategy='dp' runs in one process, but this is rank {env.rank} of "
+                f"{env.world_size} launched processes; use strategy='ddp' (or 'auto')."
+            )
+        if is_cpu(acc) and len(indices) > 1:
+            raise ConfigurationError(
+                f"strategy='dp' splits batches over GPUs; the CPU is one device (devices={devices!r}). "
+                "Use devices=1, or accelerator='cpu' with strategy='ddp' for several CPU processes."
+            )
+        return DataParallelStrategy(acc, [_device(acc, i) for i in indices])
+    local = indices[env.local_rank] if env is not None else indices[0]
+    return DDPStrategy(
+        acc, _device(acc, local), env, num_processes=len(indices), sync_batchnorm=sync_batchnorm
+    )
+
+
+def _accelerator(accelerator: str | Accelerator, devices: Any) -> Accelerator:
+    if isinstance(accelerator, Accelerator):
+        acc = accelerator
+    else:
+        key = str(accelerator).strip().lower()
+        if key not in ACCELERATORS:
+            raise ConfigurationError(
+                f"Unknown accelerator {accelerator!r}; choose one of "
+                f"{', '.join(map(repr, ACCELERATORS))}."
+            )
+        if key == "auto":
+            if isinstance(devices, (str, torch.device)) and not _is_auto(devices):
+                return get_accelerator(resolve_device(devices))
+            key = auto_device_type()
+        acc = get_accelerator(key)
+    if not acc.is_available():
+        raise DeviceError(
+            f"accelerator {acc.type!r} was asked for but is not available here "
+            f"(best available: {auto_device_type()!r}). Use accelerator='auto'."
+        )
+    return acc
+
+
+def _device_indices(
+    devices: Any, acc: Accelerator, env: DistEnv | None, *, accelerator_given: bool
+) -> list[int | None]:
+    """Device indices on this node (``None`` for the CPU, where each entry is a process)."""
+    if isinstance(devices, bool):
+        raise ConfigurationError(f"devices={devices!r} is not a device count; use {_DEVICES_HELP}.")
+    if _is_auto(devices):
+        count = env.local_world_size if env is not None else 1
+        return _checked(list(range(count)), acc, devices)
+    if isinstance(devices, (str, torch.device)):
+        device = resolve_device(devices)
+        if device.type != acc.type:
+            raise ConfigurationError(
+                f"devices={str(devices)!r} is a {device.type} device but accelerator is "
+                f"{acc.type!r}; drop one of them."
+            )
+        return [device.index]
+    if isinstance(devices, int):
+        if devices == -1:
+            count = env.local_world_size if env is not None and is_cpu(acc) else acc.device_count()
+        elif devices >= 1:
+            count = devices
+        else:
+            raise ConfigurationError(f"devices={devices} is not a device count; use {_DEVICES_HELP}.")
+        if count > 1 and is_cpu(acc) and not accelerator_given:
+            raise DeviceError(
+                f"devices={devices} asks for {count} devices, but no GPU is visible to this "
+                "process. For several CPU processes (DDP on gloo) say so: "
+                f"Session(accelerator='cpu', devices={count})."
+            )
+        return _checked(list(range(count)), acc, devices)
+    if isinstance(devices, Sequence) and devices and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in devices
+    ):
+        if is_cpu(acc):
+            raise ConfigurationError(
+                f"devices={list(devices)!r} lists GPU indices, but there is no GPU here; "
+                "use accelerator='cpu', devices=N for N CPU processes."
+            )
+        if len(set(devices)) != len(devices):
+            raise ConfigurationError(f"devices={list(devices)!r} lists a GPU twice.")
+        return _checked(list(devices), acc, devices)
+    raise ConfigurationError(f"devices={devices!r} is not understood; use {_DEVICES_HELP}.")
+
+
+def _checked(indices: list[int], acc: Accelerator, given: Any) -> list[int | None]:
+    if is_cpu(acc):
+        return [None] * len(indices)
+    count = acc.device_count()
+    if max(indices) >= count or min(indices) < 0:
+        mapping = visible_mapping_text()
+        raise DeviceError(
+            f"devices={given!r} needs {acc.type} device(s) {indices}, but only {count} "
+            f"{'is' if count == 1 else 'are'} visible to this process."
+            + (f"\nVisible GPUs:\n{mapping}" if mapping else "")
+            + "\nAsk for fewer, or change CUDA_VISIBLE_DEVICES (`gpukit ls` shows them)."
+        )
+    return list(indices)
+
+
+def _device(acc: Accelerator, index: int | None) -> torch.device:
+    return acc.device(index) if index is not None else acc.device()
+
+
+def _is_auto(devices: Any) -> bool:
+    return isinstance(devices, str) and devices.strip().lower() == "auto"

@@ -1,0 +1,121 @@
+"""The Strategy base class: how a model is placed, wrapped and kept in sync.
+
+Base methods do the single-process thing (collectives are the identity), so each strategy
+overrides only what differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpukit.accelerators import Accelerator
+from gpukit.errors import ConfigurationError
+from gpukit.precision import Precision
+
+__all__ = ["Strategy", "REDUCE_OPS"]
+
+REDUCE_OPS = ("mean", "sum", "max", "min")
+
+
+class Strategy:
+    """One process, one device. Subclasses add wrapping and communication."""
+
+    name: str = "single"
+
+    def __init__(self, accelerator: Accelerator, device: torch.device) -> None:
+        self.accelerator = accelerator
+        self.root_device = device
+        #: set by the Session before ``setup_module``; DataParallel needs its autocast dtype
+        self.precision: Precision = Precision(device)
+
+    # -- where this process sits ---------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes this strategy runs in (on this node)."""
+        return 1
+
+    @property
+    def launched(self) -> bool:
+        """Whether the processes this strategy needs are running (False: call launch)."""
+        return True
+
+    @property
+    def is_distributed(self) -> bool:
+        return False
+
+    # -- set-up ----------------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        """Make the device current and join any process group (no-op here)."""
+        self.accelerator.set_device(self.root_device)
+
+    def prepare_module(self, module: nn.Module) -> nn.Module:
+        """Change layers before the precision converts them (e.g. SyncBatchNorm); no-op here."""
+        return module
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Move ``module`` to the device and wrap it as the strategy needs."""
+        return module.to(self.root_device)
+
+    def no_backward_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """A context in which ``backward`` does not synchronise gradients across processes."""
+        return contextlib.nullcontext()
+
+    def teardown(self) -> None:
+        """Leave any process group this strategy created."""
+
+    # -- collectives (identity in one process) ------------------------------------------------
+    def barrier(self) -> None:
+        """Wait until every process got here."""
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """``obj`` from process ``src`` on every process (tensors or picklable objects)."""
+        return obj
+
+    def all_reduce(self, value: torch.Tensor | float, op: str = "mean") -> torch.Tensor:
+        """Reduce ``value`` over processes with ``op``; returns a new tensor on every process."""
+        check_reduce_op(op)
+        return self._as_tensor(value)
+
+    def all_gather(self, value: torch.Tensor | float) -> torch.Tensor:
+        """Every process's ``value`` stacked along a new first dimension of size world_size."""
+        return self._as_tensor(value).unsqueeze(0)
+
+    def _as_tensor(self, value: torch.Tensor | float) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, (int, float, bool)):
+            return torch.tensor(value, device=self.root_device)
+        raise ConfigurationError(
+            f"Collectives take a tensor or a Python number, got {type(value).__name__}; "
+            "convert it with torch.as_tensor (or use broadcast for arbitrary objects)."
+        )
+
+    def describe(self) -> str:
+        """One line for the user: what runs where."""
+        return f"{self.name} on {self.root_device}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()!r})"
+
+
+def check_reduce_op(op: str) -> None:
+    if op not in REDUCE_OPS:
+        raise ConfigurationError(
+            f"Unknown reduce op {op!r}; choose one of {', '.join(map(repr, REDUCE_OPS))}."
+        )

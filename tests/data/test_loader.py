@@ -1,0 +1,141 @@
+"""gpukit.data: sharding, per-epoch shuffles, mid-epoch resume, workers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset, WeightedRandomSampler
+
+from gpukit.accelerators import CPUAccelerator, CUDAAccelerator
+from gpukit.data import DeviceLoader, auto_num_workers, build_loader
+from gpukit.errors import CheckpointError, ConfigurationError
+
+CPU = torch.device("cpu")
+
+
+class CountingDataset(Dataset):
+    """Records which samples were loaded (to prove resume skips indices, not data)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.loaded = n, []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        self.loaded.append(i)
+        return i
+
+
+def loader(data: object, rank: int = 0, world: int = 1, seed: int = 7, **kw: object) -> DeviceLoader:
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("shuffle", True)
+    return build_loader(data, device=CPU, accelerator=CPUAccelerator(), rank=rank, world_size=world,
+                        local_world_size=world, seed=seed, **kw)
+
+
+def flat(batches: list) -> list[int]:
+    return [int(i) for b in batches for i in b]
+
+
+def test_epochs_advance_and_reshuffle_by_themselves() -> None:
+    dl = loader(CountingDataset(20))
+    first, second = flat(list(dl)), flat(list(dl))
+    assert sorted(first) == sorted(second) == list(range(20)) and first != second
+    assert dl.state_dict()["epoch"] == 2
+    dl.set_epoch(0)
+    assert flat(list(dl)) == first  # order is a function of (seed, epoch)
+
+
+def test_ranks_get_disjoint_shards() -> None:
+    shards = [flat(list(loader(CountingDataset(24), rank=r, world=3))) for r in range(3)]
+    assert sorted(sum(shards, [])) == list(range(24))
+    assert all(len(s) == 8 for s in shards)
+
+
+def test_resume_mid_epoch_continues_with_the_next_batch_without_loading_skipped() -> None:
+    reference = loader(CountingDataset(30), seed=11)
+    list(reference)  # epoch 0
+    full_epoch_1 = list(reference)
+
+    run = loader(CountingDataset(30), seed=11)
+    list(run)
+    it = iter(run)
+    seen = [next(it) for _ in range(3)]  # checkpoint after 3 batches of epoch 1
+    state = run.state_dict()
+    assert state["epoch"] == 1 and state["batches_consumed"] == 3 and state["seed"] == 11
+
+    data = CountingDataset(30)
+    fresh = loader(data, seed=999)  # a new process: different seed until the state is loaded
+    fresh.load_state_dict(state)
+    rest = list(fresh)
+    assert flat(seen + rest) == flat(full_epoch_1)
+    assert sorted(data.loaded) == sorted(flat(rest))  # skipped batches were never loaded
+    assert fresh.state_dict()["epoch"] == 2 and fresh.state_dict()["batches_consumed"] == 0
+
+
+def test_break_then_iterate_again_is_the_next_epoch() -> None:
+    dl = loader(CountingDataset(12))
+    for _ in dl:
+        break
+    list(dl)
+    assert dl.state_dict()["epoch"] == 2
+
+
+def test_state_from_another_world_size_is_refused() -> None:
+    dl = loader(CountingDataset(8))
+    with pytest.raises(CheckpointError, match="world_size=2"):
+        dl.load_state_dict({"epoch": 0, "batches_consumed": 1, "world_size": 2, "batch_size": 4})
+
+
+def test_dataloader_settings_are_kept_and_shuffle_detected() -> None:
+    base = DataLoader(TensorDataset(torch.arange(10.0)), batch_size=5, shuffle=True, drop_last=True)
+    dl = loader(base, batch_size=None, shuffle=None)
+    assert dl.batch_size == 5 and len(dl) == 2
+    assert dl.loader.batch_sampler.sampler.shuffle is True
+    ordered = loader(DataLoader(TensorDataset(torch.arange(10.0)), batch_size=5),
+                     batch_size=None, shuffle=None)
+    assert torch.equal(next(iter(ordered))[0], torch.arange(5.0))
+
+
+def test_custom_sampler_kept_in_one_process_refused_in_several() -> None:
+    data = CountingDataset(10)
+    custom = DataLoader(data, batch_size=2, sampler=WeightedRandomSampler([1.0] * 10, 10))
+    dl = loader(custom, batch_size=None, shuffle=None)
+    assert dl.loader is custom and len(list(dl)) == 5
+    with pytest.raises(ConfigurationError, match="WeightedRandomSampler"):
+        loader(custom, world=2, batch_size=None, shuffle=None)
+
+
+def test_num_workers_auto_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gpukit.data._workers.usable_cpu_count", lambda: 16)
+    tensors = TensorDataset(torch.zeros(2))
+    assert auto_num_workers(tensors, CUDAAccelerator(), 1) == 0
+    assert auto_num_workers(CountingDataset(2), CPUAccelerator(), 1) == 0
+    assert auto_num_workers(CountingDataset(2), CUDAAccelerator(), 1) == 8
+    assert auto_num_workers(CountingDataset(2), CUDAAccelerator(), 4) == 3
+    with pytest.raises(ConfigurationError, match="num_workers"):
+        loader(CountingDataset(4), num_workers=-1)
+
+
+class RandomDataset(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> float:
+        import numpy as np
+
+        return random.random() + float(np.random.rand()) + torch.rand(()).item()
+
+
+def test_workers_are_seeded_reproducibly_and_differently() -> None:
+    def draws(seed: int) -> list[float]:
+        dl = loader(RandomDataset(), seed=seed, num_workers=2, batch_size=1, shuffle=False)
+        return [float(b) for b in dl]
+
+    a, b = draws(5), draws(5)
+    assert a == b  # same seed, same "random" augmentations
+    assert len(set(a)) == 4  # but workers do not repeat each other
+    assert draws(6) != a
