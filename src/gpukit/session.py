@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -83,6 +84,8 @@ class Session:
             )
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ConfigurationError(f"seed={seed!r}; use an int or None.")
+        if accelerator == "auto" and os.environ.get("GPUKIT_CPU") == "1":
+            accelerator = "cpu"  # `gpukit run --cpu`: gloo on the CPU even where GPUs exist
         # what a worker started by launch() needs to build the same session
         self._config = dict(
             devices=devices, precision=precision, strategy=strategy, seed=seed,
@@ -105,6 +108,12 @@ class Session:
             seed_everything(seed, self.accelerator)
         if self.strategy.launched:
             self.strategy.setup_environment()
+        if os.environ.get("GPUKIT_LAUNCHER_PID"):
+            # started by gpukit run / session.launch: SIGTERM becomes `session.should_stop`
+            from gpukit.launch import install_preemption_handler
+
+            install_preemption_handler()
+        if self.strategy.launched:
             if verbose and self.is_main:
                 auto = {k: " (auto)" if self._config[k] == "auto" else "" for k in self._config}
                 print(
@@ -279,6 +288,23 @@ class Session:
         """Every process's ``value`` stacked along a new dim 0 of size ``world_size``."""
         self._require_launched("session.all_gather()")
         return self.strategy.all_gather(value)
+
+    @property
+    def should_stop(self) -> bool:
+        """Whether any rank was asked to stop (SIGTERM/SIGINT under ``gpukit run``: preemption).
+
+        Check it once per step, after ``session.step``; every rank gets the same answer at the
+        same step (one small all-reduce), so all ranks can save a checkpoint and leave the loop
+        together. ``gpukit run`` then exits with ``gpukit.launch.PREEMPTED_EXIT_CODE`` (75).
+        Outside ``gpukit run``, call ``gpukit.launch.install_preemption_handler()`` to opt in.
+        """
+        from gpukit.launch import stop_requested
+
+        local = stop_requested()
+        if self.world_size == 1 or not self.strategy.launched:
+            return local
+        flag = torch.tensor(1.0 if local else 0.0, device=self.device)
+        return bool(self.strategy.all_reduce(flag, op="max") > 0)
 
     # -- processes -----------------------------------------------------------------------------------
     def launch(self, fn: Callable[..., T], *args: Any) -> list[T]:
