@@ -14,7 +14,7 @@ from torch import nn
 
 import gpukit
 from gpukit import placement
-from gpukit.accelerators import CUDAAccelerator
+from gpukit.accelerators import CPUAccelerator, CUDAAccelerator
 from gpukit.errors import ConfigurationError, DeviceError
 from gpukit.placement import resolve_device, to_device, unwrap_model
 
@@ -134,7 +134,7 @@ def test_to_device_copies_pinned_tensors_non_blocking_to_gpus(monkeypatch: pytes
     )
     monkeypatch.setattr(placement, "get_accelerator", lambda device: CUDAAccelerator())
     to_device([torch.ones(1)], META)
-    monkeypatch.setattr(placement, "get_accelerator", lambda device: placement.CPUAccelerator())
+    monkeypatch.setattr(placement, "get_accelerator", lambda device: CPUAccelerator())
     to_device([torch.ones(1)], META)
     assert calls == [True, False]
 

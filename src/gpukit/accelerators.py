@@ -35,6 +35,8 @@ class Accelerator:
     distributed_backend: str = "gloo"
     #: whether pinned host memory speeds up copies to this device
     benefits_from_pinned_memory: bool = False
+    #: the host CPU: "N devices" means N processes, not N chips
+    is_host: bool = True
 
     def is_available(self) -> bool:
         return True
@@ -60,6 +62,10 @@ class Accelerator:
     def supports_fp16_autocast(self) -> bool:
         # CPU autocast accepts float16 from torch 2.4 on, but it is slow and rarely useful.
         return True
+
+    def auto_precision(self, device: torch.device | None = None) -> str:
+        """The precision ``"auto"`` means here; mixed precision rarely pays off on the CPU."""
+        return "32-true"
 
     def is_initialized(self) -> bool:
         """Whether this backend's runtime was already initialised in this process."""
@@ -103,6 +109,11 @@ class CUDAAccelerator(Accelerator):
     type = "cuda"
     distributed_backend = "nccl"
     benefits_from_pinned_memory = True
+    is_host = False
+
+    def auto_precision(self, device: torch.device | None = None) -> str:
+        # Tensor cores: bf16 where native (Ampere+), else fp16 with a GradScaler.
+        return "bf16-mixed" if self.supports_bf16(device) else "16-mixed"
 
     def is_available(self) -> bool:
         return torch.cuda.is_available()
@@ -160,6 +171,7 @@ class CUDAAccelerator(Accelerator):
 class MPSAccelerator(Accelerator):
     type = "mps"
     distributed_backend = "gloo"
+    is_host = False
 
     def is_available(self) -> bool:
         return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()

@@ -18,13 +18,12 @@ from torch import nn
 from gpukit.accelerators import (
     DEVICE_TYPES,
     Accelerator,
-    CPUAccelerator,
     auto_device_type,
     get_accelerator,
 )
 from gpukit.errors import ConfigurationError, DeviceError
 
-__all__ = ["resolve_device", "to_device", "unwrap_model", "is_cpu", "visible_mapping_text"]
+__all__ = ["resolve_device", "to_device", "unwrap_model", "visible_mapping_text"]
 
 T = TypeVar("T")
 
@@ -86,7 +85,7 @@ def _check_available(device: torch.device, accelerator: Accelerator) -> torch.de
         )
     count = accelerator.device_count()
     index = device.index
-    if is_cpu(accelerator):
+    if accelerator.is_host:
         # one CPU device: "cpu:0" and "cpu" are the same place; "cpu:1" does not exist
         if index not in (None, 0):
             raise DeviceError(f"Device {str(device)!r} does not exist; the CPU is 'cpu'.")
@@ -103,11 +102,6 @@ def _check_available(device: torch.device, accelerator: Accelerator) -> torch.de
             + "\nPick a lower index, or change CUDA_VISIBLE_DEVICES (e.g. `gpukit select`)."
         )
     return accelerator.device(index)
-
-
-def is_cpu(accelerator: Accelerator) -> bool:
-    """Whether ``accelerator`` is the host CPU (where "devices" means processes, not chips)."""
-    return isinstance(accelerator, CPUAccelerator)
 
 
 def visible_mapping_text() -> str:

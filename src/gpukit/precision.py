@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpukit.accelerators import Accelerator, CUDAAccelerator
+from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
 
 __all__ = [
@@ -217,7 +217,7 @@ def get_precision(
             f"Unknown precision {name!r}; choose one of {', '.join(map(repr, PRECISIONS))}."
         )
     if key == "auto":
-        key = _auto_name(accelerator, device)
+        key = accelerator.auto_precision(device)
     if key == "32-true":
         return Precision(device)
     if key.startswith("bf16") and not accelerator.supports_bf16(device):
@@ -234,12 +234,3 @@ def get_precision(
     if key.endswith("-mixed"):
         return MixedPrecision(key, device)
     return TruePrecision(key, device)
-
-
-def _auto_name(accelerator: Accelerator, device: torch.device) -> str:
-    # Mixed precision pays off on CUDA tensor cores; on the CPU it is usually slower.
-    # TODO(lead): an Accelerator.auto_precision(device) method would remove this type check.
-    if not isinstance(accelerator, CUDAAccelerator):
-        return "32-true"
-    return "bf16-mixed" if accelerator.supports_bf16(device) else "16-mixed"
-

@@ -33,7 +33,7 @@ from gpukit._seeding import fresh_seed, seed_everything
 from gpukit.accelerators import Accelerator
 from gpukit.data import DeviceLoader, build_loader
 from gpukit.errors import ConfigurationError, DistributedError
-from gpukit.placement import is_cpu, to_device, unwrap_model
+from gpukit.placement import to_device, unwrap_model
 from gpukit.precision import Precision, get_precision
 from gpukit.strategies import Strategy, select_strategy
 
@@ -326,7 +326,7 @@ class Session:
         return list(
             launch_function(
                 _run_worker, (self._config, fn, args),
-                nproc=self.strategy.num_processes, cpu=is_cpu(self.accelerator),
+                nproc=self.strategy.num_processes, cpu=self.accelerator.is_host,
             )
         )
 

@@ -11,7 +11,6 @@ import torch
 from torch.utils.data import TensorDataset
 
 from gpukit.accelerators import Accelerator
-from gpukit.placement import is_cpu
 
 __all__ = ["auto_num_workers", "seed_worker", "chain_worker_init", "MAX_AUTO_WORKERS"]
 
@@ -34,7 +33,7 @@ def auto_num_workers(dataset: Any, accelerator: Accelerator, local_world_size: i
     - otherwise ``usable CPUs // processes on this node - 1`` (one core left for the training
       loop of each process), capped at 8 and at least 0.
     """
-    if isinstance(dataset, TensorDataset) or is_cpu(accelerator):
+    if isinstance(dataset, TensorDataset) or accelerator.is_host:
         return 0
     per_process = usable_cpu_count() // max(1, local_world_size)
     return max(0, min(MAX_AUTO_WORKERS, per_process - 1))

@@ -19,7 +19,7 @@ import torch
 
 from gpukit.accelerators import DEVICE_TYPES, Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError, DeviceError
-from gpukit.placement import is_cpu, resolve_device, visible_mapping_text
+from gpukit.placement import resolve_device, visible_mapping_text
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies.base import Strategy
 from gpukit.strategies.ddp import DDPStrategy
@@ -84,7 +84,7 @@ def select_strategy(
                 f"strategy='dp' runs in one process, but this is rank {env.rank} of "
                 f"{env.world_size} launched processes; use strategy='ddp' (or 'auto')."
             )
-        if is_cpu(acc) and len(indices) > 1:
+        if acc.is_host and len(indices) > 1:
             raise ConfigurationError(
                 f"strategy='dp' splits batches over GPUs; the CPU is one device (devices={devices!r}). "
                 "Use devices=1, or accelerator='cpu' with strategy='ddp' for several CPU processes."
@@ -138,12 +138,12 @@ def _device_indices(
         return [device.index]
     if isinstance(devices, int):
         if devices == -1:
-            count = env.local_world_size if env is not None and is_cpu(acc) else acc.device_count()
+            count = env.local_world_size if env is not None and acc.is_host else acc.device_count()
         elif devices >= 1:
             count = devices
         else:
             raise ConfigurationError(f"devices={devices} is not a device count; use {_DEVICES_HELP}.")
-        if count > 1 and is_cpu(acc) and not accelerator_given:
+        if count > 1 and acc.is_host and not accelerator_given:
             raise DeviceError(
                 f"devices={devices} asks for {count} devices, but no GPU is visible to this "
                 "process. For several CPU processes (DDP on gloo) say so: "
@@ -153,7 +153,7 @@ def _device_indices(
     if isinstance(devices, Sequence) and devices and all(
         isinstance(i, int) and not isinstance(i, bool) for i in devices
     ):
-        if is_cpu(acc):
+        if acc.is_host:
             raise ConfigurationError(
                 f"devices={list(devices)!r} lists GPU indices, but there is no GPU here; "
                 "use accelerator='cpu', devices=N for N CPU processes."
@@ -165,7 +165,7 @@ def _device_indices(
 
 
 def _checked(indices: list[int], acc: Accelerator, given: Any) -> list[int | None]:
-    if is_cpu(acc):
+    if acc.is_host:
         return [None] * len(indices)
     count = acc.device_count()
     if max(indices) >= count or min(indices) < 0:

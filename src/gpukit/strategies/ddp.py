@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gpukit.accelerators import Accelerator
 from gpukit.errors import DistributedError
-from gpukit.placement import is_cpu, unwrap_model
+from gpukit.placement import unwrap_model
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies._syncbn import convert_sync_batchnorm
 from gpukit.strategies.base import Strategy, check_reduce_op
@@ -123,7 +123,7 @@ class DDPStrategy(Strategy):
         if not self.sync_batchnorm:
             return module
         # torch's SyncBatchNorm refuses CPU tensors; HostSyncBatchNorm does the same on gloo
-        if is_cpu(self.accelerator):
+        if self.accelerator.is_host:
             return convert_sync_batchnorm(module)
         return nn.SyncBatchNorm.convert_sync_batchnorm(module)
 
@@ -181,7 +181,7 @@ class DDPStrategy(Strategy):
 
     def _object_device(self) -> torch.device | None:
         # nccl moves pickled objects through the GPU; gloo through the CPU
-        return None if is_cpu(self.accelerator) else self.root_device
+        return None if self.accelerator.is_host else self.root_device
 
     def describe(self) -> str:
         return (
