@@ -10,7 +10,7 @@ __all__ = ["demo"]
 
 
 @click.command()
-@click.option("--epochs", type=int, default=8, show_default=True, help="Training epochs.")
+@click.option("--epochs", type=int, default=5, show_default=True, help="Training epochs.")
 @click.option("--batch-size", type=int, default=64, show_default=True, help="Batch size per process.")
 @click.option("--nproc", type=int, default=1, show_default=True,
               help="Processes: more than 1 runs DDP through gpukit run's launcher.")

@@ -23,7 +23,7 @@ __all__ = ["DemoConfig", "DemoResult", "run_demo", "train_worker"]
 class DemoConfig:
     """Settings of one demo run (all picklable: they travel to worker processes)."""
 
-    epochs: int = 8
+    epochs: int = 5
     batch_size: int = 64
     learning_rate: float = 2e-3
     seed: int = 0
