@@ -1,0 +1,28 @@
+"""Checkpoints that survive crashes, resume exactly, load anywhere, and cannot run code.
+
+- :func:`save` / :func:`load`: atomic writes, ``weights_only`` reads, GPU checkpoints that load
+  on CPU-only machines, safetensors for weights export.
+- :func:`load_state_dict`: state dicts with or without ``module.`` / ``_orig_mod.`` prefixes
+  into models wrapped or not, with readable errors on a real mismatch.
+- :class:`CheckpointManager`: the full training state per step (models, optimizers,
+  schedulers, scalers, data position, RNG states per rank), exact resume, rotation.
+"""
+
+from __future__ import annotations
+
+from gpukit.checkpoint._io import auto_map_location, load, save
+from gpukit.checkpoint._manager import CheckpointManager
+from gpukit.checkpoint._prefixes import detect_prefixes, load_state_dict, strip_wrapper_prefixes
+from gpukit.checkpoint._rng import capture_rng_state, restore_rng_state
+
+__all__ = [
+    "save",
+    "load",
+    "load_state_dict",
+    "CheckpointManager",
+    "strip_wrapper_prefixes",
+    "detect_prefixes",
+    "capture_rng_state",
+    "restore_rng_state",
+    "auto_map_location",
+]

@@ -1,0 +1,155 @@
+"""Recognising checkpoint files and the small metadata record gpukit adds to them.
+
+Formats are told apart by their first bytes, not their names: a torch zip archive starts
+with ``PK``, a legacy torch file or raw pickle with the pickle protocol byte ``0x80``, and a
+safetensors file with an 8-byte header length followed by ``{``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import zipfile
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from gpukit.errors import CheckpointError, ConfigurationError
+
+__all__ = [
+    "FORMATS",
+    "TORCH_ZIP",
+    "TORCH_LEGACY",
+    "SAFETENSORS",
+    "sniff_format",
+    "format_for_save",
+    "metadata_entry",
+    "append_zip_metadata",
+    "read_metadata",
+    "check_readable_file",
+    "MARKER_NAME",
+]
+
+FORMATS = ("torch", "safetensors")
+TORCH_ZIP = "torch-zip"
+TORCH_LEGACY = "torch-legacy"
+SAFETENSORS = "safetensors"
+_META_RECORD = ".gpukit/meta.json"
+#: file that marks a CheckpointManager step directory as complete; written last
+MARKER_NAME = "complete.json"
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def metadata_entry() -> dict[str, str]:
+    """What gpukit records about a save: its own and torch's version, and when."""
+    from gpukit import __version__
+
+    return {
+        "gpukit_version": __version__,
+        "torch_version": torch.__version__,
+        "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def format_for_save(path: Path, format: str | None) -> str:
+    """``"torch"`` or ``"safetensors"``, from ``format`` or else the file extension."""
+    if format is None:
+        return "safetensors" if path.suffix == ".safetensors" else "torch"
+    if format not in FORMATS:
+        raise ConfigurationError(f"Unknown checkpoint format {format!r}; use one of {', '.join(FORMATS)}.")
+    return format
+
+
+def check_readable_file(path: Path) -> int:
+    """Size of ``path``, or a CheckpointError saying why it cannot be a checkpoint file."""
+    if path.is_dir():
+        if (path / MARKER_NAME).exists():
+            raise CheckpointError(
+                f"{path} is a gpukit checkpoint directory, not a file. Resume it with "
+                f"CheckpointManager({str(path.parent)!r}).resume(...), or load {path / 'state.pt'}."
+            )
+        raise CheckpointError(f"{path} is a directory, not a checkpoint file. Give the path of the file.")
+    try:
+        with open(path, "rb"):
+            pass
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise CheckpointError(f"No checkpoint at {path}: the file does not exist.") from None
+    except PermissionError as exc:
+        raise CheckpointError(
+            f"Permission denied reading {path} ({exc.strerror}). Check the file's owner and mode."
+        ) from None
+    except OSError as exc:
+        raise CheckpointError(f"Cannot read {path}: {exc.strerror or exc}.") from None
+    if size == 0:
+        raise CheckpointError(
+            f"{path} is empty (0 bytes): not a checkpoint. A write was probably interrupted by a tool "
+            "that does not write atomically; use an older checkpoint."
+        )
+    return size
+
+
+def sniff_format(path: Path, size: int) -> str:
+    """The format of a readable, non-empty file, or CheckpointError if it is none we read."""
+    with open(path, "rb") as handle:
+        head = handle.read(16)
+    if head.startswith(_ZIP_MAGIC):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                if not any(name.endswith("data.pkl") for name in archive.namelist()):
+                    raise CheckpointError(f"{path} is a zip archive but not a PyTorch checkpoint (no data.pkl).")
+        except (zipfile.BadZipFile, OSError, EOFError):
+            raise CheckpointError(
+                f"{path} is truncated or corrupted: it starts like a PyTorch checkpoint but its zip "
+                f"directory is missing or damaged ({size} bytes). The write was probably interrupted "
+                "or the copy is incomplete; use an older checkpoint or copy it again."
+            ) from None
+        return TORCH_ZIP
+    if head[:1] == b"\x80":
+        return TORCH_LEGACY
+    if len(head) > 8 and head[8:9] == b"{":
+        header_bytes = int.from_bytes(head[:8], "little")
+        if header_bytes + 8 <= size:
+            return SAFETENSORS
+        raise CheckpointError(
+            f"{path} is a truncated safetensors file: its header claims {header_bytes} bytes but the "
+            f"file has {size}."
+        )
+    raise CheckpointError(
+        f"{path} is not a checkpoint gpukit can read: it is neither a torch.save file (zip or legacy "
+        f"pickle) nor safetensors (first bytes: {head[:8].hex(' ')}). Check the path."
+    )
+
+
+def append_zip_metadata(handle: BinaryIO, metadata: dict[str, Any]) -> None:
+    """Add gpukit's metadata record to the torch zip archive written into ``handle``.
+
+    torch.load ignores records it does not know, so files stay loadable by plain torch.
+    """
+    handle.flush()
+    handle.seek(0)
+    with zipfile.ZipFile(handle, "a") as archive:  # type: ignore[arg-type]
+        root = archive.namelist()[0].split("/", 1)[0]
+        archive.writestr(f"{root}/{_META_RECORD}", json.dumps(metadata, sort_keys=True))
+
+
+def read_metadata(path: Path, format: str) -> dict[str, str] | None:
+    """gpukit's metadata of a file it saved; ``None`` for files saved by something else."""
+    try:
+        if format == TORCH_ZIP:
+            with zipfile.ZipFile(path) as archive:
+                for name in archive.namelist():
+                    if name.endswith("/" + _META_RECORD):
+                        return dict(json.loads(archive.read(name)))
+        elif format == SAFETENSORS:
+            with open(path, "rb") as handle:
+                header_bytes = int.from_bytes(handle.read(8), "little")
+                header = json.loads(handle.read(header_bytes))
+            meta = header.get("__metadata__") or {}
+            if "gpukit_version" in meta:
+                return {k: v for k, v in meta.items() if k in ("gpukit_version", "torch_version", "saved_at")}
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return None
+    return None

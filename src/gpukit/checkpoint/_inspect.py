@@ -1,0 +1,301 @@
+"""What is in a checkpoint, and converting one (the library side of ``gpukit ckpt``).
+
+Inspection never runs code from the file: torch files are read with ``weights_only=True``
+(memory-mapped, so large files are not read in full), safetensors through its header, and a
+file that needs full unpickling is reported with the Python globals it would import.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickletools
+import zipfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpukit.checkpoint._formats import (
+    MARKER_NAME,
+    SAFETENSORS,
+    TORCH_ZIP,
+    check_readable_file,
+    read_metadata,
+    sniff_format,
+)
+from gpukit.checkpoint._io import load, save
+from gpukit.checkpoint._keys import format_indices
+from gpukit.checkpoint._manager import SHARED_FILE, CheckpointManager
+from gpukit.checkpoint._prefixes import detect_prefixes, strip_wrapper_prefixes
+from gpukit.errors import CheckpointError, ConfigurationError, UnsafeCheckpointError
+
+__all__ = ["inspect_checkpoint", "convert_checkpoint", "DTYPES"]
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_LIST_ALL_UP_TO = 40  # tensors; beyond this, numbered keys are folded into groups
+_MAX_ENTRIES = 60
+_SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+    "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+}
+
+
+def _walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted path, leaf) for every leaf in nested dicts/lists/tuples."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _walk(value, f"{prefix}{key}.")
+    elif isinstance(obj, (list, tuple)) and any(isinstance(v, (dict, list, tuple, torch.Tensor)) for v in obj):
+        for index, value in enumerate(obj):
+            yield from _walk(value, f"{prefix}{index}.")
+    else:
+        yield prefix[:-1], obj
+
+
+def _tensor_entries(tensors: list[tuple[str, list[int], str, str]]) -> list[dict[str, Any]]:
+    """One entry per tensor, or per group of numbered keys with equal shape/dtype/device."""
+    if len(tensors) <= _LIST_ALL_UP_TO:
+        return [{"key": k, "count": 1, "shape": s, "dtype": d, "device": dev} for k, s, d, dev in tensors]
+    groups: dict[tuple[Any, ...], list[tuple[int, ...]]] = {}
+    for key, shape, dtype, device in tensors:
+        parts = key.split(".")
+        pattern = tuple("#" if p.isdigit() else p for p in parts)
+        groups.setdefault((pattern, tuple(shape), dtype, device), []).append(
+            tuple(int(p) for p in parts if p.isdigit()))
+    entries = []
+    for (pattern, shape, dtype, device), numbers in groups.items():
+        columns = iter(list(zip(*numbers)))
+        key = ".".join(format_indices(next(columns)) if p == "#" else p for p in pattern)
+        entries.append({"key": key, "count": len(numbers), "shape": list(shape), "dtype": dtype, "device": device})
+    return entries
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor {list(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    if isinstance(value, dict):
+        keys = set(value)
+        if value and all(isinstance(v, torch.Tensor) for v in value.values()):
+            numel = sum(v.numel() for v in value.values())
+            return f"state dict: {len(value)} tensors, {numel:,} elements"
+        if {"state", "param_groups"} <= keys:
+            names = sorted({n for s in value["state"].values() if isinstance(s, dict) for n in s})
+            return (f"optimizer: {len(value['param_groups'])} param group(s), state for "
+                    f"{len(value['state'])} param(s) ({', '.join(names) or 'none'})")
+        if {"last_epoch", "base_lrs"} <= keys:
+            return f"LR scheduler: last_epoch={value['last_epoch']}"
+        if {"scale", "growth_factor"} <= keys:
+            return f"GradScaler: scale={value['scale']}"
+        if {"epoch", "batches_consumed"} <= keys:
+            return f"data position: epoch {value['epoch']}, {value['batches_consumed']} batch(es) consumed"
+        if {"python", "torch"} <= keys:
+            return "RNG states: " + ", ".join(k if not isinstance(value[k], list) else f"{k} ({len(value[k])} devices)"
+                                              for k in value)
+        shown = ", ".join(map(str, list(value)[:8]))
+        return f"dict: {shown}{', ...' if len(value) > 8 else ''}"
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__} of {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _pickled_globals(path: Path, fmt: str) -> list[str]:
+    """Python globals a pickle would import, found by reading opcodes (nothing is executed)."""
+    if fmt == TORCH_ZIP:
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+            streams = [io.BytesIO(archive.read(name))]
+    else:
+        streams = [io.BytesIO(path.read_bytes()[: 64 * 1024 * 1024])]
+    found: list[str] = []
+    strings: list[str] = []
+    for stream in streams:
+        for _ in range(5):  # legacy torch files are several pickles in a row
+            try:
+                for opcode, arg, _pos in pickletools.genops(stream):
+                    if isinstance(arg, str):
+                        strings.append(arg)
+                    if opcode.name == "GLOBAL":
+                        found.append(str(arg).replace(" ", "."))
+                    elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                        found.append(f"{strings[-2]}.{strings[-1]}")
+            except Exception:  # end of data or not a pickle: stop scanning this stream
+                break
+    names = {g.replace("__builtin__.", "builtins.", 1) for g in found}
+    return sorted(names - _weights_only_allowed())
+
+
+def _weights_only_allowed() -> set[str]:
+    """Globals torch's weights-only loader accepts (to list only the others)."""
+    try:
+        from torch._weights_only_unpickler import _get_allowed_globals
+
+        return set(_get_allowed_globals())
+    except (ImportError, AttributeError):  # private torch API: without it, list everything
+        return set()
+
+
+def _inspect_file(path: Path) -> tuple[dict[str, Any], Any]:
+    """(report, loaded state or None) for one file."""
+    size = check_readable_file(path)
+    fmt = sniff_format(path, size)
+    meta = read_metadata(path, fmt) or {}
+    info: dict[str, Any] = {
+        "path": str(path), "format": fmt, "size_bytes": size,
+        "torch_version": meta.get("torch_version", "unknown"),
+        "gpukit_version": meta.get("gpukit_version"), "saved_at": meta.get("saved_at"), "unsafe": None,
+    }
+    locations: dict[int, str] = {}
+    if fmt == SAFETENSORS:
+        from gpukit.checkpoint._io import _safetensors
+
+        _safetensors()
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:
+            rows = [(k, list(handle.get_slice(k).get_shape()),
+                     _SAFETENSORS_DTYPES.get(handle.get_slice(k).get_dtype(), handle.get_slice(k).get_dtype()),
+                     "not stored") for k in handle.keys()]
+        state: Any = None
+    else:
+        def record(storage: Any, location: str) -> Any:
+            locations[storage.data_ptr()] = location
+            return storage
+
+        try:
+            state = torch.load(path, map_location=record, weights_only=True, mmap=fmt == TORCH_ZIP)
+        except Exception:
+            try:
+                state = load(path, map_location="cpu")
+            except UnsafeCheckpointError as exc:
+                info["unsafe"] = str(exc).split(" Nothing was executed.")[0]
+                info["pickled_globals"] = _pickled_globals(path, fmt)
+                return info, None
+        rows = [(k, list(v.shape), str(v.dtype).removeprefix("torch."),
+                 locations.get(v.untyped_storage().data_ptr(), "cpu"))
+                for k, v in _walk(state) if isinstance(v, torch.Tensor)]
+    counts_dtype, counts_device = Counter(r[2] for r in rows), Counter(r[3] for r in rows)
+    numel = sum(int(torch.Size(r[1]).numel()) for r in rows)
+    info["tensors"] = {"count": len(rows), "numel": numel, "dtypes": dict(counts_dtype),
+                       "devices": dict(counts_device)}
+    entries = _tensor_entries(rows)
+    info["keys"] = entries[:_MAX_ENTRIES]
+    info["keys_not_shown"] = sum(e["count"] for e in entries[_MAX_ENTRIES:])
+    info["prefixes"] = detect_prefixes(k for k, *_ in rows)
+    if isinstance(state, dict) and not all(isinstance(v, torch.Tensor) for v in state.values()):
+        info["contents"] = {str(k): _describe(v) for k, v in state.items()}
+    elif state is not None or fmt == SAFETENSORS:
+        info["contents"] = {"": "state dict (tensors only)"}
+    return info, state
+
+
+def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A JSON-ready description of a checkpoint file or a CheckpointManager directory.
+
+    Raises:
+        CheckpointError: the path is missing, unreadable or not a checkpoint.
+    """
+    target = Path(path)
+    if not target.is_dir():
+        return _inspect_file(target)[0]
+    step_dir = target if (target / MARKER_NAME).exists() else CheckpointManager(target).latest()
+    if step_dir is None:
+        raise CheckpointError(f"{target} is a directory without a complete gpukit checkpoint; give a file path.")
+    marker = CheckpointManager._read_marker(step_dir)
+    if marker is None:
+        raise CheckpointError(f"{step_dir} is an incomplete checkpoint (its {MARKER_NAME} is missing or wrong).")
+    info, shared = _inspect_file(step_dir / SHARED_FILE)
+    rank0 = load(step_dir / "rank_00000.pt", map_location="cpu")
+    info.update(path=str(step_dir), format="gpukit-checkpoint-directory",
+                size_bytes=sum(int(s) for s in marker["files"].values()))
+    info["checkpoint"] = {"step": marker["step"], "world_size": marker["world_size"], "files": marker["files"],
+                          "extra": shared["gpukit"].get("extra", {})}
+    contents = {name: _describe(value) for name, value in shared["objects"].items()}
+    contents.update({f"{name} (per rank)": _describe(v) for name, v in rank0["objects"].items()})
+    contents["rng (per rank)"] = _describe(rank0["rng"])
+    info["contents"] = contents
+    return info
+
+
+def _map_tensors(obj: Any, fn: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_map_tensors(v, fn) for v in obj]
+    return obj
+
+
+def _strip_all(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+            return strip_wrapper_prefixes(obj)
+        return {k: _strip_all(v) for k, v in obj.items()}
+    return obj
+
+
+def convert_checkpoint(
+    source: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    *,
+    strip_prefix: bool = False,
+    to_cpu: bool = False,
+    dtype: str | None = None,
+    format: str | None = None,
+    select: str | None = None,
+    trust: bool = False,
+) -> dict[str, Any]:
+    """Read ``source``, transform it, and write ``target`` atomically.
+
+    Args:
+        source: a checkpoint file, or a CheckpointManager step directory (its shared state).
+        target: the file to write.
+        strip_prefix: remove ``module.`` / ``_orig_mod.`` from every state dict inside.
+        to_cpu: load everything onto the CPU (otherwise devices are kept where available).
+        dtype: ``"bf16"``, ``"fp16"`` or ``"fp32"``: cast floating-point tensors.
+        format: ``"torch"`` or ``"safetensors"`` (by default from ``target``'s extension).
+        select: a dotted key path to convert only a part, e.g. ``"model"``.
+        trust: allow full unpickling of ``source`` (only for files you trust).
+
+    Returns:
+        ``{"target", "format", "tensors", "size_bytes"}``.
+
+    Raises:
+        CheckpointError: ``source`` cannot be read or ``target`` cannot be written.
+        ConfigurationError: an unknown dtype, format or ``select`` path.
+    """
+    src = Path(source)
+    if dtype is not None and dtype not in DTYPES:
+        raise ConfigurationError(f"Unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
+    if src.is_dir() and (src / MARKER_NAME).exists():
+        state: Any = load(src / SHARED_FILE, map_location="cpu" if to_cpu else "auto", trust=trust)["objects"]
+    else:
+        state = load(src, map_location="cpu" if to_cpu else "auto", trust=trust)
+    for part in select.split(".") if select else []:
+        if not isinstance(state, dict) or part not in state:
+            have = ", ".join(map(str, state)) if isinstance(state, dict) else type(state).__name__
+            raise ConfigurationError(f"--select {select!r}: no key {part!r} here; available: {have}.")
+        state = state[part]
+    if strip_prefix:
+        state = _strip_all(state)
+    if dtype is not None:
+        wanted = DTYPES[dtype]
+        state = _map_tensors(state, lambda t: t.to(wanted) if t.is_floating_point() else t)
+    try:
+        written = save(state, target, format=format, rank_zero_only=False)
+    except ConfigurationError as exc:
+        if not isinstance(state, dict) or "flat mapping" not in str(exc):
+            raise
+        raise ConfigurationError(
+            f"{exc} To export one part, select it (gpukit ckpt convert --select KEY); keys here: "
+            f"{', '.join(map(str, state))}."
+        ) from None
+    count = sum(1 for _, v in _walk(state) if isinstance(v, torch.Tensor)) if not isinstance(
+        state, torch.Tensor) else 1
+    return {"target": str(written), "format": format or ("safetensors" if written.suffix == ".safetensors"
+                                                          else "torch"),
+            "tensors": count, "size_bytes": written.stat().st_size}

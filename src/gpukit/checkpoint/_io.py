@@ -1,0 +1,280 @@
+"""``save`` and ``load``: atomic writes, safe reads, checkpoints that load anywhere."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+import torch
+from torch import nn
+
+from gpukit.accelerators import get_accelerator
+from gpukit.checkpoint._atomic import atomic_write
+from gpukit.checkpoint._dist import current_dist
+from gpukit.checkpoint._formats import (
+    SAFETENSORS,
+    append_zip_metadata,
+    check_readable_file,
+    format_for_save,
+    metadata_entry,
+    sniff_format,
+)
+from gpukit.checkpoint._prefixes import strip_wrapper_prefixes
+from gpukit.errors import CheckpointError, ConfigurationError, GpukitError, UnsafeCheckpointError
+
+__all__ = ["save", "load", "to_saveable", "auto_map_location"]
+
+# Messages of torch's weights-only unpickler that mean "this would run or import code".
+_UNSAFE_PATTERNS = (
+    r"Unsupported global: GLOBAL (?P<name>\S+)",
+    r"Trying to load unsupported GLOBAL (?P<name>\S+)",
+    r"Trying to call reduce for unrecognized function (?P<name>.+?)(?: which belongs|$)",
+    r"Can only create new object for nn.Parameter or classes allowlisted via `add_safe_globals` but got (?P<name>.+)",
+    r"Can only build Tensor, Parameter, OrderedDict or types allowlisted via `add_safe_globals`, but got (?P<name>.+)",
+    r"(?P<name>``torch\.\S+``) must be imported",
+)
+
+
+def to_saveable(state: Any) -> Any:
+    """``state`` with models and other stateful objects replaced by their state dicts.
+
+    Models (wrapped or not) give unwrapped, prefix-free state dicts; optimizers, schedulers,
+    scalers and loaders give ``state_dict()``, so the file loads with ``weights_only=True``.
+    Dicts, lists and tuples are walked; everything else is kept as is.
+    """
+    from gpukit.placement import unwrap_model
+
+    if isinstance(state, nn.Module):
+        return strip_wrapper_prefixes(unwrap_model(state).state_dict())
+    if not isinstance(state, (torch.Tensor, Mapping, type)) and callable(getattr(state, "state_dict", None)):
+        return to_saveable(state.state_dict())
+    if isinstance(state, Mapping):
+        items = ((key, to_saveable(value)) for key, value in state.items())
+        out: dict[Any, Any] = OrderedDict(items) if isinstance(state, OrderedDict) else dict(items)
+        if hasattr(state, "_metadata"):  # module versions that load_state_dict reads
+            out._metadata = state._metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(state, list):
+        return [to_saveable(value) for value in state]
+    if isinstance(state, tuple) and not hasattr(state, "_fields"):
+        return tuple(to_saveable(value) for value in state)
+    return state
+
+
+def _safetensors_tensors(state: Any, path: Path) -> dict[str, torch.Tensor]:
+    """The flat name -> tensor mapping safetensors stores, with shared storage made separate."""
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        bad = sorted(str(k) for k, v in state.items() if not isinstance(v, torch.Tensor)) if isinstance(
+            state, Mapping) else [type(state).__name__]
+        raise ConfigurationError(
+            f"safetensors stores a flat mapping of names to tensors, but the state for {path} has "
+            f"other entries: {', '.join(bad[:8])}{' ...' if len(bad) > 8 else ''}. Save model weights "
+            "only (gpukit.save(model, path)) or use format='torch' for training state."
+        )
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[tuple[str, int]] = set()
+    for key, tensor in state.items():
+        tensor = tensor.detach()
+        storage_id = (str(tensor.device), tensor.untyped_storage().data_ptr())
+        # Tied weights share storage; safetensors refuses that, so they are stored twice.
+        tensor = tensor.clone() if storage_id in seen else tensor.contiguous()
+        seen.add(storage_id)
+        tensors[str(key)] = tensor
+    return tensors
+
+
+def _safetensors() -> Any:
+    try:
+        import safetensors.torch as st
+    except ImportError:
+        raise CheckpointError(
+            "Reading or writing .safetensors files needs the safetensors package: "
+            "pip install 'gpukit[safetensors]' (or pip install safetensors)."
+        ) from None
+    return st
+
+
+def _write_torch(state: Any) -> Callable[[BinaryIO], None]:
+    def write(handle: BinaryIO) -> None:
+        torch.save(state, handle)
+        append_zip_metadata(handle, metadata_entry())
+
+    return write
+
+
+def _write_safetensors(tensors: dict[str, torch.Tensor]) -> Callable[[BinaryIO], None]:
+    def write(handle: BinaryIO) -> None:
+        handle.write(_safetensors().save(tensors, metadata=metadata_entry()))
+
+    return write
+
+
+def _save_here(state: Any, path: Path, format: str) -> None:
+    saveable = to_saveable(state)
+    if format == "safetensors":
+        atomic_write(path, _write_safetensors(_safetensors_tensors(saveable, path)))
+    else:
+        atomic_write(path, _write_torch(saveable))
+
+
+def save(
+    state: Any,
+    path: str | os.PathLike[str],
+    *,
+    format: str | None = None,
+    rank_zero_only: bool = True,
+) -> Path:
+    """Save ``state`` to ``path`` atomically: a crash leaves the old file or the new one.
+
+    Models anywhere in ``state`` (plain or wrapped by DataParallel, DDP, torch.compile) are
+    saved as state dicts without ``module.`` / ``_orig_mod.`` prefixes. Under an initialised
+    ``torch.distributed`` process group only rank 0 writes and the others wait for it.
+
+    Args:
+        state: a model, a state dict, or any nesting of dicts/lists/tuples of tensors, models,
+            numbers and strings (what ``torch.load(weights_only=True)`` can read back).
+        path: the file to write; its directory is created if missing.
+        format: ``"torch"`` or ``"safetensors"``; by default ``.safetensors`` files get
+            safetensors (tensors only), everything else torch's zip format.
+        rank_zero_only: under torch.distributed, write on rank 0 only (every rank returns once
+            it is written). ``False`` makes every rank write its own ``path``.
+
+    Returns:
+        The path written.
+
+    Raises:
+        CheckpointError: the write failed (disk full, no permission...); the previous file at
+            ``path`` is unchanged.
+        ConfigurationError: an unknown ``format``, or non-tensor state for safetensors.
+    """
+    target = Path(path)
+    fmt = format_for_save(target, format)
+    dist = current_dist()
+    if not rank_zero_only or dist.world_size == 1:
+        _save_here(state, target, fmt)
+        return target
+    failure: BaseException | None = None
+    if dist.is_main:
+        try:
+            _save_here(state, target, fmt)
+        except Exception as exc:  # every rank must hear of it, or they wait forever
+            failure = exc
+    reason = dist.broadcast_from_main(None if failure is None else str(failure))
+    if failure is not None:
+        raise failure
+    if reason is not None:
+        raise CheckpointError(f"Rank 0 failed to save {target}: {reason}")
+    return target
+
+
+def auto_map_location(storage: Any, location: str) -> Any:
+    """``map_location`` that keeps the saved device when it exists here, else uses the CPU.
+
+    Returns ``None`` (torch's default placement) for available devices, else the CPU storage.
+    """
+    try:
+        device = torch.device(location)
+        accelerator = get_accelerator(device)
+    except (RuntimeError, GpukitError):
+        return storage  # a device type this build does not know: keep it on the CPU
+    if accelerator.is_available() and (device.index or 0) < accelerator.device_count():
+        return None
+    return storage
+
+
+def _unsafe_reason(message: str) -> str | None:
+    for pattern in _UNSAFE_PATTERNS:
+        match = re.search(pattern, message)
+        if match:
+            return match.group("name").strip()
+    return None
+
+
+def _load_torch(path: Path, map_location: Any, trust: bool) -> Any:
+    location = auto_map_location if map_location == "auto" else map_location
+    try:
+        return torch.load(path, map_location=location, weights_only=not trust)
+    except pickle.UnpicklingError as exc:
+        name = _unsafe_reason(str(exc))
+        if name is not None:
+            raise UnsafeCheckpointError(
+                f"Refused to load {path}: it contains pickled Python objects ({name}) and unpickling "
+                "them can run arbitrary code. Nothing was executed. If you trust the file's source, "
+                "load it with gpukit.load(path, trust=True); to allow only specific classes, use "
+                "torch.serialization.safe_globals([...]) around gpukit.load."
+            ) from None
+        raise CheckpointError(
+            f"{path} is corrupted: its pickled data cannot be read ({_unpickler_detail(str(exc))}). "
+            "Use an older checkpoint or copy the file again."
+        ) from None
+    except (RuntimeError, EOFError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+        if "deserialize object on" in str(exc):
+            raise CheckpointError(
+                f"Cannot place the tensors of {path} with map_location={map_location!r}: "
+                f"{_first_line(exc)}. Use map_location='auto' or 'cpu'."
+            ) from None
+        raise CheckpointError(
+            f"{path} is truncated or corrupted and cannot be loaded ({type(exc).__name__}: "
+            f"{_first_line(exc)}). Use an older checkpoint or copy the file again."
+        ) from None
+
+
+def _unpickler_detail(message: str) -> str:
+    """The weights-only unpickler's own words, without torch's advice to disable it."""
+    _, _, detail = message.partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in detail.splitlines() if line.strip()]
+    return lines[0][:300] if lines else "unreadable pickle data"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _load_safetensors(path: Path, map_location: Any) -> dict[str, torch.Tensor]:
+    st = _safetensors()
+    device = "cpu" if map_location in (None, "auto") else str(map_location)
+    try:
+        return dict(st.load_file(str(path), device=device))
+    except Exception as exc:  # safetensors raises its own SafetensorError for bad files
+        raise CheckpointError(f"{path} is a damaged safetensors file: {_first_line(exc)}.") from None
+
+
+def load(
+    path: str | os.PathLike[str],
+    map_location: Any = "auto",
+    *,
+    trust: bool = False,
+    format: str | None = None,
+) -> Any:
+    """Load a checkpoint safely, on whatever devices this machine has.
+
+    Args:
+        path: a file written by :func:`save`, ``torch.save`` or safetensors.
+        map_location: ``"auto"`` keeps each tensor on the device it was saved from when that
+            device exists here and puts it on the CPU otherwise (a GPU checkpoint loads on a
+            CPU-only machine); anything else is passed to ``torch.load`` (e.g. ``"cpu"``).
+        trust: allow full unpickling, which can run code hidden in the file. Only for files
+            from a source you trust; the default refuses them with UnsafeCheckpointError.
+        format: ``"torch"`` or ``"safetensors"``; detected from the file's bytes by default.
+
+    Returns:
+        What was saved (state dicts, tensors, nested containers).
+
+    Raises:
+        CheckpointError: missing, empty, truncated, corrupted or unreadable file, or a directory.
+        UnsafeCheckpointError: the file needs full unpickling and ``trust`` is False.
+    """
+    source = Path(path)
+    size = check_readable_file(source)
+    if format is not None and format not in ("torch", "safetensors"):
+        raise ConfigurationError(f"Unknown checkpoint format {format!r}; use 'torch' or 'safetensors'.")
+    detected = sniff_format(source, size)
+    if format == "safetensors" or (format is None and detected == SAFETENSORS):
+        return _load_safetensors(source, map_location)
+    return _load_torch(source, map_location, trust)

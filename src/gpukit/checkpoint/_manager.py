@@ -1,0 +1,299 @@
+"""CheckpointManager: full training state per step, exact resume, rotation.
+
+Layout of ``directory``::
+
+    step_00000120/            one complete checkpoint
+        state.pt              shared state, written by rank 0 (models, optimizers, ...)
+        rank_00000.pt         per-rank state of rank 0 (RNG states, data loader position)
+        rank_00001.pt         ... one per rank
+        complete.json         written last: step, world size, file sizes
+    .step_00000130.partial/   a save in progress (or killed); never read, removed next save
+
+Every rank writes its files into the ``.partial`` directory; when all succeeded, rank 0 writes
+``complete.json`` and renames the directory to ``step_N`` in one atomic step. Only then are
+old checkpoints rotated out, so a crash at any moment leaves the last complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from gpukit.checkpoint._atomic import atomic_write, clean_temp_files, fsync_directory
+from gpukit.checkpoint._dist import DistContext, current_dist
+from gpukit.checkpoint._formats import MARKER_NAME, metadata_entry
+from gpukit.checkpoint._io import load, save, to_saveable
+from gpukit.checkpoint._prefixes import load_state_dict
+from gpukit.checkpoint._rng import capture_rng_state, restore_rng_state
+from gpukit.errors import CheckpointError, ConfigurationError
+
+__all__ = ["CheckpointManager", "MARKER_NAME", "SHARED_FILE", "rank_file_name"]
+
+SHARED_FILE = "state.pt"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+_DEBRIS_RE = re.compile(r"^\.step_\d+\.(partial|old-[0-9a-f]+)$")
+
+
+def rank_file_name(rank: int) -> str:
+    """Name of the per-rank file of ``rank`` inside a step directory."""
+    return f"rank_{rank:05d}.pt"
+
+
+def _is_per_rank(obj: Any) -> bool:
+    # Data loaders and samplers (iterable, stateful) keep a position that may differ per rank;
+    # models, optimizers, schedulers and scalers are the same on every rank under DDP.
+    return hasattr(obj, "__iter__") and not isinstance(obj, nn.Module)
+
+
+def _state_of(name: str, obj: Any) -> Any:
+    if isinstance(obj, nn.Module):
+        return to_saveable(obj)
+    if not callable(getattr(obj, "state_dict", None)):
+        raise ConfigurationError(
+            f"Cannot checkpoint {name}={type(obj).__name__}: it has no state_dict(). Pass models, "
+            "optimizers, schedulers, scalers, loaders or a Session as keywords, and plain values "
+            "(counters, metrics) in extra={...}."
+        )
+    return obj.state_dict()
+
+
+class CheckpointManager:
+    """Saves and resumes the full training state, keeping the last ``keep_last`` checkpoints.
+
+    Example::
+
+        ckpt = CheckpointManager("runs/exp1/checkpoints", keep_last=3)
+        start = ckpt.resume(model=model, optimizer=opt, scheduler=sched, loader=loader) or 0
+        for step in range(start + 1, total + 1):
+            ...
+            if step % 500 == 0:
+                ckpt.save(step, model=model, optimizer=opt, scheduler=sched, loader=loader)
+
+    Args:
+        directory: where the step directories live (created on first save).
+        keep_last: complete checkpoints to keep; ``None`` keeps all.
+
+    Raises:
+        ConfigurationError: ``keep_last`` below 1.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], keep_last: int | None = 3) -> None:
+        if keep_last is not None and (isinstance(keep_last, bool) or int(keep_last) < 1):
+            raise ConfigurationError(f"keep_last={keep_last!r}: keep at least 1 checkpoint, or None for all.")
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        #: the ``extra`` values of the checkpoint last resumed (empty before a resume)
+        self.extra: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({str(self.directory)!r}, keep_last={self.keep_last})"
+
+    # -- finding checkpoints -------------------------------------------------------------
+
+    def step_directory(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` lives (whether or not it exists)."""
+        return self.directory / f"step_{step:08d}"
+
+    @staticmethod
+    def _read_marker(path: Path) -> dict[str, Any] | None:
+        try:
+            marker = json.loads((path / MARKER_NAME).read_text())
+            for name, size in marker["files"].items():
+                if (path / name).stat().st_size != size:
+                    return None
+            return dict(marker)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest step first. Incomplete ones are never listed."""
+        found: list[tuple[int, Path]] = []
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError:
+            return []
+        for entry in entries:
+            match = _STEP_RE.match(entry.name)
+            if match and entry.is_dir():
+                marker = self._read_marker(Path(entry.path))
+                if marker is not None and marker.get("step") == int(match.group(1)):
+                    found.append((int(match.group(1)), Path(entry.path)))
+        return [path for _, path in sorted(found)]
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint directory, or ``None``."""
+        complete = self.checkpoints()
+        return complete[-1] if complete else None
+
+    # -- saving ---------------------------------------------------------------------------
+
+    def _clean_debris(self) -> None:
+        clean_temp_files(self.directory)
+        for entry in os.scandir(self.directory):
+            if _DEBRIS_RE.match(entry.name) and entry.is_dir():
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+    def save(
+        self,
+        step: int,
+        *,
+        extra: Mapping[str, Any] | None = None,
+        per_rank: Iterable[str] = (),
+        **objects: Any,
+    ) -> Path:
+        """Save a complete checkpoint of ``step``; then delete checkpoints beyond ``keep_last``.
+
+        Call it on every rank under DDP (it synchronises them).
+
+        Args:
+            step: the step just completed (resume returns it).
+            extra: plain values to keep (counters, best metric...), read back as ``.extra``.
+            per_rank: names of ``objects`` to keep per rank; iterable objects (data loaders,
+                samplers) are per rank anyway, everything else is taken from rank 0.
+            **objects: things with ``state_dict()``: models (saved unwrapped), optimizers, LR
+                schedulers, GradScaler, data loaders, a Session.
+
+        Returns:
+            The step directory written.
+
+        Raises:
+            CheckpointError: a rank failed to write; no checkpoint of ``step`` is left behind and
+                older checkpoints are untouched.
+            ConfigurationError: an object without ``state_dict()``.
+        """
+        dist = current_dist()
+        local = set(per_rank)
+        shared = {n: _state_of(n, o) for n, o in objects.items() if n not in local and not _is_per_rank(o)}
+        rank_state = {
+            "rank": dist.rank,
+            "rng": capture_rng_state(),
+            "objects": {n: _state_of(n, o) for n, o in objects.items() if n not in shared},
+        }
+        final = self.step_directory(step)
+        staging = self.directory / f".{final.name}.partial"
+        error: str | None = None
+        if dist.is_main:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._clean_debris()
+                staging.mkdir()
+            except OSError as exc:
+                error = f"cannot create {staging}: {exc.strerror or exc}"
+        error = dist.broadcast_from_main(error)
+        if error is None:
+            error = self._write_files(dist, staging, step, shared, rank_state, dict(extra or {}))
+        if error is None and dist.is_main:
+            error = self._finalise(dist, staging, final, step)
+        error = dist.broadcast_from_main(error)
+        if error is not None:
+            if dist.is_main:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise CheckpointError(f"Checkpoint of step {step} in {self.directory} was not saved: {error}")
+        if dist.is_main:
+            self._rotate()
+        return final
+
+    def _write_files(
+        self, dist: DistContext, staging: Path, step: int, shared: dict[str, Any],
+        rank_state: dict[str, Any], extra: dict[str, Any],
+    ) -> str | None:
+        error: str | None = None
+        try:
+            if dist.is_main:
+                meta = {"step": step, "world_size": dist.world_size, "extra": extra}
+                save({"objects": shared, "gpukit": meta}, staging / SHARED_FILE, rank_zero_only=False)
+            save(rank_state, staging / rank_file_name(dist.rank), rank_zero_only=False)
+        except Exception as exc:  # reported to every rank, so none waits forever
+            error = f"rank {dist.rank}: {exc}"
+        errors = [e for e in dist.gather_all(error) if e is not None]
+        return "; ".join(errors) if errors else None
+
+    def _finalise(self, dist: DistContext, staging: Path, final: Path, step: int) -> str | None:
+        try:
+            files = {p.name: p.stat().st_size for p in sorted(staging.iterdir()) if not p.name.startswith(".")}
+            marker = {"step": step, "world_size": dist.world_size, "files": files, **metadata_entry()}
+            atomic_write(staging / MARKER_NAME, lambda f: f.write(json.dumps(marker, indent=1).encode()))
+            fsync_directory(staging)
+            aside: Path | None = None
+            if final.exists():  # saving the same step again: move the old one aside first
+                aside = self.directory / f".{final.name}.old-{os.urandom(4).hex()}"
+                os.replace(final, aside)
+            os.replace(staging, final)
+            fsync_directory(self.directory)
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
+        except (OSError, CheckpointError) as exc:
+            return f"finalising {final}: {exc}"
+        return None
+
+    def _rotate(self) -> None:
+        if self.keep_last is None:
+            return
+        for old in self.checkpoints()[: -self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    # -- resuming -------------------------------------------------------------------------
+
+    def resume(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        restore_rng: bool = True,
+        strict: bool = True,
+        **objects: Any,
+    ) -> int | None:
+        """Restore ``objects`` (and the RNG states) from the latest complete checkpoint.
+
+        Args:
+            path: a specific step directory; by default :meth:`latest`.
+            restore_rng: put python, numpy, torch and device generators back (per rank).
+            strict: models must match the saved keys exactly (see ``gpukit.load_state_dict``).
+            **objects: the same names as given to :meth:`save`.
+
+        Returns:
+            The step of the checkpoint resumed from, or ``None`` when there is none (start fresh).
+
+        Raises:
+            CheckpointError: the checkpoint is incomplete or unreadable, or lacks one of ``objects``.
+            StateDictMismatchError: a model does not fit its saved state.
+        """
+        directory = Path(path) if path is not None else self.latest()
+        if directory is None:
+            return None
+        marker = self._read_marker(directory)
+        if marker is None:
+            raise CheckpointError(f"{directory} is not a complete gpukit checkpoint (no valid {MARKER_NAME}).")
+        dist = current_dist()
+        saved_world = int(marker["world_size"])
+        rank = dist.rank
+        if dist.world_size != saved_world:
+            warnings.warn(
+                f"{directory} was saved by {saved_world} process(es), resuming with {dist.world_size}: "
+                "per-rank state (RNG, data position) of rank 0 is used where a rank has none.",
+                stacklevel=2,
+            )
+            rank = rank if rank < saved_world else 0
+        shared_file = load(directory / SHARED_FILE, map_location="cpu")
+        rank_file = load(directory / rank_file_name(rank), map_location="cpu")
+        available = {**shared_file["objects"], **rank_file["objects"]}
+        for name, obj in objects.items():
+            if name not in available:
+                raise CheckpointError(
+                    f"{directory} has no state for {name!r}; it holds: {', '.join(sorted(available)) or 'nothing'}."
+                )
+            if isinstance(obj, nn.Module):
+                load_state_dict(obj, available[name], strict=strict)
+            else:
+                obj.load_state_dict(available[name])
+        if restore_rng:
+            restore_rng_state(rank_file["rng"])
+        self.extra = dict(shared_file["gpukit"].get("extra") or {})
+        return int(marker["step"])

@@ -1,0 +1,90 @@
+"""``gpukit ckpt``: inspect and convert checkpoints (thin: parse, call, print)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+__all__ = ["ckpt"]
+
+
+@click.group()
+def ckpt() -> None:
+    """Inspect and convert checkpoints (torch.save files, safetensors, gpukit checkpoint dirs)."""
+
+
+def _print_report(info: dict[str, Any]) -> None:
+    from gpukit._units import format_bytes
+
+    click.echo(f"{info['path']}")
+    click.echo(f"  format:         {info['format']}")
+    click.echo(f"  size:           {format_bytes(info['size_bytes'])}")
+    saved_by = info["torch_version"]
+    if info.get("gpukit_version"):
+        saved_by += f" (gpukit {info['gpukit_version']}, {info.get('saved_at') or 'time unknown'})"
+    click.echo(f"  saved by torch: {saved_by}")
+    if "checkpoint" in info:
+        meta = info["checkpoint"]
+        click.echo(f"  step:           {meta['step']} (world size {meta['world_size']})")
+        if meta.get("extra"):
+            click.echo(f"  extra:          {meta['extra']}")
+    if info.get("unsafe"):
+        click.echo(f"  contents:       NOT LOADED - {info['unsafe']}")
+        if info.get("pickled_globals"):
+            click.echo(f"  pickled globals: {', '.join(info['pickled_globals'])}")
+        return
+    tensors = info["tensors"]
+    dtypes = ", ".join(f"{k} x{v}" for k, v in tensors["dtypes"].items()) or "-"
+    devices = ", ".join(f"{k} x{v}" for k, v in tensors["devices"].items()) or "-"
+    click.echo(f"  tensors:        {tensors['count']} ({tensors['numel']:,} elements); dtypes: {dtypes}; "
+               f"devices: {devices}")
+    click.echo(f"  prefixes:       {'; '.join(info['prefixes']) or 'none'}")
+    if info.get("contents"):
+        click.echo("  contents:")
+        for key, text in info["contents"].items():
+            click.echo(f"    {key + ': ' if key else ''}{text}")
+    if info["keys"]:
+        click.echo("  keys:")
+        for entry in info["keys"]:
+            count = f" x{entry['count']}" if entry["count"] > 1 else ""
+            click.echo(f"    {entry['key']}{count}  {entry['shape']}  {entry['dtype']}  {entry['device']}")
+        if info["keys_not_shown"]:
+            click.echo(f"    ... and {info['keys_not_shown']} more tensor(s)")
+
+
+@ckpt.command()
+@click.argument("path", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def inspect(path: str, as_json: bool) -> None:
+    """Show what a checkpoint holds: format, size, torch version, tensors, prefixes, contents."""
+    from gpukit.checkpoint._inspect import inspect_checkpoint
+
+    info = inspect_checkpoint(path)
+    if as_json:
+        click.echo(json.dumps(info, indent=2, default=str))
+    else:
+        _print_report(info)
+
+
+@ckpt.command()
+@click.argument("source", type=click.Path(path_type=str))
+@click.argument("target", type=click.Path(path_type=str))
+@click.option("--strip-prefix", is_flag=True, help="Remove module. / _orig_mod. from state-dict keys.")
+@click.option("--to-cpu", is_flag=True, help="Load every tensor onto the CPU.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), help="Cast floating-point tensors.")
+@click.option("--format", "fmt", type=click.Choice(["torch", "safetensors"]),
+              help="Output format (default: from TARGET's extension).")
+@click.option("--select", help="Convert only this (dotted) key, e.g. 'model'.")
+@click.option("--trust", is_flag=True, help="Allow full unpickling of SOURCE (can run code; trusted files only).")
+def convert(source: str, target: str, strip_prefix: bool, to_cpu: bool, dtype: str | None,
+            fmt: str | None, select: str | None, trust: bool) -> None:
+    """Convert SOURCE into TARGET (written atomically)."""
+    from gpukit._units import format_bytes
+    from gpukit.checkpoint._inspect import convert_checkpoint
+
+    result = convert_checkpoint(source, target, strip_prefix=strip_prefix, to_cpu=to_cpu, dtype=dtype,
+                                format=fmt, select=select, trust=trust)
+    click.echo(f"wrote {result['target']} ({result['format']}, {result['tensors']} tensors, "
+               f"{format_bytes(result['size_bytes'])})")

@@ -1,0 +1,45 @@
+"""Save-loop worker for the SIGKILL fault test (run as a script, not collected by pytest).
+
+    python ckpt_fault_worker.py DIR
+
+Resumes from the latest complete checkpoint in DIR/managed (checking it), then saves forever:
+each step writes DIR/single.pt with gpukit.save and a CheckpointManager checkpoint, and prints
+"SAVED <step> <number of temporary/partial entries left>" once both are complete.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import gpukit
+from gpukit.checkpoint import CheckpointManager
+
+
+def main(directory: Path) -> None:
+    managed = directory / "managed"
+    manager = CheckpointManager(managed, keep_last=2)
+    model = nn.Linear(16, 16)
+    start = manager.resume(model=model) or 0
+    assert all(bool((p == start).all()) for p in model.parameters()) or start == 0, "resumed wrong weights"
+    single = directory / "single.pt"
+    single_step = int(gpukit.load(single)["step"]) if single.exists() else 0
+    print(f"RESUMED {start} SINGLE {single_step}", flush=True)
+    for step in itertools.count(start + 1):
+        with torch.no_grad():
+            for param in model.parameters():
+                param.fill_(step)
+        gpukit.save({"step": step, "w": torch.full((4096,), float(step))}, single)
+        manager.save(step, model=model, extra={"step": step})
+        leftovers = [n for n in os.listdir(managed) if n.startswith(".")]
+        leftovers += [n for n in os.listdir(directory) if n.startswith(".")]
+        print(f"SAVED {step} {len(leftovers)}", flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,66 @@
+"""Fault injection: SIGKILL a saving process at random moments, many times."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import gpukit
+from gpukit.checkpoint import CheckpointManager
+
+WORKER = Path(__file__).with_name("ckpt_fault_worker.py")
+MIN_SAVES, MIN_KILLS = 50, 5
+
+
+def _read_line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, f"worker died: {proc.stderr.read() if proc.stderr else ''}"
+    return line.strip()
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_never_loses_the_latest_complete_checkpoint(tmp_path: Path) -> None:
+    rng = random.Random(1234)
+    saves = kills = 0
+    last_saved = 0  # newest step the worker reported complete before it was killed
+    while saves < MIN_SAVES or kills < MIN_KILLS:
+        proc = subprocess.Popen([sys.executable, str(WORKER), str(tmp_path)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            head = _read_line(proc).split()
+            resumed, single = int(head[1]), int(head[3])
+            # the kill may land after the rename of the save in progress: then that one counts
+            assert resumed in (last_saved, last_saved + 1), (head, last_saved)
+            assert single in (last_saved, last_saved + 1, last_saved + 2), (head, last_saved)
+            for _ in range(rng.randint(10, 14)):
+                _, step, leftovers = _read_line(proc).split()
+                saves += 1
+                last_saved = int(step)
+                assert leftovers == "0", f"temporary files accumulate after save {step}"
+            # A random moment inside the next saves (a random kill point, not synchronisation).
+            deadline = time.monotonic() + rng.uniform(0.0, 0.03)
+            while time.monotonic() < deadline:
+                pass
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+        kills += 1
+        # what a new process sees right after the crash: the latest complete checkpoint loads
+        model = nn.Linear(16, 16)
+        step = CheckpointManager(tmp_path / "managed", keep_last=2).resume(model=model)
+        assert step is not None and step >= last_saved
+        assert torch.equal(model.weight, torch.full_like(model.weight, float(step)))
+        single = gpukit.load(tmp_path / "single.pt")
+        assert single["step"] >= last_saved and torch.equal(single["w"], torch.full((4096,), float(single["step"])))
+    assert saves >= MIN_SAVES and kills >= MIN_KILLS
