@@ -334,6 +334,33 @@ class Session:
         """Leave the process group this session joined (at the end of training)."""
         self.strategy.teardown()
 
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save_checkpoint(
+        self, directory: str | os.PathLike[str], step: int, *, keep_last: int = 3,
+        extra: dict[str, Any] | None = None, **objects: Any,
+    ) -> Any:
+        """Save the full training state of ``step`` (call on every rank; rank 0 writes shared state).
+
+        ``objects`` are models, optimizers, schedulers and loaders by name; the session's own
+        state (GradScaler, step counters) and every rank's RNG and loader position are added.
+        See :class:`gpukit.CheckpointManager`. Returns the step directory written.
+        """
+        from gpukit.checkpoint import CheckpointManager
+
+        return CheckpointManager(directory, keep_last=keep_last).save(
+            step, extra=extra, session=self, **objects
+        )
+
+    def resume(self, directory: str | os.PathLike[str], **objects: Any) -> int | None:
+        """Restore ``objects`` and this session from the latest complete checkpoint.
+
+        Returns:
+            The step it resumed from, or ``None`` when ``directory`` has no checkpoint yet.
+        """
+        from gpukit.checkpoint import CheckpointManager
+
+        return CheckpointManager(directory).resume(session=self, **objects)
+
     # -- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Session-owned training state: micro-step, optimizer steps, GradScaler."""
