@@ -1,0 +1,170 @@
+"""Memory benchmarks, measured side by side in one run.
+
+1. Leak-watch overhead: training steps with a default ``LeakWatcher`` vs without, in
+   interleaved blocks (so machine load hits both alike); median per-step time and the ratio.
+2. Batch-size search: trials and accuracy of ``find_batch_size`` against every synthetic limit
+   in a range (a step that raises out-of-memory above a known threshold).
+3. Planner error: ``estimate_memory`` vs the measured peak (``torch.cuda.max_memory_allocated``)
+   for a small CNN and a small transformer -- GPU only.
+
+Run: ``python bench/memory.py``.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from gpukit.memory import LeakWatcher, estimate_memory, find_batch_size
+
+
+def _cnn_step(batch: int) -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
+    )
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+
+    def step() -> None:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def bench_leak_overhead(name: str, step: Callable[[], None], block: int, rounds: int) -> None:
+    for _ in range(20):
+        step()
+    plain, watched = [], []
+    watcher = LeakWatcher()  # defaults: every 10 steps, CPU heap walks rationed to 1%
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(block):
+            step()
+        plain.append((time.perf_counter() - started) / block)
+        started = time.perf_counter()
+        for _ in range(block):
+            step()
+            watcher.step()
+        watched.append((time.perf_counter() - started) / block)
+    p, w = statistics.median(plain), statistics.median(watched)
+    print(
+        f"  {name:<28} step {p * 1e3:7.3f} ms   watched {w * 1e3:7.3f} ms   ratio {w / p:.4f} "
+        f"(overhead {100 * (w / p - 1):+.2f}%)   checks {watcher.checks}, heap walks {len(watcher.samples)}, "
+        f"findings {len(watcher.findings)}"
+    )
+
+
+def _check_costs() -> tuple[float, float]:
+    import sys
+
+    from gpukit.memory._live import live_tensor_bytes
+
+    watcher = LeakWatcher(every_n_steps=1, max_overhead=1e-9)  # heap walk only at the first check
+    watcher.check()
+    started = time.perf_counter()
+    for _ in range(200):
+        watcher._check(sys._getframe(0))
+    check_s = (time.perf_counter() - started) / 200
+    started = time.perf_counter()
+    live_tensor_bytes("cpu")
+    return check_s, time.perf_counter() - started
+
+
+def bench_batch_search() -> None:
+    # trials and accuracy do not depend on the full collection after each failed trial; skip its cost
+    real_collect = gc.collect
+    gc.collect = lambda *args: 0  # type: ignore[assignment]
+    try:
+        for start, limits in ((1, range(1, 128)), (8, range(8, 1024)), (1, range(1, 4097))):
+            trials, errors = [], []
+            for limit in limits:
+                def step(batch_size: int, limit: int = limit) -> None:
+                    if batch_size > limit:
+                        raise torch.OutOfMemoryError("synthetic")
+
+                result = find_batch_size(step, start=start, margin=0)
+                trials.append(len(result.trials))
+                errors.append((limit - result.max_fitting_batch_size) / limit)
+            print(
+                f"  start={start:<2} limits {limits.start}..{limits.stop - 1:<5} trials median {statistics.median(trials):.0f} "
+                f"max {max(trials):>2}   error vs true max: mean {100 * statistics.mean(errors):.2f}% "
+                f"max {100 * max(errors):.2f}%   within 5% in <=12 trials: "
+                f"{sum(t <= 12 and e <= 0.05 for t, e in zip(trials, errors))}/{len(trials)}"
+            )
+    finally:
+        gc.collect = real_collect  # type: ignore[assignment]
+
+
+def bench_planner() -> None:
+    if not torch.cuda.is_available():
+        print("  skipped: no GPU")
+        return
+    cases = {
+        "small CNN 64x3x32x32": (
+            lambda: nn.Sequential(
+                nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+                nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Conv2d(128, 128, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
+            ),
+            (64, 3, 32, 32),
+        ),
+        "transformer 4x256, 32x128": (
+            lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(256, 8, 1024, batch_first=True, dropout=0.0), 4),
+            (32, 128, 256),
+        ),
+    }
+    for name, (factory, shape) in cases.items():
+        for precision in ("32-true", "bf16-mixed"):
+            torch.manual_seed(0)
+            model = factory()
+            estimate = estimate_memory(model, "adam", torch.empty(shape), precision=precision, device="cuda")
+            model, batch = model.cuda(), torch.randn(shape, device="cuda")
+            opt = torch.optim.Adam(model.parameters())
+            torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            outside = torch.cuda.memory_allocated() - sum(p.numel() * p.element_size() for p in model.parameters()) - batch.numel() * 4
+            for _ in range(2):
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+                    loss = model(batch).float().mean()
+                loss.backward()
+                del loss
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            measured = torch.cuda.max_memory_allocated() - outside
+            print(
+                f"  {name:<28} {precision:<10} estimated {estimate.peak_bytes / 2**20:8.1f} MiB  measured "
+                f"{measured / 2**20:8.1f} MiB  error {100 * (estimate.peak_bytes / measured - 1):+.1f}%"
+            )
+            del model, batch, opt
+            torch.cuda.empty_cache()
+
+
+def main() -> None:
+    torch.set_num_threads(1)  # steadier timings on a shared machine
+    print(f"torch {torch.__version__}, {'GPU: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}")
+    print("1. leak-watch overhead at the default interval (interleaved blocks, median per-step time)")
+    bench_leak_overhead("small CNN, batch 32 (CPU)", _cnn_step(32), block=100, rounds=11)
+    bench_leak_overhead("small CNN, batch 4 (CPU)", _cnn_step(4), block=500, rounds=11)
+    check_s, walk_s = _check_costs()
+    print(f"  cost of one check (frame scan + graph test): {check_s * 1e3:.3f} ms; CPU heap walk: {walk_s * 1e3:.1f} ms "
+          "(rationed to 1% of step time)")
+    print("2. batch-size search: doubling then log-space bisection, synthetic limits")
+    bench_batch_search()
+    print("3. planner error vs measured peak")
+    bench_planner()
+
+
+if __name__ == "__main__":
+    main()

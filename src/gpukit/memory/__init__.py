@@ -1,0 +1,60 @@
+"""Memory: see it (reports), explain it (leak detection), fix it (OOM back-off, batch-size
+search, planning, post-mortems).
+
+Entry points for :class:`gpukit.Session` (each works on its own as well):
+
+* ``memory_report(devices)`` -> :class:`MemoryReport` (``session.memory_report()``).
+* ``LeakWatcher(every_n_steps, device=...)``; ``.step()`` per step or ``.attach(optimizer)``
+  (``session.watch_memory(...)``), ``inference_guard(model)`` per set-up model.
+* ``OomBackoff(micro_batch_size, device=..., zero_grad=..., parameters=..., no_sync=...)``
+  with ``.run(step_fn, batch)`` (``Session(oom="backoff")``).
+* ``free_memory(device)`` (``session.free_memory()``), ``oom_postmortem(device=...)``.
+"""
+
+from __future__ import annotations
+
+from gpukit.memory._backoff import BackoffEvent, OomBackoff, OutOfMemoryAfterBackoffError, average_gradients
+from gpukit.memory._batch_search import BatchSizeResult, BatchSizeTrial, find_batch_size
+from gpukit.memory._free import free_memory
+from gpukit.memory._inference_guard import InferenceGradWarning, InferenceGuard, inference_guard
+from gpukit.memory._leaks import LeakFinding, LeakWatcher, MemoryLeakWarning, watch
+from gpukit.memory._live import live_tensor_bytes
+from gpukit.memory._planner import MemoryEstimate, estimate_memory
+from gpukit.memory._postmortem import (
+    Allocation,
+    largest_allocations,
+    oom_postmortem,
+    record_memory_history,
+    write_oom_snapshot,
+)
+from gpukit.memory._report import DeviceMemory, MemoryReport, memory_report, show_utilization
+
+__all__ = [
+    "memory_report",
+    "show_utilization",
+    "MemoryReport",
+    "DeviceMemory",
+    "live_tensor_bytes",
+    "LeakWatcher",
+    "LeakFinding",
+    "MemoryLeakWarning",
+    "watch",
+    "InferenceGuard",
+    "InferenceGradWarning",
+    "inference_guard",
+    "OomBackoff",
+    "BackoffEvent",
+    "OutOfMemoryAfterBackoffError",
+    "average_gradients",
+    "find_batch_size",
+    "BatchSizeResult",
+    "BatchSizeTrial",
+    "estimate_memory",
+    "MemoryEstimate",
+    "free_memory",
+    "write_oom_snapshot",
+    "oom_postmortem",
+    "record_memory_history",
+    "largest_allocations",
+    "Allocation",
+]

@@ -1,0 +1,311 @@
+"""Predict the peak memory of a training step without touching the GPU.
+
+The model's parameters, buffers and an example batch are recreated as *fake* tensors
+(``FakeTensorMode``: shapes and dtypes, no memory), and two
+training steps -- forward, backward, optimizer step, zero_grad -- run under a
+``TorchDispatchMode`` that counts the bytes of every storage an operator creates and
+subtracts them when the storage is freed (a weak-reference callback). The high-water mark is
+the predicted peak; CUDA sizes are rounded up to the allocator's 512-byte blocks.
+
+Not modelled: library workspaces (cuBLAS/cuDNN scratch), the CUDA context itself (it is not
+in ``torch.cuda.memory_allocated`` either) and allocator fragmentation (``reserved`` > ``allocated``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gpukit._units import format_bytes
+from gpukit.errors import ConfigurationError, MemoryPlanError
+
+__all__ = ["MemoryEstimate", "estimate_memory", "PRECISIONS", "OPTIMIZERS"]
+
+# precision -> (parameter dtype, autocast dtype). Mirrors the precision names of
+# gpukit.precision; only the dtypes matter here.
+PRECISIONS: dict[str, tuple[torch.dtype, torch.dtype | None]] = {
+    "32-true": (torch.float32, None),
+    "bf16-mixed": (torch.float32, torch.bfloat16),
+    "16-mixed": (torch.float32, torch.float16),
+    "bf16-true": (torch.bfloat16, None),
+    "16-true": (torch.float16, None),
+}
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer] | None] = {
+    "none": None,
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+}
+# state tensors per parameter, for optimizers whose step cannot run on fake tensors
+_STATE_PER_PARAM = {"SGD": 1, "Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adagrad": 1, "Adadelta": 2, "RMSprop": 2}
+_CUDA_BLOCK = 512
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted memory of one training step, in bytes.
+
+    Attributes:
+        peak_bytes: predicted high-water mark of allocated memory during a step
+            (compare with ``torch.cuda.max_memory_allocated()``).
+        parameters_bytes, buffers_bytes, inputs_bytes: what the model and batch hold.
+        gradients_bytes: one gradient per trainable parameter.
+        optimizer_state_bytes: state after the first step (Adam: two tensors per parameter).
+        activations_bytes: peak of forward+backward above what was live before the forward,
+            less the gradients: saved activations and temporaries.
+        notes: approximations made (e.g. optimizer state computed by formula).
+    """
+
+    peak_bytes: int
+    parameters_bytes: int
+    buffers_bytes: int
+    inputs_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int
+    precision: str
+    device: str
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        rows = [
+            ("parameters", self.parameters_bytes),
+            ("buffers", self.buffers_bytes),
+            ("inputs", self.inputs_bytes),
+            ("gradients", self.gradients_bytes),
+            ("optimizer state", self.optimizer_state_bytes),
+            ("activations (peak)", self.activations_bytes),
+            ("peak", self.peak_bytes),
+        ]
+        lines = [f"estimated training memory ({self.precision} on {self.device})"]
+        lines += [f"  {name:<20}{format_bytes(value):>12}" for name, value in rows]
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Counts live storage bytes through every operator, freed via weakref callbacks."""
+
+    def __init__(self, block: int) -> None:
+        super().__init__()
+        self.block = block
+        self.live = 0
+        self.peak = 0
+        self._refs: dict[int, weakref.ref[Any]] = {}
+
+    def size(self, storage: Any) -> int:
+        nbytes = int(storage.nbytes())
+        return -(-nbytes // self.block) * self.block
+
+    def track(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self._refs and self._refs[key]() is storage:
+            return
+        nbytes = self.size(storage)
+        self._refs[key] = weakref.ref(storage, lambda _, key=key, nbytes=nbytes: self._free(key, nbytes))
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+    def _free(self, key: int, nbytes: int) -> None:
+        self._refs.pop(key, None)
+        self.live -= nbytes
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.track(leaf)
+        return out
+
+
+def _optimizer_class(optimizer: Any) -> tuple[type[torch.optim.Optimizer] | None, dict[str, Any]]:
+    if optimizer is None:
+        return None, {}
+    if isinstance(optimizer, torch.optim.Optimizer):
+        # defaults can hold derived keys the constructor rejects (AdamW: decoupled_weight_decay)
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+        defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted and k != "params"}
+        return type(optimizer), defaults
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        return optimizer, {}
+    if isinstance(optimizer, str) and optimizer.lower() in OPTIMIZERS:
+        return OPTIMIZERS[optimizer.lower()], {}
+    raise ConfigurationError(
+        f"estimate_memory(optimizer={optimizer!r}): expected None, an optimizer instance or class, "
+        f"or one of {', '.join(map(repr, OPTIMIZERS))}."
+    )
+
+
+def _call(model: torch.nn.Module, state: dict[str, torch.Tensor], batch: Any) -> Any:
+    if isinstance(batch, dict):
+        return torch.func.functional_call(model, state, (), batch)
+    args = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+    return torch.func.functional_call(model, state, args)
+
+
+def _default_loss(output: Any) -> torch.Tensor:
+    leaves = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not leaves:
+        raise MemoryPlanError("estimate_memory: the model returned no floating-point tensor; pass loss_fn=...")
+    return sum(t.float().mean() for t in leaves)  # type: ignore[return-value]
+
+
+def estimate_memory(
+    model: torch.nn.Module,
+    optimizer: Any = "adam",
+    example_batch: Any = None,
+    *,
+    precision: str = "32-true",
+    device: str | torch.device = "cuda",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+) -> MemoryEstimate:
+    """Predict peak training memory of ``model`` on ``device`` without allocating there.
+
+    Args:
+        model: the model (anywhere: CPU, meta or GPU; it is not modified or copied).
+        optimizer: an optimizer instance or class, ``"adam"``, ``"adamw"``, ``"sgd"``, or
+            ``None``/``"none"`` for forward+backward only.
+        example_batch: the model's input: a tensor (``model(x)``), a tuple/list
+            (``model(*batch)``) or a dict (``model(**batch)``); only shapes and dtypes are used.
+        precision: ``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"``, ``"16-true"``.
+        device: the device to plan for (``"cuda"`` by default; no GPU is needed).
+        loss_fn: ``loss_fn(output) -> scalar``; by default the mean of the outputs.
+
+    Returns:
+        A :class:`MemoryEstimate` breakdown.
+
+    Raises:
+        ConfigurationError: for an unknown precision or optimizer, or no example batch.
+        MemoryPlanError: when the model cannot run on fake tensors.
+    """
+    if precision not in PRECISIONS:
+        raise ConfigurationError(f"estimate_memory(precision={precision!r}): expected one of {', '.join(PRECISIONS)}.")
+    if example_batch is None:
+        raise ConfigurationError("estimate_memory needs example_batch=... (e.g. torch.empty(64, 3, 32, 32)) to size activations.")
+    opt_cls, opt_defaults = _optimizer_class(optimizer)
+    param_dtype, autocast_dtype = PRECISIONS[precision]
+    target = torch.device(device)
+    # Simulate on fake CPU tensors whatever the target: fake CUDA tensors would initialise
+    # CUDA (and abort a CPU-only build in autograd). Autograd's saved tensors do not depend
+    # on the device; CPU autocast casts the same matmul/conv family to the low dtype.
+    simulated = torch.device("cpu")
+    tracker = _LiveBytes(_CUDA_BLOCK if target.type == "cuda" else 1)
+    notes: list[str] = []
+
+    def fake_like(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        fake = torch.empty(tensor.shape, dtype=dtype or tensor.dtype, device=simulated)
+        tracker.track(fake)
+        return fake
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            params = {
+                name: fake_like(p, param_dtype if p.is_floating_point() else None).requires_grad_(p.requires_grad)
+                for name, p in model.named_parameters()
+            }
+            buffers = {name: fake_like(b, param_dtype if b.is_floating_point() else None) for name, b in model.named_buffers()}
+            # "-true" precisions feed the model low-precision inputs too
+            inputs = tree_map(
+                lambda t: fake_like(t, param_dtype if t.is_floating_point() else None) if isinstance(t, torch.Tensor) else t,
+                example_batch,
+            )
+            sizes = {
+                "parameters": sum(tracker.size(p.untyped_storage()) for p in params.values()),
+                "buffers": sum(tracker.size(b.untyped_storage()) for b in buffers.values()),
+                "inputs": sum(tracker.size(t.untyped_storage()) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)),
+            }
+            trainable = [p for p in params.values() if p.requires_grad]
+            with tracker:
+                fake_opt = _make_optimizer(opt_cls, opt_defaults, trainable, notes)
+                for step in range(2):
+                    before_forward = tracker.live
+                    tracker.reset_peak()
+                    with torch.autocast(simulated.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                        output = _call(model, {**params, **buffers}, inputs)
+                        loss = (loss_fn or _default_loss)(output)
+                    loss.backward()
+                    del output, loss
+                    fwd_bwd_peak = tracker.peak - before_forward
+                    grads = sum(tracker.size(p.grad.untyped_storage()) for p in trainable if p.grad is not None)
+                    if fake_opt is not None:
+                        fake_opt.step()
+                        fake_opt.zero_grad(set_to_none=True)
+                    else:
+                        for p in trainable:
+                            p.grad = None
+                    if step == 0:
+                        overall_peak = tracker.peak
+                overall_peak = max(overall_peak, tracker.peak)
+                state = _state_bytes(fake_opt, tracker) if fake_opt is not None else 0
+    except (RuntimeError, TypeError, NotImplementedError) as exc:
+        raise MemoryPlanError(
+            f"estimate_memory could not trace {type(model).__name__} on fake tensors ({type(exc).__name__}: {exc}). "
+            "Operations that read tensor values (.item(), data-dependent shapes, custom C++ ops) cannot run without data."
+        ) from exc
+    if fake_opt is None and opt_cls is not None:
+        per_param = _STATE_PER_PARAM.get(opt_cls.__name__, 2)
+        state = per_param * sizes["parameters"]
+        overall_peak += state
+        notes.append(f"{opt_cls.__name__} state estimated as {per_param} tensor(s) per parameter")
+    return MemoryEstimate(
+        peak_bytes=overall_peak,
+        parameters_bytes=sizes["parameters"],
+        buffers_bytes=sizes["buffers"],
+        inputs_bytes=sizes["inputs"],
+        gradients_bytes=grads,
+        optimizer_state_bytes=state,
+        activations_bytes=max(0, fwd_bwd_peak - grads),
+        precision=precision,
+        device=str(target),
+        notes=tuple(notes),
+    )
+
+
+def _make_optimizer(
+    opt_cls: type[torch.optim.Optimizer] | None, defaults: dict[str, Any], params: list[torch.Tensor], notes: list[str]
+) -> torch.optim.Optimizer | None:
+    """The optimizer on fake parameters, in a variant whose step never reads a value
+    (``capturable`` keeps Adam's step counter on the device instead of calling ``.item()``)."""
+    if opt_cls is None or not params:
+        return None
+    for extra in ({}, {"capturable": True}, {"capturable": True, "foreach": False}):
+        try:
+            optimizer = opt_cls(params, **{**defaults, **extra})
+            for p in params:  # probe one step on fake gradients, then discard its state
+                p.grad = torch.zeros_like(p)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            optimizer.state.clear()
+            return opt_cls(params, **{**defaults, **extra})
+        except Exception:  # noqa: BLE001 - any failure means "this variant cannot run on fake tensors"
+            for p in params:
+                p.grad = None
+            continue
+    notes.append(f"{opt_cls.__name__}.step could not run on fake tensors")
+    return None
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer, tracker: _LiveBytes) -> int:
+    seen: set[int] = set()
+    total = 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and id(value.untyped_storage()) not in seen:
+                seen.add(id(value.untyped_storage()))
+                total += tracker.size(value.untyped_storage())
+    return total

@@ -1,0 +1,65 @@
+"""`gpukit plan module:factory`: thin CLI over estimate_memory."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpukit.cli import cli, main
+
+MODELS = """
+from torch import nn
+
+def mlp():
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+
+def lm():
+    return nn.Sequential(nn.Embedding(1000, 64), nn.Linear(64, 1000))
+
+def not_a_model():
+    return 42
+"""
+
+
+@pytest.fixture
+def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    name = f"gpukit_plan_models_{abs(hash(tmp_path))}"
+    (tmp_path / f"{name}.py").write_text(MODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    return name
+
+
+def test_plan_prints_a_breakdown(models: str) -> None:
+    result = CliRunner().invoke(cli, ["plan", f"{models}:mlp", "--batch-shape", "64,32", "--optimizer", "sgd"])
+    assert result.exit_code == 0, result.output
+    assert "parameters" in result.output and "peak" in result.output and "32-true on cuda" in result.output
+
+
+def test_plan_json_with_token_inputs_and_precision(models: str) -> None:
+    args = ["plan", f"{models}:lm", "--batch-shape", "8,128", "--dtype", "int64", "--precision", "bf16-mixed", "--json"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["precision"] == "bf16-mixed" and data["peak_bytes"] > data["parameters_bytes"] > 0
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["{m}:nope", "--batch-shape", "2,32"], "has no callable 'nope'"),
+        (["{m}:not_a_model", "--batch-shape", "2,32"], "not a torch.nn.Module"),
+        (["no_colon", "--batch-shape", "2,32"], "module:factory"),
+        (["{m}:mlp", "--batch-shape", "2,x"], "positive integers"),
+    ],
+)
+def test_plan_errors_are_one_line(models: str, args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", *(a.format(m=models) for a in args)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpukit: error:") and message in err
