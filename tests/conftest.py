@@ -22,3 +22,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         wanted = 1 if marker.name == "requires_gpu" else int(marker.args[0])
         if available < wanted:
             item.add_marker(pytest.mark.skip(reason=f"needs {wanted} CUDA GPU(s), {available} available"))
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ():
+    """Undo any environment change a test makes (use_gpus writes CUDA_VISIBLE_DEVICES, ...)."""
+    import os
+
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
