@@ -7,21 +7,22 @@ TEST_VENV := .venv-test
 
 .PHONY: demo test clean
 
+# $(1): the environment's folder, $(2): the extras to install with gpukit.
 # torch is installed pinned first so pip takes the local CPU build instead of
 # resolving `torch>=2.4` to the newest release with several GB of CUDA wheels.
+define make_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install -q --upgrade pip
+	$(1)/bin/pip install -q "$(TORCH_PIN)"
+	$(1)/bin/pip install -q -e ".[$(2)]"
+	touch $(1)/.installed
+endef
+
 $(DEMO_VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(DEMO_VENV)
-	$(DEMO_VENV)/bin/pip install -q --upgrade pip
-	$(DEMO_VENV)/bin/pip install -q "$(TORCH_PIN)"
-	$(DEMO_VENV)/bin/pip install -q -e ".[demo]"
-	touch $@
+	$(call make_venv,$(DEMO_VENV),demo)
 
 $(TEST_VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(TEST_VENV)
-	$(TEST_VENV)/bin/pip install -q --upgrade pip
-	$(TEST_VENV)/bin/pip install -q "$(TORCH_PIN)"
-	$(TEST_VENV)/bin/pip install -q -e ".[test]"
-	touch $@
+	$(call make_venv,$(TEST_VENV),test)
 
 demo: $(DEMO_VENV)/.installed
 	$(DEMO_VENV)/bin/gpukit demo

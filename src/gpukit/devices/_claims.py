@@ -244,7 +244,9 @@ def claim_gpus(
         DeviceError: a GPU in ``gpus`` does not exist.
         ConfigurationError: invalid arguments.
     """
-    from gpukit.devices._select import check_count, check_order, evaluate, make_criteria, poll, rank, selection_error
+    from gpukit.devices._select import (
+        check_count, check_order, evaluate, make_criteria, poll, rank, selection_error,
+    )
 
     check_order(order)
     if gpus is not None:
@@ -297,12 +299,12 @@ def _unreachable(_waited: float | None) -> GpuSelectionError:  # pragma: no cove
 
 def _with_claims(evaluations: list[tuple[GpuSnapshot, list[str]]],
                  lost: Mapping[str, int | None]) -> list[tuple[GpuSnapshot, list[str]]]:
+    from gpukit.devices._select import claimed_reason
+
     out = []
     for unit, why in evaluations:
         why = list(why)
         if unit.uuid is not None and unit.uuid in lost:
-            owner = lost[unit.uuid]
-            mine = " (this process)" if owner == os.getpid() else ""
-            why.append(f"claimed by pid {owner}{mine}" if owner is not None else "claimed by another process")
+            why.append(claimed_reason(lost[unit.uuid]))
         out.append((unit, why))
     return out

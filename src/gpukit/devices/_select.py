@@ -140,11 +140,17 @@ def evaluate(gpus: list[GpuSnapshot], criteria: Criteria,
             if criteria.max_processes is not None and len(unit.processes) > criteria.max_processes:
                 why.append(f"{len(unit.processes)} process(es) > max {criteria.max_processes}")
         if unit.uuid is not None and unit.uuid in claims:
-            owner = claims[unit.uuid]
-            mine = " (this process)" if owner == os.getpid() else ""
-            why.append(f"claimed by pid {owner}{mine}" if owner is not None else "claimed by another process")
+            why.append(claimed_reason(claims[unit.uuid]))
         out.append((unit, why))
     return out
+
+
+def claimed_reason(owner_pid: int | None) -> str:
+    """Why a claimed GPU does not qualify, naming the claiming process when known."""
+    if owner_pid is None:
+        return "claimed by another process"
+    mine = " (this process)" if owner_pid == os.getpid() else ""
+    return f"claimed by pid {owner_pid}{mine}"
 
 
 def _rank_key(order: str) -> Callable[[GpuSnapshot], tuple[float, ...]]:
