@@ -14,6 +14,7 @@ delegate to them. Users keep their own loop::
                     loss = loss_fn(model(x), y)
                 session.backward(loss)
             session.step(optimizer, clip_grad_norm=1.0)
+Memory methods (``run_step`` with OOM back-off, ``watch_memory``...) live in ``_session_memory``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch import nn
 
 from gpukit._progress import progress as _progress
 from gpukit._seeding import fresh_seed, seed_everything
+from gpukit._session_memory import SessionMemoryMixin
 from gpukit.accelerators import Accelerator
 from gpukit.data import DeviceLoader, build_loader
 from gpukit.errors import ConfigurationError, DistributedError
@@ -43,7 +45,7 @@ T = TypeVar("T")
 M = TypeVar("M", bound=nn.Module)
 
 
-class Session:
+class Session(SessionMemoryMixin):
     """Run a user-written training loop on the devices, strategy and precision asked for.
 
     Args:
@@ -57,6 +59,9 @@ class Session:
         sync_batchnorm: under DDP, compute BatchNorm statistics over the global batch.
         accelerator: "auto", "cpu", "cuda" or "mps".
         verbose: print (on rank 0) what was chosen.
+        oom: out of memory in ``run_step``: None (propagates), "raise" (post-mortem, then
+            StepOutOfMemoryError) or "backoff" (halve the micro-batch and retry).
+        watch_memory: True or a step interval: ``watch_memory(every_n_steps)`` at start.
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -73,6 +78,8 @@ class Session:
         sync_batchnorm: bool = False,
         accelerator: str | Accelerator = "auto",
         verbose: bool = True,
+        oom: str | None = None,
+        watch_memory: bool | int = False,
     ) -> None:
         if (
             not isinstance(accumulate_grad_batches, int)
@@ -84,13 +91,14 @@ class Session:
             )
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ConfigurationError(f"seed={seed!r}; use an int or None.")
+        self._init_memory(oom, watch_memory, sync_batchnorm)  # checks them before any set-up
         if accelerator == "auto" and os.environ.get("GPUKIT_CPU") == "1":
             accelerator = "cpu"  # `gpukit run --cpu`: gloo on the CPU even where GPUs exist
         # what a worker started by launch() needs to build the same session
         self._config = dict(
             devices=devices, precision=precision, strategy=strategy, seed=seed,
             accumulate_grad_batches=accumulate_grad_batches, sync_batchnorm=sync_batchnorm,
-            accelerator=accelerator, verbose=verbose,
+            accelerator=accelerator, verbose=verbose, oom=oom, watch_memory=watch_memory,
         )
         self.strategy: Strategy = select_strategy(
             devices, strategy, accelerator, sync_batchnorm=sync_batchnorm
@@ -164,6 +172,7 @@ class Session:
         model = self.strategy.prepare_module(model)
         model = self.precision.convert_module(model)
         model = self.strategy.setup_module(model)
+        self._memory_track_model(model)  # inference guard; run_step's default model
         if optimizer is None:
             return model
         if optimizer.state:
@@ -239,15 +248,16 @@ class Session:
             non-finite gradients (the step is skipped and the loss scale lowered).
         """
         self._micro_step += 1
-        if self._micro_step % self.accumulate_grad_batches:
-            return False
-        if clip_grad_norm is not None:
-            self.precision.unscale_(optimizer)
-            params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-            torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
-        stepped = self.precision.optimizer_step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
-        self._optimizer_steps += int(stepped)
+        stepped = False
+        if self._micro_step % self.accumulate_grad_batches == 0:
+            if clip_grad_norm is not None:
+                self.precision.unscale_(optimizer)
+                params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+                torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
+            stepped = self.precision.optimizer_step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+            self._optimizer_steps += int(stepped)
+        self._memory_after_step()  # leak check every n steps when watch_memory is on
         return stepped
 
     @property
@@ -332,6 +342,7 @@ class Session:
 
     def close(self) -> None:
         """Leave the process group this session joined (at the end of training)."""
+        self._memory_close()
         self.strategy.teardown()
 
     # -- checkpoints ------------------------------------------------------------------------------

@@ -7,13 +7,19 @@ Entry points for :class:`gpukit.Session` (each works on its own as well):
 * ``LeakWatcher(every_n_steps, device=...)``; ``.step()`` per step or ``.attach(optimizer)``
   (``session.watch_memory(...)``), ``inference_guard(model)`` per set-up model.
 * ``OomBackoff(micro_batch_size, device=..., zero_grad=..., parameters=..., no_sync=...)``
-  with ``.run(step_fn, batch)`` (``Session(oom="backoff")``).
+  with ``.run(step_fn, batch)`` (``Session(oom="backoff")`` + ``session.run_step``).
 * ``free_memory(device)`` (``session.free_memory()``), ``oom_postmortem(device=...)``.
 """
 
 from __future__ import annotations
 
-from gpukit.memory._backoff import BackoffEvent, OomBackoff, OutOfMemoryAfterBackoffError, average_gradients
+from gpukit.memory._backoff import (
+    BackoffEvent,
+    OomBackoff,
+    OutOfMemoryAfterBackoffError,
+    StepOutOfMemoryError,
+    average_gradients,
+)
 from gpukit.memory._batch_search import BatchSizeResult, BatchSizeTrial, find_batch_size
 from gpukit.memory._free import free_memory
 from gpukit.memory._inference_guard import InferenceGradWarning, InferenceGuard, inference_guard
@@ -45,6 +51,7 @@ __all__ = [
     "OomBackoff",
     "BackoffEvent",
     "OutOfMemoryAfterBackoffError",
+    "StepOutOfMemoryError",
     "average_gradients",
     "find_batch_size",
     "BatchSizeResult",

@@ -35,12 +35,17 @@ import torch.distributed as dist
 from gpukit.accelerators import Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError, MemoryPlanError
 
-__all__ = ["OomBackoff", "BackoffEvent", "OutOfMemoryAfterBackoffError", "average_gradients", "split_batch", "batch_length"]
+__all__ = ["OomBackoff", "BackoffEvent", "StepOutOfMemoryError", "OutOfMemoryAfterBackoffError", "average_gradients", "split_batch", "batch_length"]
 
 log = logging.getLogger("gpukit.memory")
 
 
-class OutOfMemoryAfterBackoffError(MemoryPlanError, torch.OutOfMemoryError):
+class StepOutOfMemoryError(MemoryPlanError, torch.OutOfMemoryError):
+    """A training step ran out of memory and nothing recovered it (``session.run_step`` adds the
+    post-mortem to the message); ``except torch.OutOfMemoryError`` catches it."""
+
+
+class OutOfMemoryAfterBackoffError(StepOutOfMemoryError):
     """Out of memory even at the smallest micro-batch; ``except torch.OutOfMemoryError`` catches it."""
 
 
@@ -61,6 +66,10 @@ def batch_length(batch: Any) -> int:
     Raises:
         ConfigurationError: when the batch holds no tensor.
     """
+    # fast path for the common shapes: a step of a small model must not pay for a tree walk
+    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    if isinstance(first, torch.Tensor) and first.dim() > 0:
+        return int(first.shape[0])
     for leaf in torch.utils._pytree.tree_leaves(batch):
         if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
             return int(leaf.shape[0])
@@ -73,6 +82,9 @@ def batch_length(batch: Any) -> int:
 def split_batch(batch: Any, micro_batch_size: int) -> Iterator[Any]:
     """Micro-batches of ``batch`` along dim 0 (views, no copies); non-tensor leaves are shared."""
     total = batch_length(batch)
+    if micro_batch_size >= total:  # no split: the batch itself, as given
+        yield batch
+        return
     leaves, spec = torch.utils._pytree.tree_flatten(batch)
     for start in range(0, total, micro_batch_size):
         parts = [
@@ -82,21 +94,36 @@ def split_batch(batch: Any, micro_batch_size: int) -> Iterator[Any]:
         yield torch.utils._pytree.tree_unflatten(parts, spec)
 
 
-def average_gradients(parameters: Iterable[torch.nn.Parameter], group: Any = None) -> None:
-    """All-reduce and average ``.grad`` over the ranks of ``group`` (one flat buffer per dtype)."""
+def average_gradients(parameters: Iterable[torch.nn.Parameter], group: Any = None, bucket_bytes: int = 32 * 2**20) -> None:
+    """All-reduce and average ``.grad`` over the ranks of ``group``.
+
+    Gradients travel in flat buffers of at most ``bucket_bytes`` (one dtype and device each), so
+    the extra memory is one bucket, not a second copy of every gradient.
+    """
     world = dist.get_world_size(group)
     by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for param in parameters:
         if param.grad is not None:
             by_dtype.setdefault((param.grad.dtype, param.grad.device), []).append(param.grad)
     for grads in by_dtype.values():
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=group)
-        flat.div_(world)
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for index, grad in enumerate(grads):
+            bucket.append(grad)
+            size += grad.numel() * grad.element_size()
+            if size >= bucket_bytes or index == len(grads) - 1:
+                _average_bucket(bucket, world, group)
+                bucket, size = [], 0
+
+
+def _average_bucket(grads: list[torch.Tensor], world: int, group: Any) -> None:
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat.div_(world)
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
 
 
 class OomBackoff:

@@ -25,19 +25,12 @@ from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpukit._units import format_bytes
+from gpukit.accelerators import get_accelerator
 from gpukit.errors import ConfigurationError, MemoryPlanError
+from gpukit.precision import PRECISIONS, get_precision
 
-__all__ = ["MemoryEstimate", "estimate_memory", "PRECISIONS", "OPTIMIZERS"]
+__all__ = ["MemoryEstimate", "estimate_memory", "OPTIMIZERS"]
 
-# precision -> (parameter dtype, autocast dtype). Mirrors the precision names of
-# gpukit.precision; only the dtypes matter here.
-PRECISIONS: dict[str, tuple[torch.dtype, torch.dtype | None]] = {
-    "32-true": (torch.float32, None),
-    "bf16-mixed": (torch.float32, torch.bfloat16),
-    "16-mixed": (torch.float32, torch.float16),
-    "bf16-true": (torch.bfloat16, None),
-    "16-true": (torch.float16, None),
-}
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer] | None] = {
     "none": None,
     "sgd": torch.optim.SGD,
@@ -193,12 +186,10 @@ def estimate_memory(
         ConfigurationError: for an unknown precision or optimizer, or no example batch.
         MemoryPlanError: when the model cannot run on fake tensors.
     """
-    if precision not in PRECISIONS:
-        raise ConfigurationError(f"estimate_memory(precision={precision!r}): expected one of {', '.join(PRECISIONS)}.")
+    param_dtype, autocast_dtype, precision = _precision_dtypes(precision)
     if example_batch is None:
         raise ConfigurationError("estimate_memory needs example_batch=... (e.g. torch.empty(64, 3, 32, 32)) to size activations.")
     opt_cls, opt_defaults = _optimizer_class(optimizer)
-    param_dtype, autocast_dtype = PRECISIONS[precision]
     target = torch.device(device)
     # Simulate on fake CPU tensors whatever the target: fake CUDA tensors would initialise
     # CUDA (and abort a CPU-only build in autograd). Autograd's saved tensors do not depend
@@ -274,6 +265,23 @@ def estimate_memory(
         device=str(target),
         notes=tuple(notes),
     )
+
+
+def _precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None, str]:
+    """``(parameter dtype, autocast dtype, canonical name)`` as :mod:`gpukit.precision` defines them."""
+    planned = [name for name in PRECISIONS if name != "auto"]
+    if not isinstance(precision, str) or precision.strip().lower() == "auto":
+        raise ConfigurationError(
+            f"estimate_memory(precision={precision!r}): expected one of {', '.join(map(repr, planned))} "
+            "(\"auto\" depends on the GPU that will run it: name the precision to plan for)."
+        )
+    # The dtypes do not depend on the device, and the CPU accepts every precision, so this asks
+    # gpukit.precision (the one owner of the names and dtype rules) without touching a GPU.
+    try:
+        chosen = get_precision(precision, get_accelerator("cpu"), torch.device("cpu"))
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"estimate_memory(precision={precision!r}): expected one of {', '.join(map(repr, planned))}.") from exc
+    return chosen.param_dtype, chosen.autocast_dtype, chosen.name
 
 
 def _make_optimizer(

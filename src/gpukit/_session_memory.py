@@ -1,0 +1,289 @@
+"""The memory side of :class:`gpukit.Session`: OOM back-off, leak watching, inference guards.
+
+Session inherits :class:`SessionMemoryMixin`; every method here is a thin layer over
+:mod:`gpukit.memory`, which owns the logic. What the mixin adds is the composition with the
+session: autocast, ``accumulate_grad_batches``, the GradScaler and DDP's gradient sync.
+
+How ``run_step`` keeps the maths of a step when it backs off (``oom="backoff"``):
+
+* each micro-batch's loss is weighted by ``len(micro) / len(batch)`` and goes through
+  ``session.backward`` (which divides by ``accumulate_grad_batches`` and scales for fp16), so
+  the summed gradient is the batch's mean-loss gradient whatever the split;
+* gradients of earlier batches of the accumulation window are set aside while the batch runs
+  and added back afterwards, so dropping a failed attempt's partial gradients loses nothing;
+* under DDP every micro-batch runs without gradient sync, the ranks agree on OOM through one
+  small all-reduce, and the gradients are averaged once, on the accumulation boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import traceback
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import torch
+from torch import nn
+
+from gpukit import memory as _memory
+from gpukit.errors import ConfigurationError
+from gpukit.memory._backoff import batch_length
+from gpukit.placement import unwrap_model
+
+if TYPE_CHECKING:
+    from gpukit.accelerators import Accelerator
+    from gpukit.precision import Precision
+    from gpukit.strategies import Strategy
+
+__all__ = ["SessionMemoryMixin", "OOM_MODES", "DEFAULT_WATCH_EVERY_N_STEPS"]
+
+OOM_MODES = (None, "raise", "backoff")
+DEFAULT_WATCH_EVERY_N_STEPS = 10
+
+_FIXES = (
+    "Fixes: Session(oom='backoff') splits batches that do not fit; or lower the batch size, use "
+    "precision='bf16-mixed', activation checkpointing or more devices. "
+    "gpukit.memory.estimate_memory(...) shows where the memory goes."
+)
+
+
+def _check_options(oom: str | None, watch_memory: bool | int, sync_batchnorm: bool) -> int | None:
+    """Validate the Session's memory options; returns the leak-check interval or ``None``."""
+    if oom not in OOM_MODES:
+        raise ConfigurationError(
+            f"Session(oom={oom!r}): choose one of {', '.join(map(repr, OOM_MODES))} (None: out of "
+            "memory propagates as torch raised it; 'raise': write a post-mortem, then raise; "
+            "'backoff': halve the micro-batch and retry)."
+        )
+    if oom == "backoff" and sync_batchnorm:
+        raise ConfigurationError(
+            "Session(oom='backoff', sync_batchnorm=True): SyncBatchNorm communicates inside every "
+            "forward, so a rank that runs out of memory mid-forward would leave the others waiting. "
+            "Use one of the two (micro-batches also change BatchNorm statistics)."
+        )
+    if isinstance(watch_memory, bool):
+        return DEFAULT_WATCH_EVERY_N_STEPS if watch_memory else None
+    if not isinstance(watch_memory, int) or watch_memory < 1:
+        raise ConfigurationError(
+            f"Session(watch_memory={watch_memory!r}): use True (check every "
+            f"{DEFAULT_WATCH_EVERY_N_STEPS} steps), False, or an int >= 1 (steps between checks)."
+        )
+    return watch_memory
+
+
+def _drop_grads(params: list[nn.Parameter]) -> None:
+    for param in params:
+        param.grad = None
+
+
+class SessionMemoryMixin:
+    """Memory methods of :class:`gpukit.Session` (see the module docstring)."""
+
+    # provided by Session
+    accelerator: Accelerator
+    strategy: Strategy
+    precision: Precision
+    accumulate_grad_batches: int
+    _micro_step: int
+    device: torch.device
+    world_size: int
+
+    if TYPE_CHECKING:  # Session's methods, used here
+
+        def autocast(self) -> contextlib.AbstractContextManager[Any]: ...
+        def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]: ...
+        def backward(self, loss: torch.Tensor, **kwargs: Any) -> None: ...
+        def _require_launched(self, what: str) -> None: ...
+
+    def _init_memory(self, oom: str | None, watch_memory: bool | int, sync_batchnorm: bool) -> None:
+        self._oom = oom
+        self._watch_every = _check_options(oom, watch_memory, sync_batchnorm)
+        self._backoff: _memory.OomBackoff | None = None
+        self._leak_watcher: _memory.LeakWatcher | None = None
+        self._models: list[nn.Module] = []
+        self._guards: dict[int, _memory.InferenceGuard] = {}
+        self._step_params: weakref.WeakKeyDictionary[nn.Module, list[nn.Parameter]] = weakref.WeakKeyDictionary()
+
+    # -- public ---------------------------------------------------------------------------------
+    def run_step(
+        self, step_fn: Callable[[Any], torch.Tensor], batch: Any, *, model: nn.Module | None = None
+    ) -> torch.Tensor:
+        """Forward and backward of one batch: ``loss = step_fn(batch)`` under autocast, then backward.
+
+        Replaces the ``with session.accumulate(model): with session.autocast(): ...;
+        session.backward(loss)`` block; call ``session.step(optimizer)`` after it as usual.
+        With ``Session(oom="backoff")`` a batch that runs out of memory is split into halves,
+        quarters, ... (the smaller micro-batch is kept for later steps); the gradient stays that
+        of the whole batch, and under DDP all ranks agree on the new size.
+
+        Args:
+            step_fn: ``step_fn(batch) -> loss``: the forward pass and a scalar *mean* loss over
+                the items of ``batch`` (it may be called on slices of ``batch``).
+            batch: a tensor or a (nested) tuple/list/dict of tensors, batch dimension first.
+            model: the model ``step_fn`` runs; needed only when ``setup`` was given several.
+
+        Returns:
+            The batch's loss, detached (``total += session.run_step(...)`` keeps no graph).
+
+        Raises:
+            StepOutOfMemoryError: out of memory with ``oom="raise"``, or
+                :class:`~gpukit.memory.OutOfMemoryAfterBackoffError` when even a micro-batch of
+                one item does not fit; the message carries the post-mortem.
+            ConfigurationError: ``step_fn`` did not return a scalar tensor; no or several models.
+        """
+        self._require_launched("session.run_step()")
+        model = self._step_model(model)
+        if self._oom == "backoff":
+            return self._run_with_backoff(step_fn, batch, model)
+        with self._postmortem_on_oom(batch) if self._oom == "raise" else contextlib.nullcontext():
+            with self.accumulate(model):
+                loss = self._forward(step_fn, batch)
+                self.backward(loss)
+        return loss.detach()
+
+    @property
+    def oom_backoff(self) -> _memory.OomBackoff | None:
+        """The back-off state with ``oom="backoff"`` (``micro_batch_size`` -- ``None`` until the
+        first out-of-memory --, ``accumulation_steps``, ``events``); ``None`` otherwise."""
+        return self._backoff
+
+    def watch_memory(self, every_n_steps: int = DEFAULT_WATCH_EVERY_N_STEPS, **options: Any) -> _memory.LeakWatcher:
+        """Check for memory leaks every ``every_n_steps`` calls of ``session.step``.
+
+        Names the variable behind a leak (``total_loss += loss``, a list of outputs with graphs,
+        steady growth) in a :class:`~gpukit.memory.MemoryLeakWarning`. Replaces any earlier watcher.
+
+        Args:
+            every_n_steps: steps between checks (10 names ``total_loss += loss`` by step 20).
+            **options: more :class:`~gpukit.memory.LeakWatcher` options (``warn``, ``on_leak``...).
+
+        Returns:
+            The watcher; its ``findings`` list what was found.
+        """
+        self._require_launched("session.watch_memory()")
+        self._leak_watcher = _memory.LeakWatcher(every_n_steps, device=self.device, **options)
+        return self._leak_watcher
+
+    def memory_report(self) -> _memory.MemoryReport:
+        """Memory of this session's device (see :func:`gpukit.memory_report`)."""
+        return _memory.memory_report(self.device)
+
+    def free_memory(self) -> int | None:
+        """Collect garbage and return cached blocks of ``session.device`` to the driver.
+
+        For between phases -- after training, before evaluation or export -- once the previous
+        phase's tensors are ``del``-ed; not every step (the allocator would only ask again).
+
+        Returns:
+            Bytes of reserved memory given back; ``None`` on the CPU (no allocator cache).
+        """
+        return _memory.free_memory(self.device)
+
+    # -- hooks called by Session ---------------------------------------------------------------
+    def _memory_after_step(self) -> None:
+        watcher = self._leak_watcher
+        if watcher is None:
+            if self._watch_every is None:
+                return
+            watcher = self.watch_memory(self._watch_every)  # Session(watch_memory=...): from step 1
+        watcher.step()
+
+    def _memory_track_model(self, model: nn.Module) -> None:
+        self._models = [m for m in self._models if unwrap_model(m) is not unwrap_model(model)]
+        self._models.append(model)
+        inner = unwrap_model(model)
+        if id(inner) not in self._guards:
+            self._guards[id(inner)] = _memory.inference_guard(inner)
+
+    def _memory_close(self) -> None:
+        for guard in self._guards.values():
+            guard.remove()
+        self._guards.clear()
+        self._models.clear()
+        self._step_params.clear()
+        self._leak_watcher = None
+        self._watch_every = None
+
+    # -- the step ------------------------------------------------------------------------------
+    def _step_model(self, model: nn.Module | None) -> nn.Module:
+        if model is not None:
+            return model
+        if len(self._models) == 1:
+            return self._models[0]
+        raise ConfigurationError(
+            f"session.run_step needs to know the model: {len(self._models)} models were set up. "
+            + ("Call session.setup(model, optimizer) first." if not self._models
+               else "Pass the one step_fn runs: session.run_step(step_fn, batch, model=model).")
+        )
+
+    def _forward(self, step_fn: Callable[[Any], torch.Tensor], batch: Any) -> torch.Tensor:
+        with self.autocast():
+            loss = step_fn(batch)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ConfigurationError(
+                f"session.run_step: step_fn returned {got}; it must return the loss as a scalar "
+                "tensor (the mean over the batch), e.g. `return F.cross_entropy(model(x), y)`."
+            )
+        return loss
+
+    def _run_with_backoff(self, step_fn: Callable[[Any], torch.Tensor], batch: Any, model: nn.Module) -> torch.Tensor:
+        if self._backoff is None:
+            self._backoff = _memory.OomBackoff(None, device=self.device)
+        params = self._step_params.get(model)
+        if params is None:  # once per model: listing parameters costs ~1 us each, every step
+            params = self._step_params[model] = list(model.parameters())
+        backoff = self._backoff
+        backoff.no_sync = lambda: self.strategy.no_backward_sync(model)
+        backoff.zero_grad = lambda: _drop_grads(params)
+        boundary = (self._micro_step + 1) % self.accumulate_grad_batches == 0
+        held = [p.grad for p in params]  # earlier batches of this accumulation window
+        _drop_grads(params)
+
+        def micro_step(part: Any, weight: float) -> torch.Tensor:
+            loss = self._forward(step_fn, part)
+            if weight != 1:
+                loss = loss * weight
+            self.backward(loss)
+            return loss.detach()
+
+        try:
+            losses = backoff.run(micro_step, batch)
+        except BaseException as exc:
+            for param, grad in zip(params, held):  # a failed batch leaves no partial gradient
+                param.grad = grad
+            if isinstance(exc, _memory.OutOfMemoryAfterBackoffError):
+                self._raise_out_of_memory(exc, _memory.OutOfMemoryAfterBackoffError, str(exc), fixes="")
+            raise
+        for param, grad in zip(params, held):
+            if grad is not None:
+                param.grad = grad if param.grad is None else grad.add_(param.grad)
+        if boundary and self.world_size > 1:
+            _memory.average_gradients(params)
+        total = losses[0]
+        for loss in losses[1:]:
+            total = total + loss
+        return total
+
+    @contextlib.contextmanager
+    def _postmortem_on_oom(self, batch: Any) -> Iterator[None]:
+        try:
+            yield
+        except self.accelerator.oom_error_types() as exc:
+            # inside the except block the failed step's tensors are still alive: the snapshot sees them
+            self._raise_out_of_memory(
+                exc, _memory.StepOutOfMemoryError,
+                f"Out of memory in session.run_step on {self.device} with a batch of "
+                f"{batch_length(batch)} items (Session(oom='raise')).",
+            )
+
+    def _raise_out_of_memory(
+        self, exc: BaseException, error: type[Exception], headline: str, fixes: str = _FIXES
+    ) -> NoReturn:
+        text = io.StringIO()
+        _memory.write_oom_snapshot(device=self.device, file=text)
+        # the failed frames hold the step's activations; the new error keeps exc as its cause
+        traceback.clear_frames(exc.__traceback__)
+        raise error("\n".join(part for part in (headline, text.getvalue().rstrip(), fixes) if part)) from exc
