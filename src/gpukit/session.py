@@ -32,6 +32,7 @@ from torch import nn
 from gpukit._progress import progress as _progress
 from gpukit._seeding import fresh_seed, seed_everything
 from gpukit._session_memory import SessionMemoryMixin
+from gpukit._session_runstate import SessionRunStateMixin
 from gpukit.accelerators import Accelerator
 from gpukit.data import DeviceLoader, build_loader
 from gpukit.errors import ConfigurationError, DistributedError
@@ -45,7 +46,7 @@ T = TypeVar("T")
 M = TypeVar("M", bound=nn.Module)
 
 
-class Session(SessionMemoryMixin):
+class Session(SessionMemoryMixin, SessionRunStateMixin):
     """Run a user-written training loop on the devices, strategy and precision asked for.
 
     Args:
@@ -299,23 +300,6 @@ class Session(SessionMemoryMixin):
         self._require_launched("session.all_gather()")
         return self.strategy.all_gather(value)
 
-    @property
-    def should_stop(self) -> bool:
-        """Whether any rank was asked to stop (SIGTERM/SIGINT under ``gpukit run``: preemption).
-
-        Check it once per step, after ``session.step``; every rank gets the same answer at the
-        same step (one small all-reduce), so all ranks can save a checkpoint and leave the loop
-        together. ``gpukit run`` then exits with ``gpukit.launch.PREEMPTED_EXIT_CODE`` (75).
-        Outside ``gpukit run``, call ``gpukit.launch.install_preemption_handler()`` to opt in.
-        """
-        from gpukit.launch import stop_requested
-
-        local = stop_requested()
-        if self.world_size == 1 or not self.strategy.launched:
-            return local
-        flag = torch.tensor(1.0 if local else 0.0, device=self.device)
-        return bool(self.strategy.all_reduce(flag, op="max") > 0)
-
     # -- processes -----------------------------------------------------------------------------------
     def launch(self, fn: Callable[..., T], *args: Any) -> list[T]:
         """Run ``fn(session, *args)`` in every process this session needs.
@@ -344,33 +328,6 @@ class Session(SessionMemoryMixin):
         """Leave the process group this session joined (at the end of training)."""
         self._memory_close()
         self.strategy.teardown()
-
-    # -- checkpoints ------------------------------------------------------------------------------
-    def save_checkpoint(
-        self, directory: str | os.PathLike[str], step: int, *, keep_last: int = 3,
-        extra: dict[str, Any] | None = None, **objects: Any,
-    ) -> Any:
-        """Save the full training state of ``step`` (call on every rank; rank 0 writes shared state).
-
-        ``objects`` are models, optimizers, schedulers and loaders by name; the session's own
-        state (GradScaler, step counters) and every rank's RNG and loader position are added.
-        See :class:`gpukit.CheckpointManager`. Returns the step directory written.
-        """
-        from gpukit.checkpoint import CheckpointManager
-
-        return CheckpointManager(directory, keep_last=keep_last).save(
-            step, extra=extra, session=self, **objects
-        )
-
-    def resume(self, directory: str | os.PathLike[str], **objects: Any) -> int | None:
-        """Restore ``objects`` and this session from the latest complete checkpoint.
-
-        Returns:
-            The step it resumed from, or ``None`` when ``directory`` has no checkpoint yet.
-        """
-        from gpukit.checkpoint import CheckpointManager
-
-        return CheckpointManager(directory).resume(session=self, **objects)
 
     # -- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,68 @@
+"""Session methods for a run's life across stops: preemption and checkpoints.
+
+Kept apart from ``session.py`` so the facade stays short; :class:`gpukit.Session` inherits
+:class:`SessionRunStateMixin`. Each method is a thin delegation to ``gpukit.launch`` (the stop
+flag) or ``gpukit.checkpoint`` (the CheckpointManager).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+__all__ = ["SessionRunStateMixin"]
+
+
+class SessionRunStateMixin:
+    """Preemption (``should_stop``) and checkpoints (``save_checkpoint``, ``resume``)."""
+
+    # provided by Session
+    strategy: Any
+    world_size: int
+    device: torch.device
+
+    @property
+    def should_stop(self) -> bool:
+        """Whether any rank was asked to stop (SIGTERM/SIGINT under ``gpukit run``: preemption).
+
+        Check it once per step, after ``session.step``; every rank gets the same answer at the
+        same step (one small all-reduce), so all ranks can save a checkpoint and leave the loop
+        together. ``gpukit run`` then exits with ``gpukit.launch.PREEMPTED_EXIT_CODE`` (75).
+        Outside ``gpukit run``, call ``gpukit.launch.install_preemption_handler()`` to opt in.
+        """
+        from gpukit.launch import stop_requested
+
+        local = stop_requested()
+        if self.world_size == 1 or not self.strategy.launched:
+            return local
+        flag = torch.tensor(1.0 if local else 0.0, device=self.device)
+        return bool(self.strategy.all_reduce(flag, op="max") > 0)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save_checkpoint(
+        self, directory: str | os.PathLike[str], step: int, *, keep_last: int = 3,
+        extra: dict[str, Any] | None = None, **objects: Any,
+    ) -> Any:
+        """Save the full training state of ``step`` (call on every rank; rank 0 writes shared state).
+
+        ``objects`` are models, optimizers, schedulers and loaders by name; the session's own
+        state (GradScaler, step counters) and every rank's RNG and loader position are added.
+        See :class:`gpukit.CheckpointManager`. Returns the step directory written.
+        """
+        from gpukit.checkpoint import CheckpointManager
+
+        return CheckpointManager(directory, keep_last=keep_last).save(
+            step, extra=extra, session=self, **objects
+        )
+
+    def resume(self, directory: str | os.PathLike[str], **objects: Any) -> int | None:
+        """Restore ``objects`` and this session from the latest complete checkpoint.
+
+        Returns:
+            The step it resumed from, or ``None`` when ``directory`` has no checkpoint yet.
+        """
+        from gpukit.checkpoint import CheckpointManager
+
+        return CheckpointManager(directory).resume(session=self, **objects)
