@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from gpukit.memory import LeakWatcher, estimate_memory, find_batch_size
+from gpukit.memory import LeakWatcher, estimate_memory, measure_peak_memory, find_batch_size
 
 
 def _cnn_step(batch: int) -> Callable[[], None]:
@@ -128,26 +128,12 @@ def bench_planner() -> None:
             torch.manual_seed(0)
             model = factory()
             estimate = estimate_memory(model, "adam", torch.empty(shape), precision=precision, device="cuda")
-            model, batch = model.cuda(), torch.randn(shape, device="cuda")
-            opt = torch.optim.Adam(model.parameters())
-            torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            outside = torch.cuda.memory_allocated() - sum(p.numel() * p.element_size() for p in model.parameters()) - batch.numel() * 4
-            for _ in range(2):
-                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-                    loss = model(batch).float().mean()
-                loss.backward()
-                del loss
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
-            measured = torch.cuda.max_memory_allocated() - outside
+            measured = measure_peak_memory(model, torch.randn(shape), precision=precision)
             print(
                 f"  {name:<28} {precision:<10} estimated {estimate.peak_bytes / 2**20:8.1f} MiB  measured "
                 f"{measured / 2**20:8.1f} MiB  error {100 * (estimate.peak_bytes / measured - 1):+.1f}%"
             )
-            del model, batch, opt
+            del model
             torch.cuda.empty_cache()
 
 

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from gpukit.errors import ConfigurationError, MemoryPlanError
-from gpukit.memory import estimate_memory
+from gpukit.errors import DeviceError
+from gpukit.memory import estimate_memory, measure_peak_memory
 
 
 def _mlp() -> nn.Module:
@@ -80,25 +81,6 @@ def _small_transformer() -> nn.Module:
     return nn.TransformerEncoder(nn.TransformerEncoderLayer(256, 8, 1024, batch_first=True, dropout=0.0), 4)
 
 
-def _measured_peak(model: nn.Module, batch: torch.Tensor, precision: str) -> int:
-    model = model.cuda()
-    batch = batch.cuda()
-    opt = torch.optim.Adam(model.parameters())
-    torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")  # library workspaces are not the model's
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    outside = torch.cuda.memory_allocated() - sum(p.numel() * p.element_size() for p in model.parameters()) - batch.numel() * batch.element_size()
-    for _ in range(2):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-            loss = model(batch).float().mean()
-        loss.backward()
-        del loss
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - outside
-
-
 @pytest.mark.requires_gpu
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 @pytest.mark.parametrize("factory,shape", [(_small_cnn, (64, 3, 32, 32)), (_small_transformer, (32, 128, 256))])
@@ -106,5 +88,10 @@ def test_estimate_within_15_percent_of_measured_gpu_peak(factory, shape, precisi
     torch.manual_seed(0)
     model = factory()
     estimate = estimate_memory(model, "adam", torch.empty(shape), precision=precision, device="cuda")
-    measured = _measured_peak(model, torch.randn(shape), precision)
+    measured = measure_peak_memory(model, torch.randn(shape), precision=precision)
     assert estimate.peak_bytes == pytest.approx(measured, rel=0.15), (str(estimate), measured)
+
+
+def test_measure_peak_memory_refuses_a_device_that_counts_nothing() -> None:
+    with pytest.raises(DeviceError, match="counts allocations"):
+        measure_peak_memory(nn.Linear(4, 4), torch.randn(2, 4), device="cpu")

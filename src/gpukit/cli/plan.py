@@ -46,7 +46,7 @@ def _shape(text: str) -> tuple[int, ...]:
 @click.argument("model")
 @click.option("--batch-shape", "shapes", multiple=True, required=True, help="Shape of one model input, e.g. 64,3,32,32 (repeat for several inputs).")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(_DTYPES), help="dtype of each input (default float32; int64 for token ids).")
-@click.option("--precision", default="32-true", show_default=True, type=click.Choice(["32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"]))
+@click.option("--precision", default="32-true", show_default=True, help="Precision to plan for: 32-true, bf16-mixed, 16-mixed, bf16-true or 16-true (checked by gpukit.precision).")
 @click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["adam", "adamw", "sgd", "none"]))
 @click.option("--device", default="cuda", show_default=True, help="Device type to plan for (no GPU is needed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")

@@ -25,6 +25,7 @@ from gpukit.memory._free import free_memory
 from gpukit.memory._inference_guard import InferenceGradWarning, InferenceGuard, inference_guard
 from gpukit.memory._leaks import LeakFinding, LeakWatcher, MemoryLeakWarning, watch
 from gpukit.memory._live import live_tensor_bytes
+from gpukit.memory._measure import measure_peak_memory
 from gpukit.memory._planner import MemoryEstimate, estimate_memory
 from gpukit.memory._postmortem import (
     Allocation,
@@ -58,6 +59,7 @@ __all__ = [
     "BatchSizeTrial",
     "estimate_memory",
     "MemoryEstimate",
+    "measure_peak_memory",
     "free_memory",
     "write_oom_snapshot",
     "oom_postmortem",
