@@ -237,6 +237,7 @@ class SessionMemoryMixin:
             params = self._step_params[model] = list(model.parameters())
         backoff = self._backoff
         backoff.no_sync = lambda: self.strategy.no_backward_sync(model)
+        backoff.sync_module = model  # DDP's forward buffer-sync flag is reset for each attempt
         backoff.zero_grad = lambda: _drop_grads(params)
         boundary = (self._micro_step + 1) % self.accumulate_grad_batches == 0
         held = [p.grad for p in params]  # earlier batches of this accumulation window

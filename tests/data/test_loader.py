@@ -139,3 +139,14 @@ def test_workers_are_seeded_reproducibly_and_differently() -> None:
     assert a == b  # same seed, same "random" augmentations
     assert len(set(a)) == 4  # but workers do not repeat each other
     assert draws(6) != a
+
+
+def test_gpu_pins_host_data_but_not_a_dataset_already_on_the_device() -> None:
+    gpu = dict(device=CPU, accelerator=CUDAAccelerator(), rank=0, world_size=1, local_world_size=1, seed=0,
+               batch_size=4, move_to_device=False)
+    host = TensorDataset(torch.zeros(8, 2))
+    assert build_loader(host, **gpu).loader.pin_memory is True
+    # meta stands in for cuda here: DataLoader would fail pinning it ("only dense CPU tensors can be pinned")
+    on_device = TensorDataset(torch.zeros(8, 2, device="meta"))
+    assert build_loader(on_device, **gpu).loader.pin_memory is False
+    assert build_loader(on_device, pin_memory=True, **gpu).loader.pin_memory is True  # explicit wins

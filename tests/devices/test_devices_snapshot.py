@@ -133,3 +133,73 @@ def test_changed_spec_file_is_picked_up(use_spec: Callable[[Any], Any]) -> None:
 
     os.utime(path, ns=(0, 10**18))  # a distinct mtime even on coarse-grained filesystems
     assert len(list_gpus()) == 2
+
+
+class _DriverWithoutV3(FakeNvml):
+    """A driver without the ``_v3`` process symbol (before R510, some R535 releases): nvidia-ml-py
+    12+ maps the plain name to ``_v3`` and raises NVMLLibraryMismatchError -- not an NVMLError."""
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Any:
+        import pynvml
+
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> Any:
+        return FakeNvml.nvmlDeviceGetComputeRunningProcesses(self, handle)
+
+
+def test_processes_fall_back_to_v2_on_drivers_without_v3() -> None:
+    spec = {"gpus": [_gpu(memory_used_mib=100,
+                          processes=[{"pid": 4242, "user": "bob", "command": "python", "used_memory_mib": 100}])]}
+    with _DriverWithoutV3(spec):
+        (gpu,) = list_gpus()  # used to raise NVMLLibraryMismatchError out of list_gpus
+    assert gpu.usable and [p.pid for p in gpu.processes] == [4242]
+
+
+def test_process_query_the_driver_lacks_entirely_leaves_the_gpu_usable() -> None:
+    import pynvml
+
+    class NoProcessQuery(FakeNvml):
+        def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Any:
+            raise pynvml.NVMLLibraryMismatchError("no _v3")
+
+    with NoProcessQuery({"gpus": [_gpu()]}):
+        (gpu,) = list_gpus()
+        assert gpu.usable and gpu.processes == ()
+        with pytest.raises(_nvml.NvmlError):  # not optional: an NVML error, never a foreign type
+            _nvml.query("nvmlDeviceGetComputeRunningProcesses", _nvml.query("nvmlDeviceGetHandleByIndex", 0))
+
+
+def test_memory_is_read_with_the_v2_struct_like_nvidia_smi() -> None:
+    import pynvml
+
+    seen: list[Any] = []
+
+    class ReservedMemory(FakeNvml):
+        # a real driver: v1 "used" includes driver-reserved memory, v2 "used" leaves it out
+        def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
+            seen.append(version)
+            mem = super().nvmlDeviceGetMemoryInfo(handle, version)
+            if version:
+                mem.reserved = 512 * 2**20
+                mem.used -= mem.reserved
+            return mem
+
+    with ReservedMemory({"gpus": [_gpu(memory_used_mib=1024)]}):
+        (gpu,) = list_gpus()
+    assert seen == [pynvml.nvmlMemory_v2]
+    assert gpu.memory_used_bytes == 512 * 2**20 and gpu.memory_free_bytes == (16000 - 1024) * 2**20
+
+
+def test_memory_falls_back_to_v1_without_the_v2_function() -> None:
+    import pynvml
+
+    class OldDriver(FakeNvml):
+        def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
+            if version:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            return super().nvmlDeviceGetMemoryInfo(handle)
+
+    with OldDriver({"gpus": [_gpu(memory_used_mib=1024)]}):
+        (gpu,) = list_gpus()
+    assert gpu.usable and gpu.memory_used_bytes == 1024 * 2**20

@@ -99,13 +99,12 @@ def test_split_batch_handles_nested_batches_and_rejects_tensorless_ones() -> Non
         OomBackoff(0)
 
 
-@pytest.mark.slow
-def test_two_ranks_agree_after_one_rank_runs_out_of_memory(tmp_path: Path) -> None:
+def _start_backoff_workers(tmp_path: Path, *extra: str) -> list[subprocess.Popen]:
     worker = Path(__file__).with_name("_ddp_backoff_worker.py")
     env = {**os.environ, "WORLD_SIZE": "2", "PYTHONPATH": os.pathsep.join(sys.path)}
-    procs = [
+    return [
         subprocess.Popen(
-            [sys.executable, str(worker), str(tmp_path / "store"), str(tmp_path / f"rank{r}.json")],
+            [sys.executable, str(worker), str(tmp_path / "store"), str(tmp_path / f"rank{r}.json"), *extra],
             env={**env, "RANK": str(r)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -113,6 +112,28 @@ def test_two_ranks_agree_after_one_rank_runs_out_of_memory(tmp_path: Path) -> No
         )
         for r in range(2)
     ]
+
+
+@pytest.mark.slow
+def test_rank_out_of_memory_inside_a_ddp_forward_with_buffers_does_not_hang(tmp_path: Path) -> None:
+    # DDP broadcasts BatchNorm buffers in forward; the rank whose forward died must not be the
+    # only one to broadcast on the retry (it used to hang both ranks)
+    procs = _start_backoff_workers(tmp_path, "norm")
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=90)
+            assert proc.returncode == 0, out
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["micro_batch_size"] for r in results] == [4, 4]
+
+
+@pytest.mark.slow
+def test_two_ranks_agree_after_one_rank_runs_out_of_memory(tmp_path: Path) -> None:
+    procs = _start_backoff_workers(tmp_path)
     for proc in procs:  # nobody hangs: both finish well within the timeout
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out

@@ -91,3 +91,56 @@ def test_incomplete_launch_environment_is_explained() -> None:
     with pytest.raises(DistributedError, match="outside"):
         DistEnv.from_environ({"WORLD_SIZE": "2", "RANK": "2"})
     assert DistEnv.from_environ({}) is None
+
+
+class _RecordingDist:
+    """Stands in for torch.distributed under nccl (not runnable without GPUs): records the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def get_world_size(self) -> int:
+        return 2
+
+    def barrier(self, **kwargs: object) -> None:
+        self.calls.append(("barrier", kwargs))
+
+    def all_reduce(self, tensor: torch.Tensor, op: object = None) -> None:
+        self.calls.append(("all_reduce", tensor.device))
+
+    def all_gather(self, parts: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        self.calls.append(("all_gather", tensor.device))
+        for part in parts:
+            part.copy_(tensor)
+
+
+def test_nccl_collectives_name_the_gpu_and_never_get_cpu_tensors(
+    four_gpus: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpukit.strategies.ddp as ddp_module
+
+    strategy = select_strategy(environ=torchrun_env(1, 2), accelerator="cuda")
+    assert strategy.root_device == torch.device("cuda", 1)
+    fake = _RecordingDist()
+    monkeypatch.setattr(ddp_module, "dist", fake)
+    monkeypatch.setattr(ddp_module.dist, "ReduceOp", torch.distributed.ReduceOp, raising=False)
+    # tensors cannot really be placed on a GPU here: record where they were sent instead
+    moved: list[torch.device] = []
+    real_to = torch.Tensor.to
+
+    def to(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        target = args[0] if args else kwargs.get("device")
+        if isinstance(target, torch.device) and target.type == "cuda":
+            moved.append(target)
+            return real_to(self, "cpu", copy=bool(kwargs.get("copy", False)))
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    strategy.barrier()
+    assert fake.calls[-1] == ("barrier", {"device_ids": [1]})
+    strategy.all_reduce(torch.ones(3), op="sum")  # a CPU tensor: nccl would refuse it
+    strategy.all_gather(torch.ones(2))
+    assert moved[:2] == [torch.device("cuda", 1)] * 2

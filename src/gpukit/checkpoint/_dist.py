@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 __all__ = ["DistContext", "current_dist"]
@@ -26,8 +27,14 @@ class DistContext:
         return self.rank == 0
 
     def barrier(self) -> None:
-        if self.world_size > 1:
-            dist.barrier()
+        if self.world_size == 1:
+            return
+        if dist.get_backend() == "nccl":
+            # nccl's barrier runs on a GPU: the current one (what DDP scripts and gpukit's DDP
+            # strategy set), named so torch 2.4 does not guess rank % GPUs and 2.5+ does not warn
+            dist.barrier(device_ids=[torch.cuda.current_device()])
+        else:
+            dist.barrier()  # device_ids is nccl-only
 
     def broadcast_from_main(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (a picklable object)."""

@@ -21,6 +21,7 @@ from torch.utils.data import (
     IterableDataset,
     RandomSampler,
     SequentialSampler,
+    TensorDataset,
 )
 
 from gpukit.accelerators import Accelerator
@@ -200,7 +201,9 @@ def build_loader(
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
         raise ConfigurationError(f"num_workers={num_workers!r}; use 'auto' or an int >= 0.")
     if pin_memory is None:
-        pin_memory = accelerator.benefits_from_pinned_memory
+        # pinning a tensor already on the GPU raises "cannot pin 'torch.cuda.FloatTensor' only
+        # dense CPU tensors can be pinned": a TensorDataset preloaded on the device gets none
+        pin_memory = accelerator.benefits_from_pinned_memory and not _holds_device_tensors(dataset)
     if num_workers == 0:
         loader_kwargs.pop("prefetch_factor", None)
         loader_kwargs["persistent_workers"] = False
@@ -241,6 +244,11 @@ def build_loader(
     batch_sampler = ResumableBatchSampler(sampler, batch_size, drop_last)
     loader = DataLoader(dataset, batch_sampler=batch_sampler, **common)
     return DeviceLoader(loader, target, seed=seed, world_size=world_size)
+
+
+def _holds_device_tensors(dataset: Any) -> bool:
+    """Whether ``dataset`` is a TensorDataset whose tensors are not in host memory."""
+    return isinstance(dataset, TensorDataset) and any(t.device.type != "cpu" for t in dataset.tensors)
 
 
 def _plain_sampling(loader: DataLoader) -> bool:

@@ -174,10 +174,13 @@ class FakeNvml:
 
         return self._query("nvmlDeviceGetPciInfo", handle, read)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: Any = None) -> pynvml.c_nvmlMemory_t:
-        def read(g: FakeGpu, m: FakeMigDevice | None) -> pynvml.c_nvmlMemory_t:
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: Any = None) -> Any:
+        def read(g: FakeGpu, m: FakeMigDevice | None) -> Any:
             src = g if m is None else m
-            mem = pynvml.c_nvmlMemory_t()
+            # like pynvml: the v1 struct without a version, the v2 one (with ``reserved``) with it
+            mem: Any = pynvml.c_nvmlMemory_t() if not version else pynvml.c_nvmlMemory_v2_t()
+            if version:
+                mem.version, mem.reserved = version, 0
             mem.total, mem.used = src.memory_total_bytes, src.memory_used_bytes
             mem.free = src.memory_total_bytes - src.memory_used_bytes
             return mem

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Sequence
 
 __all__ = [
     "FAKE_ENV",
@@ -27,6 +27,7 @@ __all__ = [
     "silence_notice",
     "NvmlError",
     "GPU_GONE_CODES",
+    "MEMORY_INFO_V2",
 ]
 
 FAKE_ENV = "GPUKIT_FAKE_GPUS"
@@ -44,6 +45,15 @@ try:  # nvidia-ml-py is a dependency, but a broken install must not break a CPU-
         _pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
         _pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
     })
+    _FUNCTION_NOT_FOUND: int | None = _pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    # nvidia-ml-py maps an unversioned name (nvmlDeviceGetComputeRunningProcesses) to the newest
+    # versioned symbol (_v3); a driver without that symbol makes it raise this, which is *not* an
+    # NVMLError subclass.
+    _LIBRARY_MISMATCH: tuple[type[Exception], ...] = tuple(
+        cls for cls in (getattr(_pynvml, "NVMLLibraryMismatchError", None),) if cls is not None
+    )
+    #: ``version`` argument of ``nvmlDeviceGetMemoryInfo`` for the v2 struct (``None`` if unknown)
+    MEMORY_INFO_V2: int | None = getattr(_pynvml, "nvmlMemory_v2", None)
 except ImportError:  # pragma: no cover - exercised only without nvidia-ml-py
     _pynvml = None
 
@@ -51,6 +61,9 @@ except ImportError:  # pragma: no cover - exercised only without nvidia-ml-py
         value = -1
 
     GPU_GONE_CODES = frozenset()
+    _FUNCTION_NOT_FOUND = None
+    _LIBRARY_MISMATCH = ()
+    MEMORY_INFO_V2 = None
 
 
 @dataclass
@@ -182,33 +195,52 @@ def driver_version() -> str | None:
     return _current().driver_version
 
 
-def query(name: str, *args: Any, optional: bool = False) -> Any:
+def query(name: str, *args: Any, optional: bool = False, fallbacks: Sequence[str] = ()) -> Any:
     """Call NVML function ``name`` (e.g. ``"nvmlDeviceGetMemoryInfo"``) with ``args``.
 
     Args:
         name: a ``pynvml`` function name.
         optional: the value may legitimately be missing: return ``None`` on "Not Supported",
-            "No Permission" and similar per-field failures, and when the installed bindings lack
-            the function. Errors that mean the GPU is gone (``GPU_GONE_CODES``) still raise.
+            "No Permission" and similar per-field failures, and when neither the bindings nor the
+            driver have the function. Errors that mean the GPU is gone (``GPU_GONE_CODES``) still
+            raise.
+        fallbacks: older names to call, in order, when the driver lacks ``name`` (e.g.
+            ``"nvmlDeviceGetComputeRunningProcesses_v2"`` on drivers without the ``_v3`` symbol
+            that nvidia-ml-py 12+ calls for the unversioned name).
 
     Raises:
-        NvmlError: the real ``pynvml.NVMLError`` subclass, from the real or the fake backend.
-        RuntimeError: NVML is unavailable (callers check :func:`backend` first).
+        NvmlError: the real ``pynvml.NVMLError`` subclass, from the real or the fake backend (a
+            function the driver lacks is ``NVMLError_FunctionNotFound``).
+        RuntimeError: NVML is unavailable (callers check :func:`backend` first), or the installed
+            bindings have none of the names.
     """
     nvml = backend()
     if nvml is None:
         raise RuntimeError(f"NVML is unavailable: {unavailable_reason()}")
-    fn: Callable[..., Any] | None = getattr(nvml, name, None)
-    if fn is None:
-        if optional:
-            return None
+    missing: BaseException | None = None
+    for candidate in (name, *fallbacks):
+        fn: Callable[..., Any] | None = getattr(nvml, candidate, None)
+        if fn is None:
+            continue
+        try:
+            return fn(*args)
+        except _LIBRARY_MISMATCH as exc:  # the driver lacks the symbol the bindings chose
+            missing = exc
+        except NvmlError as exc:
+            code = getattr(exc, "value", None)
+            if code is not None and code == _FUNCTION_NOT_FOUND:
+                missing = exc
+                continue
+            if optional and code not in GPU_GONE_CODES:
+                return None
+            raise
+    if optional:
+        return None
+    if missing is None:
         raise RuntimeError(f"the installed nvidia-ml-py has no {name}(); upgrade it")
-    try:
-        return fn(*args)
-    except NvmlError as exc:
-        if optional and getattr(exc, "value", None) not in GPU_GONE_CODES:
-            return None
-        raise
+    if isinstance(missing, NvmlError):
+        raise missing
+    raise NvmlError(_FUNCTION_NOT_FOUND) from missing  # callers handle NVML errors only
 
 
 def process_details(pid: int) -> tuple[str | None, str | None]:

@@ -156,7 +156,13 @@ def _read_gpu(index: int) -> GpuSnapshot:
 
 
 def _read_common(handle: Any) -> dict[str, Any]:
-    mem = _nvml.query("nvmlDeviceGetMemoryInfo", handle)
+    # The v2 struct's ``used`` leaves out driver-reserved memory, as nvidia-smi (R510+) does; v1's
+    # includes it (hundreds of MiB on an idle GPU). ``free`` is the same in both.
+    mem = None
+    if _nvml.MEMORY_INFO_V2 is not None:
+        mem = _nvml.query("nvmlDeviceGetMemoryInfo", handle, _nvml.MEMORY_INFO_V2, optional=True)
+    if mem is None:  # older driver (no nvmlDeviceGetMemoryInfo_v2) or bindings
+        mem = _nvml.query("nvmlDeviceGetMemoryInfo", handle)
     util = _nvml.query("nvmlDeviceGetUtilizationRates", handle, optional=True)
     return {
         "memory_total_bytes": int(mem.total),
@@ -168,7 +174,10 @@ def _read_common(handle: Any) -> dict[str, Any]:
 
 
 def _read_processes(handle: Any) -> tuple[GpuProcess, ...]:
-    raw = _nvml.query("nvmlDeviceGetComputeRunningProcesses", handle, optional=True) or []
+    # nvidia-ml-py 12+ calls the _v3 symbol for the plain name; drivers before R510 (and some R535
+    # releases) only have _v2, where the bindings raise NVMLLibraryMismatchError instead.
+    raw = _nvml.query("nvmlDeviceGetComputeRunningProcesses", handle, optional=True,
+                      fallbacks=("nvmlDeviceGetComputeRunningProcesses_v2",)) or []
     procs = []
     for p in raw:
         user, command = _nvml.process_details(int(p.pid))

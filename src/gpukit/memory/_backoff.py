@@ -172,6 +172,8 @@ class OomBackoff:
         self.events: list[BackoffEvent] = []
         self.accumulation_steps = 1
         self._calls = 0
+        #: the DDP model behind ``no_sync`` when that is not its bound method (set by the Session)
+        self.sync_module: Any = None
 
     @property
     def distributed(self) -> bool:
@@ -190,7 +192,16 @@ class OomBackoff:
         self._calls += 1
         total = batch_length(batch)
         oom_types = self.accelerator.oom_error_types()
+        # DDP broadcasts its buffers (BatchNorm statistics) at the start of a forward that follows a
+        # synced one, and clears that flag at the end of each forward under no_sync. A rank whose
+        # forward ran out of memory never reached the end, so it alone would broadcast on the retry
+        # while the others skip it: mismatched collectives, a hang. Each attempt starts from the
+        # flag as it was when the step began, which is the same on every rank.
+        ddp = self._ddp_module()
+        forward_sync = getattr(ddp, "require_forward_param_sync", None)
         while True:
+            if forward_sync is not None:
+                ddp.require_forward_param_sync = forward_sync
             micro = min(self.micro_batch_size or total, total)
             self.accumulation_steps = math.ceil(total / micro)
             results: list[Any] = []
@@ -213,6 +224,10 @@ class OomBackoff:
             del results
             self._release()
             self._shrink(micro, total, ranks_failed)
+
+    def _ddp_module(self) -> Any:
+        owner = self.sync_module if self.sync_module is not None else getattr(self.no_sync, "__self__", None)
+        return owner if self.distributed and hasattr(owner, "require_forward_param_sync") else None
 
     def _agree(self, failed: bool) -> int:
         """How many ranks ran out of memory; every rank calls this once per attempt."""

@@ -103,10 +103,12 @@ def find_batch_size(
     if not 0 <= margin < 1 or not 0 < tolerance < 1:
         raise ConfigurationError(f"find_batch_size(margin={margin}, tolerance={tolerance}): expected 0 <= margin < 1, 0 < tolerance < 1.")
     accelerator = get_accelerator(device if device is not None else auto_device_type())
+    # the device's own counters ("cuda:1"); None is the current device of the accelerator
+    target = torch.device(device) if device is not None else None
     trials: list[BatchSizeTrial] = []
 
     def run(size: int) -> bool:
-        fits = _trial(step_fn, size, accelerator)
+        fits = _trial(step_fn, size, accelerator, target)
         trial = BatchSizeTrial(size, fits[0], fits[1], fits[2])
         trials.append(trial)
         log.info("batch size %d: %s (%.2f s)", size, "fits" if trial.fits else "out of memory", trial.duration_s)
@@ -147,13 +149,15 @@ def _larger(a: int, b: int) -> int:  # the builtin max is shadowed by the docume
     return a if a > b else b
 
 
-def _trial(step_fn: Callable[[int], Any], size: int, accelerator: Accelerator) -> tuple[bool, float, int | None]:
-    accelerator.reset_peak_memory_stats()
+def _trial(
+    step_fn: Callable[[int], Any], size: int, accelerator: Accelerator, device: torch.device | None = None
+) -> tuple[bool, float, int | None]:
+    accelerator.reset_peak_memory_stats(device)
     started = time.perf_counter()
     fits = True
     try:
         step_fn(size)
-        accelerator.synchronize()
+        accelerator.synchronize(device)
     except accelerator.oom_error_types() as exc:
         traceback.clear_frames(exc.__traceback__)
         fits = False
@@ -161,5 +165,5 @@ def _trial(step_fn: Callable[[int], Any], size: int, accelerator: Accelerator) -
     if not fits:  # a failed step can leave reference cycles holding device memory
         gc.collect()
     accelerator.empty_cache()
-    peak = accelerator.memory_stats().get("peak_allocated_bytes") if fits else None
+    peak = accelerator.memory_stats(device).get("peak_allocated_bytes") if fits else None
     return fits, duration_s, peak

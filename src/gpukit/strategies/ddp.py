@@ -144,14 +144,20 @@ class DDPStrategy(Strategy):
 
     # -- collectives -----------------------------------------------------------------------
     def barrier(self) -> None:
-        if dist.is_initialized():
-            dist.barrier()
+        if not dist.is_initialized():
+            return
+        if self._uses_nccl() and self.root_device.index is not None:
+            # nccl's barrier is an all-reduce on some GPU: name ours, or torch picks the current
+            # device (2.5+) or rank % GPUs (2.4) and may open a context on another process's GPU
+            dist.barrier(device_ids=[self.root_device.index])
+        else:
+            dist.barrier()  # gloo: device_ids is nccl-only (torch 2.4 raises for other backends)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if not dist.is_initialized():
             return obj
         if isinstance(obj, torch.Tensor):
-            out = obj.detach().clone().to(self.root_device)
+            out = obj.detach().to(self._collective_device(), copy=True)
             dist.broadcast(out, src)
             return out.to(obj.device)
         box = [obj]
@@ -163,25 +169,36 @@ class DDPStrategy(Strategy):
         tensor = self._as_tensor(value)
         if not dist.is_initialized():
             return tensor
-        out = tensor.detach().clone()
+        # a value on another device (e.g. a metric kept on the host under nccl) travels through
+        # the backend's device and comes back where it was
+        out = tensor.detach().to(self._collective_device(), copy=True)
         if op == "mean" and not out.is_floating_point():
             out = out.float()
         dist.all_reduce(out, op=getattr(dist.ReduceOp, _OPS[op]))
         if op == "mean":  # gloo has no AVG
             out /= dist.get_world_size()
-        return out
+        return out.to(tensor.device)
 
     def all_gather(self, value: torch.Tensor | float) -> torch.Tensor:
         tensor = self._as_tensor(value)
         if not dist.is_initialized():
             return tensor.unsqueeze(0)
-        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, tensor.detach().contiguous())
-        return torch.stack(parts)
+        local = tensor.detach().to(self._collective_device()).contiguous()
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, local)
+        return torch.stack(parts).to(tensor.device)
+
+    def _uses_nccl(self) -> bool:
+        return self.accelerator.distributed_backend == "nccl"
+
+    def _collective_device(self) -> torch.device:
+        # nccl only communicates GPU tensors (a CPU tensor fails with "No backend type associated
+        # with device type cpu"); gloo communicates host tensors
+        return self.root_device if self._uses_nccl() else torch.device("cpu")
 
     def _object_device(self) -> torch.device | None:
         # nccl moves pickled objects through the GPU; gloo through the CPU
-        return None if self.accelerator.is_host else self.root_device
+        return self.root_device if self._uses_nccl() else None
 
     def describe(self) -> str:
         return (
