@@ -73,7 +73,7 @@ class Accelerator:
 
     def oom_error_types(self) -> tuple[type[BaseException], ...]:
         """Exception types that mean "out of memory" on this device."""
-        return (torch.OutOfMemoryError,) if hasattr(torch, "OutOfMemoryError") else ()
+        return (torch.OutOfMemoryError,)
 
     def memory_stats(self, device: torch.device | None = None) -> dict[str, Any]:
         """Memory counters of this process on ``device``; ``None`` where not available.
