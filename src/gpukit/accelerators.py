@@ -50,6 +50,10 @@ class Accelerator:
     def set_device(self, device: torch.device) -> None:
         """Make ``device`` the current device of this process (no-op off CUDA)."""
 
+    def current_device(self) -> torch.device:
+        """This process's current device of this type (the one ``set_device`` chose)."""
+        return self.device()
+
     def synchronize(self, device: torch.device | None = None) -> None:
         """Wait for queued work on ``device`` (no-op on the CPU)."""
 
@@ -123,6 +127,9 @@ class CUDAAccelerator(Accelerator):
 
     def set_device(self, device: torch.device) -> None:
         torch.cuda.set_device(device)
+
+    def current_device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device())
 
     def synchronize(self, device: torch.device | None = None) -> None:
         torch.cuda.synchronize(device)

@@ -224,3 +224,28 @@ def test_unsafe_message_names_the_global(tmp_path: Path) -> None:
     torch.save({"fn": os.getcwd}, path)
     with pytest.raises(UnsafeCheckpointError, match="getcwd"):
         gpukit.load(path)
+
+
+def test_auto_map_location_sends_gpu_tensors_to_this_ranks_gpu_under_ddp(monkeypatch) -> None:
+    """Every rank loading a cuda:0 checkpoint must not land on cuda:0 (extra contexts, OOM)."""
+    from gpukit.checkpoint import _io
+    from gpukit.checkpoint._dist import DistContext
+
+    class TwoGpus(_io.get_accelerator("cuda").__class__):
+        def is_available(self) -> bool:
+            return True
+
+        def device_count(self) -> int:
+            return 2
+
+        def current_device(self) -> torch.device:
+            return torch.device("cpu")  # stands in for this rank's cuda:1 on a CPU-only machine
+
+    monkeypatch.setattr(_io, "get_accelerator", lambda device: TwoGpus())
+    storage = torch.UntypedStorage(8)
+    monkeypatch.setattr(_io, "current_dist", lambda: DistContext(rank=0, world_size=1))
+    assert _io.auto_map_location(storage, "cuda:0") is None  # one process: keep cuda:0
+    assert _io.auto_map_location(storage, "cuda:5") is storage  # not here: CPU
+    monkeypatch.setattr(_io, "current_dist", lambda: DistContext(rank=1, world_size=2))
+    moved = _io.auto_map_location(storage, "cuda:0")
+    assert moved is not None and moved.device == torch.device("cpu")  # the rank's current device

@@ -175,6 +175,10 @@ def save(
 def auto_map_location(storage: Any, location: str) -> Any:
     """``map_location`` that keeps the saved device when it exists here, else uses the CPU.
 
+    Under ``torch.distributed`` a GPU tensor goes to this rank's current GPU instead: every
+    rank loading a checkpoint saved from ``cuda:0`` onto ``cuda:0`` would put all of them on
+    the first GPU (the classic "extra processes on GPU 0" out-of-memory).
+
     Returns ``None`` (torch's default placement) for available devices, else the CPU storage.
     """
     try:
@@ -182,7 +186,11 @@ def auto_map_location(storage: Any, location: str) -> Any:
         accelerator = get_accelerator(device)
     except (RuntimeError, GpukitError):
         return storage  # a device type this build does not know: keep it on the CPU
-    if accelerator.is_available() and (device.index or 0) < accelerator.device_count():
+    if not accelerator.is_available() or accelerator.device_count() == 0:
+        return storage
+    if not accelerator.is_host and current_dist().world_size > 1:
+        return storage.to(device=accelerator.current_device())
+    if (device.index or 0) < accelerator.device_count():
         return None
     return storage
 
@@ -258,7 +266,8 @@ def load(
         path: a file written by :func:`save`, ``torch.save`` or safetensors.
         map_location: ``"auto"`` keeps each tensor on the device it was saved from when that
             device exists here and puts it on the CPU otherwise (a GPU checkpoint loads on a
-            CPU-only machine); anything else is passed to ``torch.load`` (e.g. ``"cpu"``).
+            CPU-only machine); under torch.distributed GPU tensors go to each rank's current
+            GPU, not all to the GPU they were saved from; anything else is passed to ``torch.load`` (e.g. ``"cpu"``).
         trust: allow full unpickling, which can run code hidden in the file. Only for files
             from a source you trust; the default refuses them with UnsafeCheckpointError.
         format: ``"torch"`` or ``"safetensors"``; detected from the file's bytes by default.
