@@ -46,7 +46,8 @@ def train(session: gpukit.Session, epochs: int) -> float:
             session.step(optimizer, clip_grad_norm=1.0)
             total += loss.detach()
         mean_loss = session.all_reduce(total / len(loader), op="mean").item()
-        session.print(f"epoch {epoch}: loss {mean_loss:.4f} (mean over {session.world_size} ranks)")
+        ranks = "1 rank" if session.world_size == 1 else f"{session.world_size} ranks"
+        session.print(f"epoch {epoch}: loss {mean_loss:.4f} (mean over {ranks})")
     return mean_loss
 
 

@@ -1,13 +1,21 @@
-"""Rich rendering of GPU snapshots: nvidia-smi's two halves (GPUs, then processes)."""
+"""Rich rendering of GPU snapshots: nvidia-smi's two halves (GPUs, then processes).
+
+Both tables fit the terminal: cells never wrap. The GPU table keeps its most useful columns
+(index, name, memory, free, utilization, claims) and adds the others in order of use while
+they fit; ``--json`` always has everything. The process table shortens long commands.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from gpukit._units import format_bytes
 from gpukit.devices import GpuSnapshot
 
 __all__ = ["render_gpus", "gpu_table", "process_table"]
+
+_GAP = 2  # characters between two columns (one of padding, one of divider)
 
 
 def _pct(value: int | None) -> str:
@@ -27,6 +35,13 @@ def _memory(gpu: GpuSnapshot) -> str:
     return f"{used / 2**30:.1f} / {total / 2**30:.1f} GiB"
 
 
+def _free(num_bytes: int | None) -> str:
+    """Free memory to the precision of the memory column: ``1.2 GiB``, ``306 MiB``."""
+    if num_bytes is None:
+        return "n/a"
+    return f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.0f} MiB"
+
+
 def _claim(gpu: GpuSnapshot, claims: Mapping[str, int | None]) -> str:
     if gpu.uuid is None or gpu.uuid not in claims:
         return ""
@@ -40,87 +55,132 @@ def _util_style(util: int | None) -> str:
     return "red" if util >= 80 else "yellow" if util >= 30 else "green"
 
 
-def _columns(wide: bool, with_claims: bool) -> list[tuple[str, str]]:
-    cols = [("GPU", "right"), ("Name", "left")]
-    cols += [("Bus-Id", "left")] if wide else []
-    cols += [("Memory used/total", "right"), ("Free", "right"), ("Util", "right")]
-    cols += [("Mem-Util", "right")] if wide else []
-    cols += [("Temp", "right"), ("Power", "right")]
-    cols += [("Mode", "left"), ("Procs", "right")] if wide else []
-    cols += [("Claimed by", "left")] if with_claims else []
-    return cols
+@dataclass
+class _Column:
+    name: str
+    justify: str = "right"
+    cells: list[tuple[str, str]] = field(default_factory=list)  # (plain text, style)
+
+    @property
+    def width(self) -> int:
+        return max([len(self.name)] + [len(text) for text, _ in self.cells])
 
 
-def gpu_table(gpus: list[GpuSnapshot], claims: Mapping[str, int | None], *, wide: bool = True) -> Any:
-    """The GPU half: one row per GPU, MIG devices indented beneath their GPU.
+# Display order, and the order in which columns are kept when the terminal is narrow.
+_ORDER = ["GPU", "Name", "Bus-Id", "Memory used/total", "Free", "Util", "Mem-Util", "Temp", "Power",
+          "Mode", "Procs", "Claimed by"]
+_PRIORITY = ["GPU", "Name", "Memory used/total", "Free", "Util", "Claimed by", "Temp", "Power", "Procs",
+             "Mem-Util", "Bus-Id", "Mode"]
+_LEFT = {"Name", "Bus-Id", "Mode", "Claimed by"}
 
-    ``wide=False`` (terminals under 120 columns) leaves out bus id, memory utilization,
-    compute mode and process count, which ``--json`` always has.
-    """
-    from rich import box
-    from rich.table import Table
 
-    columns = _columns(wide, bool(claims))
-    table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
-    for name, justify in columns:
-        table.add_column(name, justify=justify, no_wrap=name != "Name",  # type: ignore[arg-type]
-                         min_width=12 if name == "Name" else None)
-    names = [c for c, _ in columns]
-
-    def row(**cells: str) -> None:
-        table.add_row(*(cells.get(n, "") for n in names))
-
+def _rows(gpus: list[GpuSnapshot], claims: Mapping[str, int | None]) -> list[dict[str, tuple[str, str]]]:
+    rows: list[dict[str, tuple[str, str]]] = []
     for gpu in gpus:
         if not gpu.usable:
-            row(**{"GPU": str(gpu.index), "Name": gpu.name or "?", "Bus-Id": gpu.pci_bus_id or "?",
-                   "Memory used/total": f"[bold red]unusable: {gpu.error}[/]"})
+            rows.append({"GPU": (str(gpu.index), ""), "Name": (gpu.name or "?", ""),
+                         "Bus-Id": (gpu.pci_bus_id or "?", ""),
+                         "Memory used/total": (f"unusable: {gpu.error}", "bold red")})
             continue
-        free_style = "green" if (gpu.memory_free_bytes or 0) > (gpu.memory_total_bytes or 1) / 2 else "yellow"
-        row(**{
-            "GPU": str(gpu.index), "Name": (gpu.name or "n/a") + (" [cyan](MIG)[/]" if gpu.mig_enabled else ""),
-            "Bus-Id": gpu.pci_bus_id or "n/a", "Memory used/total": _memory(gpu),
-            "Free": f"[{free_style}]{format_bytes(gpu.memory_free_bytes)}[/]",
-            "Util": f"[{_util_style(gpu.utilization_gpu_pct)}]{_pct(gpu.utilization_gpu_pct)}[/]",
-            "Mem-Util": _pct(gpu.utilization_memory_pct),
-            "Temp": "n/a" if gpu.temperature_c is None else f"{gpu.temperature_c}C",
-            "Power": _watts(gpu.power_draw_w, gpu.power_limit_w), "Mode": gpu.compute_mode or "n/a",
-            "Procs": str(len(gpu.processes)), "Claimed by": _claim(gpu, claims),
+        half_free = (gpu.memory_free_bytes or 0) > (gpu.memory_total_bytes or 1) / 2
+        rows.append({
+            "GPU": (str(gpu.index), ""),
+            "Name": ((gpu.name or "n/a") + (" (MIG)" if gpu.mig_enabled else ""), ""),
+            "Bus-Id": (gpu.pci_bus_id or "n/a", ""),
+            "Memory used/total": (_memory(gpu), ""),
+            "Free": (_free(gpu.memory_free_bytes), "green" if half_free else "yellow"),
+            "Util": (_pct(gpu.utilization_gpu_pct), _util_style(gpu.utilization_gpu_pct)),
+            "Mem-Util": (_pct(gpu.utilization_memory_pct), ""),
+            "Temp": ("n/a" if gpu.temperature_c is None else f"{gpu.temperature_c}C", ""),
+            "Power": (_watts(gpu.power_draw_w, gpu.power_limit_w), ""),
+            "Mode": (gpu.compute_mode or "n/a", ""),
+            "Procs": (str(len(gpu.processes)), ""),
+            "Claimed by": (_claim(gpu, claims), "bold"),
         })
         for mig in gpu.mig_devices:
             profile = (mig.name or "").rsplit(" MIG ", 1)[-1]
-            row(**{
-                "GPU": f"{gpu.index}:{mig.gpu_instance_id}", "Name": f" └ MIG {profile} [dim]{mig.short_uuid}[/]",
-                "Memory used/total": _memory(mig), "Free": format_bytes(mig.memory_free_bytes),
-                "Util": _pct(mig.utilization_gpu_pct), "Procs": str(len(mig.processes)),
-                "Claimed by": _claim(mig, claims),
+            rows.append({
+                "GPU": (f"{gpu.index}:{mig.gpu_instance_id}", ""),
+                "Name": (f" └ MIG {profile}", ""),
+                "Bus-Id": (mig.short_uuid, "dim"),  # MIG devices are named by UUID, not bus id
+                "Memory used/total": (_memory(mig), ""),
+                "Free": (_free(mig.memory_free_bytes), ""),
+                "Util": (_pct(mig.utilization_gpu_pct), ""),
+                "Procs": (str(len(mig.processes)), ""),
+                "Claimed by": (_claim(mig, claims), "bold"),
             })
+    return rows
+
+
+def _fit(columns: dict[str, _Column], width: int, required: list[str]) -> list[str]:
+    """Column names to show, in display order: the required ones, then others while they fit."""
+    chosen: list[str] = []
+    used = -_GAP
+    for name in required + [n for n in _PRIORITY if n not in required]:
+        if name not in columns:
+            continue
+        extra = columns[name].width + _GAP
+        if name in required or used + extra <= width:
+            chosen.append(name)
+            used += extra
+    return [n for n in _ORDER if n in chosen]
+
+
+def _table(columns: list[_Column], name_width: int | None = None) -> Any:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", show_edge=False, pad_edge=False,
+                  padding=(0, 1, 0, 0))
+    for column in columns:
+        shrink = column.name in ("Name", "Command")
+        table.add_column(column.name, justify=column.justify,  # type: ignore[arg-type]
+                         no_wrap=True, overflow="ellipsis",
+                         min_width=None if shrink else column.width,
+                         max_width=name_width if shrink else None)
+    for i in range(len(columns[0].cells) if columns else 0):
+        table.add_row(*(Text(c.cells[i][0], style=c.cells[i][1], no_wrap=True, overflow="ellipsis")
+                        for c in columns))
     return table
 
 
-def process_table(gpus: list[GpuSnapshot]) -> Any:
-    """The process half: GPU, pid, user, command, GPU memory."""
-    from rich.table import Table
+def gpu_table(gpus: list[GpuSnapshot], claims: Mapping[str, int | None], *, width: int = 200) -> Any:
+    """The GPU half: one row per GPU, MIG devices indented beneath their GPU.
 
-    from rich import box
+    Columns that do not fit in ``width`` characters are left out, least useful first (mode,
+    bus id, memory utilization, process count, power, temperature); ``--json`` has them all.
+    """
+    rows = _rows(gpus, claims)
+    names = [n for n in _ORDER if n != "Claimed by" or any(r.get(n, ("", ""))[0] for r in rows)]
+    columns = {n: _Column(n, "left" if n in _LEFT else "right", [r.get(n, ("", "")) for r in rows])
+               for n in names}
+    required = [n for n in ("GPU", "Name", "Memory used/total", "Free", "Util", "Claimed by") if n in columns]
+    shown = _fit(columns, width, required)
+    others = sum(columns[n].width + _GAP for n in shown if n != "Name")
+    return _table([columns[n] for n in shown], name_width=max(8, width - others))
 
-    table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
-    table.add_column("GPU", justify="right", no_wrap=True)
-    table.add_column("PID", justify="right", no_wrap=True)
-    table.add_column("User", no_wrap=True)
-    table.add_column("Command", overflow="ellipsis", no_wrap=True, max_width=60)
-    table.add_column("GPU memory", justify="right", no_wrap=True)
-    rows = 0
+
+def process_table(gpus: list[GpuSnapshot], *, width: int = 200) -> Any:
+    """The process half: GPU, pid, user, command (shortened to fit), GPU memory."""
+    from rich.text import Text
+
+    columns = {n: _Column(n, "left" if n in ("User", "Command") else "right")
+               for n in ("GPU", "PID", "User", "Command", "GPU memory")}
     for gpu in gpus:
         units = [(str(gpu.index), gpu)] if not gpu.mig_devices else [
             (f"{gpu.index}:{m.gpu_instance_id}", m) for m in gpu.mig_devices]
         for where, unit in units:
             for proc in unit.processes:
-                rows += 1
-                table.add_row(where, str(proc.pid), proc.user or "[dim]n/a[/]", proc.command or "[dim]n/a[/]",
-                              format_bytes(proc.used_memory_bytes))
-    if rows == 0:
-        table.add_row("", "", "", "[dim]no running processes found[/]", "")
-    return table
+                for name, cell in (("GPU", (where, "")), ("PID", (str(proc.pid), "")),
+                                   ("User", (proc.user or "n/a", "" if proc.user else "dim")),
+                                   ("Command", (proc.command or "n/a", "" if proc.command else "dim")),
+                                   ("GPU memory", (format_bytes(proc.used_memory_bytes), ""))):
+                    columns[name].cells.append(cell)
+    if not columns["GPU"].cells:
+        return Text("No processes are using the GPUs.", style="dim")
+    others = sum(c.width + _GAP for n, c in columns.items() if n != "Command")
+    return _table(list(columns.values()), name_width=max(12, width - others))
 
 
 def render_gpus(gpus: list[GpuSnapshot], claims: Mapping[str, int | None], header: str, *, width: int) -> Any:
@@ -128,4 +188,5 @@ def render_gpus(gpus: list[GpuSnapshot], claims: Mapping[str, int | None], heade
     from rich.console import Group
     from rich.text import Text
 
-    return Group(Text(header, style="bold"), gpu_table(gpus, claims, wide=width >= 120), process_table(gpus))
+    return Group(Text(header, style="bold", overflow="ellipsis", no_wrap=True), Text(""),
+                 gpu_table(gpus, claims, width=width), Text(""), process_table(gpus, width=width))

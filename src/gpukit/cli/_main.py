@@ -57,8 +57,15 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
-    except click.ClickException as exc:
+    except click.exceptions.NoArgsIsHelpError as exc:  # `gpukit ckpt` alone: show its help
         exc.show()
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:  # bad option or value: one line, like every gpukit error
+        command = exc.ctx.command_path if exc.ctx is not None else "gpukit"
+        click.echo(f"gpukit: error: {exc.format_message()} See '{command} --help'.", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"gpukit: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except GpukitError as exc:
         click.echo(f"gpukit: error: {exc}", err=True)

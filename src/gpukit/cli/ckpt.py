@@ -10,7 +10,7 @@ import click
 __all__ = ["ckpt"]
 
 
-@click.group()
+@click.group(short_help="Inspect and convert checkpoints (torch, safetensors, gpukit dirs).")
 def ckpt() -> None:
     """Inspect and convert checkpoints (torch.save files, safetensors, gpukit checkpoint dirs)."""
 
@@ -34,6 +34,8 @@ def _print_report(info: dict[str, Any]) -> None:
         click.echo(f"  contents:       NOT LOADED - {info['unsafe']}")
         if info.get("pickled_globals"):
             click.echo(f"  pickled globals: {', '.join(info['pickled_globals'])}")
+        click.echo(f"  if you trust its source, convert it to plain tensors: "
+                   f"gpukit ckpt convert --trust {info['path']} OUT.pt")
         return
     tensors = info["tensors"]
     dtypes = ", ".join(f"{k} x{v}" for k, v in tensors["dtypes"].items()) or "-"
@@ -84,7 +86,12 @@ def convert(source: str, target: str, strip_prefix: bool, to_cpu: bool, dtype: s
     from gpukit._units import format_bytes
     from gpukit.checkpoint._inspect import convert_checkpoint
 
-    result = convert_checkpoint(source, target, strip_prefix=strip_prefix, to_cpu=to_cpu, dtype=dtype,
-                                format=fmt, select=select, trust=trust)
+    from gpukit.errors import UnsafeCheckpointError
+
+    try:
+        result = convert_checkpoint(source, target, strip_prefix=strip_prefix, to_cpu=to_cpu, dtype=dtype,
+                                    format=fmt, select=select, trust=trust)
+    except UnsafeCheckpointError as exc:
+        raise UnsafeCheckpointError(f"{exc} On the command line: add --trust (only for files you trust).") from None
     click.echo(f"wrote {result['target']} ({result['format']}, {result['tensors']} tensors, "
                f"{format_bytes(result['size_bytes'])})")

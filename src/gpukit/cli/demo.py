@@ -9,10 +9,10 @@ from gpukit._units import format_bytes
 __all__ = ["demo"]
 
 
-@click.command()
-@click.option("--epochs", type=int, default=5, show_default=True, help="Training epochs.")
-@click.option("--batch-size", type=int, default=64, show_default=True, help="Batch size per process.")
-@click.option("--nproc", type=int, default=1, show_default=True,
+@click.command(short_help="Train the built-in example (digits CNN) and show what was measured.")
+@click.option("--epochs", type=click.IntRange(min=1), default=5, show_default=True, help="Training epochs.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Batch size per process.")
+@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes: more than 1 runs DDP through gpukit run's launcher.")
 @click.option("--cpu", is_flag=True, help="Train on the CPU (gloo for DDP) even if GPUs are present.")
 @click.option("--precision", default="auto", show_default=True,
@@ -36,12 +36,15 @@ def demo(epochs: int, batch_size: int, nproc: int, cpu: bool, precision: str, se
     table.add_column(style="bold")
     table.add_column()
     throughput = "n/a" if result.samples_per_s is None else f"{result.samples_per_s:,.0f} samples/s"
+    processes = "1 process" if result.world_size == 1 else f"{result.world_size} processes"
+    epochs = "1 epoch" if result.epochs == 1 else f"{result.epochs} epochs"
     rows = [
-        ("device", f"{result.device} x {result.world_size} process(es), strategy {result.strategy}"),
+        ("device", f"{result.device} x {processes}, strategy {result.strategy}"),
         ("precision", result.precision),
-        ("training", f"{result.epochs} epochs over {result.train_samples} samples in {result.train_time_s:.1f} s"),
+        ("training", f"{epochs} over {result.train_samples:,} samples in {result.train_time_s:.1f} s"),
         ("throughput", throughput),
-        ("peak memory", f"{format_bytes(result.peak_memory_bytes)} ({result.peak_memory_kind})"),
+        ("peak memory" + (" (rank 0)" if result.world_size > 1 else ""),
+         f"{format_bytes(result.peak_memory_bytes)}, {result.peak_memory_kind}"),
         ("test accuracy", f"{result.test_accuracy:.2%}"),
         ("checkpoint", result.checkpoint_path),
         ("reloaded into a plain model", f"test accuracy {result.reloaded_accuracy:.2%}"

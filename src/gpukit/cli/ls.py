@@ -24,7 +24,7 @@ def _collect() -> dict[str, Any]:
 
 def _header(state: dict[str, Any]) -> str:
     fake = os.environ.get(_nvml.FAKE_ENV)
-    source = f"fake GPUs from {fake}" if fake else "NVML"
+    source = f"fake GPUs ({os.path.basename(fake)})" if fake else "NVML"
     n = len(state["gpus"])
     gpus = f"{n} GPU{'s' if n != 1 else ''}"
     return f"{gpus} · driver {driver_version() or 'n/a'} · {source} · {time.strftime('%H:%M:%S')}"
@@ -40,14 +40,23 @@ def _as_json(state: dict[str, Any]) -> str:
     })
 
 
+def _example_spec() -> str:
+    """The shared-4gpu example spec, as a path that works from here (a checkout has it)."""
+    spec = os.path.join("examples", "fake-gpus", "shared-4gpu.json")
+    checkout = os.path.join(os.path.dirname(__file__), "..", "..", "..", spec)
+    if not os.path.exists(spec) and os.path.exists(checkout):
+        return os.path.abspath(checkout)
+    return spec
+
+
 def _no_gpu_message() -> str:
     reason = unavailable_reason() or "no NVIDIA GPU found"
     return (f"{reason[:1].upper()}{reason[1:]}.\n"
             "gpukit runs on the CPU here. To try the GPU features without GPUs:\n"
-            "  GPUKIT_FAKE_GPUS=examples/fake-gpus/shared-4gpu.json gpukit ls")
+            f"  GPUKIT_FAKE_GPUS={_example_spec()} gpukit ls")
 
 
-@click.command("ls")
+@click.command("ls", short_help="Show the GPUs and the processes on them, like nvidia-smi.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (sizes in bytes).")
 @click.option("--watch", type=click.FloatRange(min=0.1), is_flag=False, flag_value=2.0, default=None,
               metavar="[SECONDS]", help="Refresh in place every SECONDS (default 2) until Ctrl-C.")
@@ -101,8 +110,15 @@ def _watch(as_json: bool, interval_s: float) -> None:
         state = _collect()
         if not state["gpus"] and unavailable_reason():
             return Text(_no_gpu_message())
-        return render_gpus(state["gpus"], state["claims"], _header(state) + " · Ctrl-C to stop", width=console.width)
+        stop = " · Ctrl-C to stop" if console.is_terminal else ""
+        return render_gpus(state["gpus"], state["claims"], _header(state) + stop, width=console.width)
 
+    if not console.is_terminal:  # piped or logged: one frame after another, not redrawn in place
+        while True:
+            console.print(frame())
+            console.print()
+            sys.stdout.flush()
+            time.sleep(interval_s)
     with Live(frame(), console=console, auto_refresh=False, transient=False) as live:
         while True:
             time.sleep(interval_s)

@@ -14,6 +14,8 @@ from gpukit.errors import ConfigurationError
 __all__ = ["plan"]
 
 _DTYPES = ("float32", "float16", "bfloat16", "int64", "int32")
+_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")  # gpukit.precision's, less "auto"
+_SHORT_NAMES = ("32", "16", "bf16")  # also accepted by gpukit.precision
 
 
 def _load_factory(target: str) -> object:
@@ -32,6 +34,28 @@ def _load_factory(target: str) -> object:
     return factory
 
 
+def _build(target: str, factory: object) -> object:
+    """Call the factory; its own errors become one line naming it, not a traceback through gpukit."""
+    import torch
+
+    try:
+        built = factory()  # type: ignore[operator]
+    except Exception as exc:  # noqa: BLE001 - any failure of user code is reported the same way
+        tb, last = exc.__traceback__, None
+        while tb is not None:  # the innermost frame outside this file: where the user's code failed
+            if tb.tb_frame.f_code.co_filename != __file__:
+                last = tb
+            tb = tb.tb_next
+        where = f" at {last.tb_frame.f_code.co_filename}:{last.tb_lineno}" if last is not None else ""
+        raise ConfigurationError(
+            f"Model {target!r}: {target.partition(':')[2]}() raised {type(exc).__name__}: {exc}{where} "
+            "(gpukit plan calls the factory with no arguments)."
+        ) from None
+    if not isinstance(built, torch.nn.Module):
+        raise ConfigurationError(f"{target!r} returned {type(built).__name__}, not a torch.nn.Module.")
+    return built
+
+
 def _shape(text: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(part) for part in text.split(","))
@@ -42,7 +66,7 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-@click.command()
+@click.command(short_help="Predict peak training memory of a model, without a GPU.")
 @click.argument("model")
 @click.option("--batch-shape", "shapes", multiple=True, required=True, help="Shape of one model input, e.g. 64,3,32,32 (repeat for several inputs).")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(_DTYPES), help="dtype of each input (default float32; int64 for token ids).")
@@ -57,14 +81,29 @@ def plan(model: str, shapes: tuple[str, ...], dtypes: tuple[str, ...], precision
     """
     import torch
 
+    from gpukit.errors import MemoryPlanError
     from gpukit.memory import estimate_memory
 
     if dtypes and len(dtypes) != len(shapes):
         raise ConfigurationError(f"Got {len(shapes)} --batch-shape but {len(dtypes)} --dtype; give one --dtype per input or none.")
-    built = _load_factory(model)()
-    if not isinstance(built, torch.nn.Module):
-        raise ConfigurationError(f"{model!r} returned {type(built).__name__}, not a torch.nn.Module.")
+    if precision.strip().lower() not in _PRECISIONS + _SHORT_NAMES:
+        raise ConfigurationError(f"--precision {precision!r}: plan for one of {', '.join(_PRECISIONS)} "
+                                 "('auto' depends on the GPU that will run it, so name the precision).")
+    try:
+        torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigurationError(f"--device {device!r}: give a torch device type such as cuda, cpu or mps "
+                                 "(no such device is needed: nothing is allocated).") from None
+    dims = [_shape(s) for s in shapes]
+    dtype_names = dtypes or ("float32",) * len(shapes)
+    built = _build(model, _load_factory(model))
     with torch.device("meta"):  # only shapes and dtypes matter
-        inputs = [torch.empty(_shape(s), dtype=getattr(torch, d)) for s, d in zip(shapes, dtypes or ("float32",) * len(shapes))]
-    estimate = estimate_memory(built, optimizer, inputs[0] if len(inputs) == 1 else tuple(inputs), precision=precision, device=device)
+        inputs = [torch.empty(d, dtype=getattr(torch, t)) for d, t in zip(dims, dtype_names)]
+    try:
+        estimate = estimate_memory(built, optimizer, inputs[0] if len(inputs) == 1 else tuple(inputs),
+                                   precision=precision, device=device)
+    except MemoryPlanError as exc:
+        given = ", ".join(f"{t}[{','.join(map(str, d))}]" for d, t in zip(dims, dtype_names))
+        raise MemoryPlanError(f"{exc} Inputs given: {given}; check --batch-shape and --dtype "
+                              "(token ids need --dtype int64).") from None
     click.echo(json.dumps(estimate.to_dict(), indent=2) if as_json else str(estimate))

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from typing import Any
 
 import click
 
-from gpukit._units import parse_size
+from gpukit.cli._common import parse_size_option
+from gpukit.errors import ConfigurationError
 
 __all__ = ["run"]
 
-# Options that take a value: their value is never the script.
-_VALUE_OPTIONS = {
-    "--gpus", "--min-free", "--max-util", "--nproc", "--max-restarts", "--grace", "--nnodes",
-    "--node-rank", "--master-addr", "--master-port", "--local-addr", "--rdzv-timeout", "-m", "--module",
-}
 _WAIT_FOREVER = "forever"
+_DURATION = re.compile(r"^\d+(\.\d+)?\s*[a-zA-Z]+$")  # 10m, 2h, 30s: what --wait is often given
 
 
 def _is_number(token: str) -> bool:
@@ -28,24 +27,46 @@ def _is_number(token: str) -> bool:
 
 
 class _RunCommand(click.Command):
-    """``--wait`` takes an optional TIMEOUT; a bare ``--wait`` must not swallow the script name."""
+    """Our options come first; the script (or ``-m MODULE``) and everything after it are the job's.
+
+    ``--wait`` takes an optional TIMEOUT, so a bare ``--wait`` must not swallow the script name.
+    An unknown option before the script is an error, not a script called ``--bogus``.
+    """
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        options = {name: param for param in self.get_params(ctx) if isinstance(param, click.Option)
+                   for name in (*param.opts, *param.secondary_opts)}
         out: list[str] = []
         i = 0
         while i < len(args):
             token = args[i]
-            if token == "--wait" and not (i + 1 < len(args) and _is_number(args[i + 1])):
-                out.append(f"--wait={_WAIT_FOREVER}")
-            elif (token in _VALUE_OPTIONS or token == "--wait") and i + 1 < len(args):
-                out.extend(args[i : i + 2])
-                i += 1
-            elif not token.startswith("-") or token == "--":
-                out.extend(args[i:])  # the script and its own arguments: not ours
+            name, has_value, _ = token.partition("=")
+            if token == "--" or not token.startswith("-") or token == "-":
+                out.extend(["--", *args[i + (token == "--"):]])  # the script and its own arguments
                 break
-            else:
-                out.append(token)
-            i += 1
+            if name == "--wait" and not has_value:
+                following = args[i + 1] if i + 1 < len(args) else None
+                if following is not None and _is_number(following):
+                    out.extend(args[i : i + 2])
+                    i += 2
+                    continue
+                if following is not None and _DURATION.match(following) and not os.path.exists(following):
+                    raise click.BadParameter(
+                        f"{following!r} is not a number of seconds: give --wait 600 for 10 minutes, "
+                        "or --wait alone to wait without limit.", ctx=ctx, param_hint="'--wait'")
+                out.append(f"--wait={_WAIT_FOREVER}")
+                i += 1
+                continue
+            param = options.get(name)
+            if param is None:
+                raise click.NoSuchOption(name, possibilities=sorted(n for n in options if n.startswith("--")),
+                                         ctx=ctx)
+            takes_value = not param.is_flag and not has_value
+            out.extend(args[i : i + 1 + takes_value])
+            i += 1 + takes_value
+            if param.name == "module":  # -m MODULE: the rest are the module's arguments
+                out.extend(["--", *args[i:]])
+                break
         return super().parse_args(ctx, out)
 
 
@@ -63,13 +84,26 @@ def _wait_timeout(value: str | None) -> tuple[bool, float | None]:
     return True, seconds
 
 
+def _gpu_request(text: str | None, cpu: bool) -> Any:
+    from gpukit.launch import parse_gpu_request
+
+    if text is None:
+        return None
+    request = parse_gpu_request(text)
+    if request == 0:
+        raise ConfigurationError(f"--gpus {text!r}: ask for at least 1 GPU (--gpus 1), or leave --gpus out and "
+                                 "give --cpu to run on the CPU.")
+    return request
+
+
 @click.command(
     cls=_RunCommand,
+    short_help="Run a script on the best free GPUs (or the CPU), like torchrun.",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @click.option("--gpus", metavar="N|all|LIST", help="How many GPUs (best free first), 'all', or which: 1,3 (one by index: 3,).")
 @click.option("--min-free", "min_free", metavar="SIZE", help="Only GPUs with this much free memory, e.g. 8GiB.")
-@click.option("--max-util", "max_util", type=float, metavar="PCT", help="Only GPUs at most this busy (%).")
+@click.option("--max-util", "max_util", type=click.FloatRange(0, 100), metavar="PCT", help="Only GPUs at most this busy (%).")
 @click.option("--wait", "wait", metavar="[TIMEOUT]", help="Wait (up to TIMEOUT seconds) for GPUs to become free.")
 @click.option("--nproc", type=int, help="Worker processes on this node [default: number of GPUs, or 1].")
 @click.option("--cpu", is_flag=True, help="Run on the CPU with gloo (how DDP is tried without GPUs).")
@@ -105,13 +139,16 @@ def run(
 ) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) in worker processes, as torchrun would.
 
-    \b
     Workers get RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port) and
     CUDA_VISIBLE_DEVICES of the claimed GPUs. Ctrl-C/SIGTERM: SIGTERM to every worker,
-    SIGKILL after --grace. Exit code: 0; the failed worker's code; 75 when preempted
-    (stopped by SIGTERM and every worker exited cleanly); 128+N when killed by signal N.
+    SIGKILL after --grace.
+
+    \b
+    Exit code: 0 success; the failed worker's code; 75 preempted (stopped by
+    SIGTERM and every worker exited cleanly: requeue); 128+N killed by signal N;
+    2 bad input.
     """
-    from gpukit.launch import RunInterruptedError, Topology, WorkerFailedError, launch_script, parse_gpu_request
+    from gpukit.launch import RunInterruptedError, Topology, WorkerFailedError, launch_script
 
     args = list(command)
     if args and args[0] == "--":
@@ -127,12 +164,12 @@ def run(
         "module": module is not None,
         "nproc": nproc,
         "cpu": cpu,
-        "gpus": parse_gpu_request(gpus) if gpus is not None else None,
+        "gpus": _gpu_request(gpus, cpu),
         "max_restarts": max_restarts,
         "grace_s": grace,
         "topology": Topology(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                              master_port=master_port, local_addr=local_addr, rdzv_timeout_s=rdzv_timeout),
-        "min_free_memory": parse_size(min_free) if min_free is not None else None,
+        "min_free_memory": parse_size_option("--min-free", min_free),
         "max_utilization": max_util,
         "wait": waiting,
         "wait_timeout_s": wait_timeout_s,

@@ -11,6 +11,7 @@ import math
 
 import click
 
+from gpukit.cli._common import parse_size_option
 from gpukit.errors import ConfigurationError
 
 __all__ = ["select"]
@@ -64,7 +65,7 @@ def select(count: int, min_free: str | None, max_util: float | None, max_procs: 
     timeout = _parse_wait(wait)
     chosen = select_gpus(
         count,
-        min_free_memory=min_free,
+        min_free_memory=parse_size_option("--min-free", min_free),
         max_utilization=max_util,
         max_processes=max_procs,
         exclude=[item.strip() for item in exclude.split(",") if item.strip()],
