@@ -107,8 +107,8 @@ def sniff_format(path: Path, size: int) -> str:
                 "or the copy is incomplete; use an older checkpoint or copy it again."
             ) from None
         return TORCH_ZIP
-    if head[:1] == b"\x80":
-        return TORCH_LEGACY
+    # safetensors before pickle: its 8-byte header length may well start with byte 0x80,
+    # pickle's PROTO opcode, while a pickle never has "{" at offset 8.
     if len(head) > 8 and head[8:9] == b"{":
         header_bytes = int.from_bytes(head[:8], "little")
         if header_bytes + 8 <= size:
@@ -117,6 +117,8 @@ def sniff_format(path: Path, size: int) -> str:
             f"{path} is a truncated safetensors file: its header claims {header_bytes} bytes but the "
             f"file has {size}."
         )
+    if head[:1] == b"\x80":
+        return TORCH_LEGACY
     raise CheckpointError(
         f"{path} is not a checkpoint gpukit can read: it is neither a torch.save file (zip or legacy "
         f"pickle) nor safetensors (first bytes: {head[:8].hex(' ')}). Check the path."
