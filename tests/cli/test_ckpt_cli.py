@@ -13,20 +13,10 @@ from torch import nn
 
 import gpukit
 from gpukit.checkpoint import CheckpointManager
-from gpukit.cli import main
+from cli_helpers import run_gpukit as _gpukit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint"))
 from ckpt_helpers import SmallNet, save_with_cuda_location  # noqa: E402
-
-
-def _gpukit(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_inspect_foreign_ddp_state_dict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

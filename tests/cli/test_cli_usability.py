@@ -13,7 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gpukit.cli import main
+from cli_helpers import run_gpukit as _gpukit
 from gpukit.cli.run import run
 from gpukit.devices import _nvml, claim_gpus
 
@@ -26,16 +26,6 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(tmp_path / "claims"))
     monkeypatch.setattr(_nvml, "_notice_given", False)
     _nvml.shutdown()
-
-
-def _gpukit(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("args", [

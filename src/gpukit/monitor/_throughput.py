@@ -46,14 +46,15 @@ class Throughput:
     @property
     def samples_per_s(self) -> float | None:
         """Samples per second since warm-up ended; ``None`` before any timed step."""
-        elapsed = self.elapsed_s
-        if not self.steps or not elapsed:
-            return None
-        return self.samples / elapsed
+        return self._rate(self.samples)
 
     @property
     def steps_per_s(self) -> float | None:
+        """Steps per second since warm-up ended; ``None`` before any timed step."""
+        return self._rate(self.steps)
+
+    def _rate(self, count: int) -> float | None:
         elapsed = self.elapsed_s
         if not self.steps or not elapsed:
             return None
-        return self.steps / elapsed
+        return count / elapsed
