@@ -46,10 +46,25 @@ def test_unknown_precision_lists_the_allowed_values() -> None:
 
 
 @pytest.mark.parametrize(
-    ("alias", "name"), [("32", "32-true"), (32, "32-true"), ("16", "16-mixed"), ("bf16", "bf16-mixed")]
+    ("alias", "name"),
+    [("32", "32-true"), (32, "32-true"), ("16", "16-mixed"), (16, "16-mixed"),
+     ("bf16", "bf16-mixed"), ("fp32", "32-true"), ("float32", "32-true"), ("FP32", "32-true")],
 )
 def test_aliases(alias: object, name: str) -> None:
     assert get_precision(alias, CPUAccelerator(), CPU).name == name  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("alias", "hint"),
+    [("fp16", "'16-mixed'"), ("float16", "'16-mixed'"), ("half", "'16-true'"),
+     ("bfloat16", "'bf16-mixed'")],
+)
+def test_ambiguous_aliases_are_refused_with_a_suggestion(alias: str, hint: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        cpu_precision(alias)
+    message = str(info.value)
+    assert "Did you mean" in message and hint in message
+    assert "'32-true', 'bf16-mixed', '16-mixed'" in message  # still lists the allowed values
 
 
 @pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled")
@@ -116,6 +131,23 @@ def test_16_mixed_skips_the_step_on_inf_and_recovers() -> None:
     backward()
     assert precision.optimizer_step(optimizer) is True
     assert not torch.equal(model.weight, before)
+
+
+def test_16_mixed_step_after_a_plain_backward_says_to_use_session_backward() -> None:
+    precision = cpu_precision("16-mixed")
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(2, 3)).mean().backward()  # not precision.scale_loss(loss).backward()
+    with pytest.raises(ConfigurationError, match=r"session.backward\(loss\)"):
+        precision.optimizer_step(optimizer)
+    with pytest.raises(ConfigurationError, match=r"session.backward\(loss\)"):
+        precision.unscale_(optimizer)
+    # after one good step, a plain backward is still caught (the scale exists by then)
+    precision.scale_loss(model(torch.ones(2, 3)).mean()).backward()
+    assert precision.optimizer_step(optimizer) is True
+    model(torch.ones(2, 3)).mean().backward()
+    with pytest.raises(ConfigurationError, match="loss.backward()"):
+        precision.optimizer_step(optimizer)
 
 
 def test_scaler_state_round_trips() -> None:

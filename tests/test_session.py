@@ -99,10 +99,33 @@ def test_several_processes_without_a_launcher_explain_how_to_launch(kwargs: dict
     with pytest.raises(DistributedError) as info:
         session.setup(nn.Linear(2, 2))
     message = str(info.value)
-    for how in ("session.launch(", "gpukit run --gpus 2 script.py", "torchrun --nproc-per-node 2"):
+    for how in ("session.launch(", "gpukit run --cpu --nproc 2 script.py", "torchrun --nproc-per-node 2"):
         assert how in message
+    assert "--gpus" not in message  # on the CPU: no GPUs to ask for
     with pytest.raises(DistributedError):
         _ = session.device
+
+
+@pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled")
+def test_several_gpu_processes_without_a_launcher_suggest_gpukit_run_gpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(CUDAAccelerator, "is_available", lambda self: True)
+    monkeypatch.setattr(CUDAAccelerator, "device_count", lambda self: 2)
+    session = Session(accelerator="cuda", devices=2, strategy="ddp", verbose=False)
+    with pytest.raises(DistributedError, match="gpukit run --gpus 2 script.py"):
+        session.setup(nn.Linear(2, 2))
+
+
+def test_16_mixed_with_a_plain_loss_backward_says_to_call_session_backward() -> None:
+    session = Session(devices="cpu", precision="16-mixed", verbose=False)
+    model = nn.Linear(3, 1)
+    model, optimizer = session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with session.autocast():
+        loss = model(torch.ones(2, 3)).float().mean()
+    loss.backward()  # the mistake: not session.backward(loss)
+    with pytest.raises(ConfigurationError, match=r"Call session.backward\(loss\) instead of loss.backward\(\)"):
+        session.step(optimizer)
 
 
 def test_optimizer_of_another_model_is_refused() -> None:
@@ -157,7 +180,9 @@ def test_print_and_progress_only_on_rank_zero(capsys: pytest.CaptureFixture[str]
 
 def test_auto_choice_is_announced(capsys: pytest.CaptureFixture[str]) -> None:
     Session(devices="cpu")
-    assert "strategy single on cpu (auto); precision 32-true (auto)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "strategy single on cpu, chosen automatically; precision 32-true, chosen automatically" in err
+    assert "((" not in err and "))" not in err
 
 
 def test_ddp_in_one_process_wraps_and_skips_sync_between_boundaries() -> None:

@@ -108,6 +108,9 @@ class MixedPrecision(Precision):
         self._scaler = (
             torch.amp.GradScaler(device.type) if self.autocast_dtype == torch.float16 else None
         )
+        # whether scale_loss() ran since the last optimizer step: a plain loss.backward()
+        # leaves the gradients unscaled, and GradScaler then fails deep inside torch
+        self._scaled_since_step = False
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
@@ -117,16 +120,31 @@ class MixedPrecision(Precision):
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss if self._scaler is None else self._scaler.scale(loss)
+        if self._scaler is None:
+            return loss
+        self._scaled_since_step = True
+        return self._scaler.scale(loss)
+
+    def _check_scaled(self) -> None:
+        if not self._scaled_since_step:
+            raise ConfigurationError(
+                "Precision '16-mixed' scales the loss before backward, but no scaled loss "
+                "was seen since the last optimizer step: the gradients came from a plain "
+                "loss.backward(). Call session.backward(loss) instead of loss.backward() "
+                "(or use precision='bf16-mixed' or '32-true', which need no loss scaling)."
+            )
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         if self._scaler is not None:
+            self._check_scaled()
             self._scaler.unscale_(optimizer)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         if self._scaler is None:
             optimizer.step()
             return True
+        self._check_scaled()
+        self._scaled_since_step = False
         scale_before = self._scaler.get_scale()
         self._scaler.step(optimizer)  # skips the step when a gradient is inf/nan
         self._scaler.update()
@@ -193,13 +211,36 @@ def _cast_output_hook(dtype: torch.dtype) -> Any:
     return hook
 
 
+#: unambiguous short names, accepted as other libraries (Lightning) accept them
+_ALIASES = {
+    "32": "32-true",
+    "fp32": "32-true",
+    "float32": "32-true",
+    "16": "16-mixed",
+    "bf16": "bf16-mixed",
+}
+
+#: names that could mean either the mixed or the true variant: rejected with a suggestion
+_DID_YOU_MEAN = {
+    "fp16": "'16-mixed' (fp16 autocast, weights fp32) or '16-true' (weights fp16)",
+    "float16": "'16-mixed' (fp16 autocast, weights fp32) or '16-true' (weights fp16)",
+    "half": "'16-mixed' (fp16 autocast, weights fp32) or '16-true' (weights fp16)",
+    "bfloat16": "'bf16-mixed' (bf16 autocast, weights fp32) or 'bf16-true' (weights bf16)",
+    "mixed": "'bf16-mixed' or '16-mixed'",
+    "amp": "'bf16-mixed' or '16-mixed'",
+}
+
+
 def get_precision(
     name: str | Precision, accelerator: Accelerator, device: torch.device
 ) -> Precision:
     """The precision object for ``name`` on ``device``.
 
     Args:
-        name: one of :data:`PRECISIONS`, or a ready :class:`Precision`.
+        name: one of :data:`PRECISIONS`, or a ready :class:`Precision`. The aliases
+            ``32``/``"fp32"``/``"float32"`` (32-true), ``16`` (16-mixed) and ``"bf16"``
+            (bf16-mixed) are accepted; ``"fp16"``, ``"half"`` and the like are ambiguous
+            and rejected with a suggestion.
         accelerator: the accelerator of ``device`` (asked what it supports).
         device: the device the model runs on.
 
@@ -211,10 +252,13 @@ def get_precision(
     if isinstance(name, int) and not isinstance(name, bool):
         name = str(name)  # precision=32 / 16 as in other libraries
     key = str(name).strip().lower()
-    key = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}.get(key, key)
+    key = _ALIASES.get(key, key)
     if key not in PRECISIONS:
+        hint = _DID_YOU_MEAN.get(key)
+        fix = f" Did you mean {hint}?" if hint else ""
         raise ConfigurationError(
             f"Unknown precision {name!r}; choose one of {', '.join(map(repr, PRECISIONS))}."
+            + fix
         )
     if key == "auto":
         key = accelerator.auto_precision(device)

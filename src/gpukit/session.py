@@ -124,7 +124,10 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             install_preemption_handler()
         if self.strategy.launched:
             if verbose and self.is_main:
-                auto = {k: " (auto)" if self._config[k] == "auto" else "" for k in self._config}
+                auto = {
+                    k: ", chosen automatically" if self._config[k] == "auto" else ""
+                    for k in self._config
+                }
                 print(
                     f"gpukit: strategy {self.strategy.describe()}{auto['strategy']}; "
                     f"precision {self.precision.name}{auto['precision']}",
@@ -348,13 +351,18 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         if self.strategy.launched:
             return
         n = self.strategy.num_processes
+        run = (
+            f"gpukit run --cpu --nproc {n} script.py"
+            if self.accelerator.is_host
+            else f"gpukit run --gpus {n} script.py"
+        )
         raise DistributedError(
             f"{what} needs {n} processes (strategy {self.strategy.name!r}, "
             f"devices={self._config['devices']!r}), but this is one process started without a "
             "launcher (no RANK/WORLD_SIZE in its environment); gpukit will not silently train "
             f"on one device. Start the {n} processes in one of these ways:\n"
             f"  - put the training in a function and call session.launch(train_fn);\n"
-            f"  - gpukit run --gpus {n} script.py;\n"
+            f"  - {run};\n"
             f"  - torchrun --nproc-per-node {n} script.py.\n"
             "Or ask for one device: Session(devices=1)."
         )

@@ -154,3 +154,24 @@ def test_rng_capture_restore_round_trip() -> None:
     assert torch.equal(torch.randn(3), first[2])
     assert set(state) >= {"python", "numpy", "torch"}
     assert "cuda" not in state or torch.cuda.is_initialized()  # never initialises CUDA itself
+
+
+def test_resuming_a_mid_epoch_loader_under_another_world_size_says_how_to_fix(tmp_path: Path) -> None:
+    from gpukit.accelerators import CPUAccelerator
+    from gpukit.data._loader import build_loader
+
+    def make(world: int):  # type: ignore[no-untyped-def]
+        return build_loader(list(range(16)), device=torch.device("cpu"), accelerator=CPUAccelerator(),
+                            rank=0, world_size=world, local_world_size=world, seed=3, batch_size=2,
+                            shuffle=True, num_workers=0)
+
+    first = make(2)  # rank 0 of a 2-process job, stopped mid-epoch
+    batches = iter(first)
+    next(batches)
+    manager = CheckpointManager(tmp_path / "ckpts")
+    manager.save(1, loader=first)
+    with pytest.raises(CheckpointError) as info:
+        CheckpointManager(tmp_path / "ckpts").resume(loader=make(1))
+    message = str(info.value)
+    assert "Cannot resume 'loader' from" in message
+    assert "same number of processes as the checkpoint (2)" in message and "new checkpoint directory" in message

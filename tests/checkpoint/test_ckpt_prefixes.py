@@ -12,7 +12,7 @@ from torch import nn
 import gpukit
 from gpukit.checkpoint import detect_prefixes, strip_wrapper_prefixes
 from gpukit.checkpoint._keys import format_indices, group_keys
-from gpukit.errors import StateDictMismatchError
+from gpukit.errors import ConfigurationError, StateDictMismatchError
 
 from ckpt_helpers import SmallNet
 
@@ -95,6 +95,27 @@ def test_wrong_architecture_from_file(tmp_path: Path, small_net: SmallNet) -> No
     assert "  {0,1}.{weight,bias}  (4 keys)" in str(info.value)
     assert "  bn.{weight,bias,running_mean,running_var,num_batches_tracked}  (5 keys)" in str(info.value)
     assert all(torch.equal(a, b) for a, b in zip(before, other.parameters()))  # untouched
+
+
+def test_a_path_instead_of_a_state_dict_says_to_load_it_first(tmp_path: Path) -> None:
+    path = tmp_path / "small.pt"
+    gpukit.save(SmallNet(), path)
+    for given in (str(path), path):
+        with pytest.raises(ConfigurationError, match=r"instead of a state dict.*gpukit.load\("):
+            gpukit.load_state_dict(SmallNet(), given)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="got a list"):
+        gpukit.load_state_dict(SmallNet(), [1, 2])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_whole_training_state_suggests_its_model_entry(strict: bool) -> None:
+    model = SmallNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 3}
+    with pytest.raises(ConfigurationError, match=r"load_state_dict\(model, state\['model'\]\)") as info:
+        gpukit.load_state_dict(SmallNet(), state, strict=strict)
+    assert "'optimizer'" in str(info.value) and "'epoch'" in str(info.value)
+    gpukit.load_state_dict(SmallNet(), state["model"])  # the suggestion works
 
 
 def test_foreign_prefix_hint() -> None:

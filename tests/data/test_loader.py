@@ -86,8 +86,21 @@ def test_break_then_iterate_again_is_the_next_epoch() -> None:
 
 def test_state_from_another_world_size_is_refused() -> None:
     dl = loader(CountingDataset(8))
-    with pytest.raises(CheckpointError, match="world_size=2"):
+    with pytest.raises(CheckpointError, match="world_size=2") as info:
         dl.load_state_dict({"epoch": 0, "batches_consumed": 1, "world_size": 2, "batch_size": 4})
+    message = str(info.value)
+    assert "same number of processes as the checkpoint (2)" in message
+    assert "new checkpoint directory" in message
+
+
+def test_state_from_an_epoch_boundary_loads_under_another_world_size_and_batch_size() -> None:
+    state = {"epoch": 3, "batches_consumed": 0, "world_size": 2, "batch_size": 8, "seed": 11}
+    dl = loader(CountingDataset(8), rank=0, world=1, seed=999)
+    dl.load_state_dict(state)
+    assert dl.state_dict()["epoch"] == 3 and dl.state_dict()["seed"] == 11
+    same = loader(CountingDataset(8), seed=11)
+    same.load_state_dict({**state, "world_size": 1, "batch_size": 4})
+    assert flat(list(dl)) == flat(list(same))  # the same epoch order as a run of this world size
 
 
 def test_dataloader_settings_are_kept_and_shuffle_detected() -> None:

@@ -54,7 +54,7 @@ def test_demo_cli_runs_two_process_ddp_on_cpu(tmp_path) -> None:
         capture_output=True, text=True, timeout=240, env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "x 2 process(es), strategy ddp" in proc.stdout
+    assert "x 2 processes, strategy ddp" in proc.stdout
     assert "(identical)" in proc.stdout
     assert (tmp_path / "digits-cnn.pt").is_file()
 
@@ -65,4 +65,4 @@ def test_demo_cli_rejects_zero_processes() -> None:
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode != 0
-    assert "--nproc must be a positive integer" in proc.stderr
+    assert "Invalid value for '--nproc': 0" in proc.stderr and "gpukit demo --help" in proc.stderr

@@ -164,3 +164,31 @@ def test_poll_returns_as_soon_as_the_attempt_succeeds() -> None:
     with pytest.raises(GpuSelectionError):
         poll(attempt, wait=False, timeout_s=None, poll_interval_s=0.01, what="1 GPU")
     assert len(calls) == 1
+
+
+def test_more_gpus_than_the_machine_has_says_so_instead_of_suggesting_to_wait(
+    use_spec: Callable[[Any], Any],
+) -> None:
+    use_spec("shared-4gpu")
+    for call in (lambda: select_gpus(5), lambda: select_gpus(5, wait=True, timeout_s=30),
+                 lambda: claim_gpus(5, wait=True, timeout_s=30)):
+        started = time.monotonic()
+        with pytest.raises(GpuSelectionError) as info:
+            call()
+        assert time.monotonic() - started < 5  # fails at once: waiting cannot help
+        message = str(info.value)
+        assert "this machine has only 4 GPUs" in message and "at most 4" in message
+        assert "wait" not in message.lower()
+
+
+@pytest.mark.parametrize("exclude", [(9,), ["GPU-ffff"], (0, 7)])
+def test_excluding_a_gpu_that_does_not_exist_is_an_error(
+    use_spec: Callable[[Any], Any], exclude: Any
+) -> None:
+    use_spec("shared-4gpu")
+    for call in (select_gpus, claim_gpus):
+        with pytest.raises(ConfigurationError, match="no GPU here has that index or UUID") as info:
+            call(1, exclude=exclude)
+        message = str(info.value)
+        assert "GPU 0" in message and "GPU 3" in message  # lists the GPUs that exist
+        assert repr(exclude[-1]) in message

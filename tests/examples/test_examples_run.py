@@ -35,7 +35,7 @@ def test_foonet_dataparallel_example() -> None:
 
 def test_ddp_example_as_one_plain_process() -> None:
     out = run(str(EXAMPLES / "ddp_train.py"), "--epochs", "1")
-    assert "ddp rank 0/1 on cpu (gloo)" in out and "final loss per rank" in out
+    assert "ddp rank 0/1 on cpu with gloo" in out and "final loss per rank" in out
 
 
 @pytest.mark.slow
@@ -43,7 +43,7 @@ def test_ddp_example_launches_two_processes_itself() -> None:
     # session.launch -> gpukit.launch (elastic agent); the torchrun path of the same code is
     # covered by tests/strategies/test_ddp_multiprocess.py
     out = run(str(EXAMPLES / "ddp_train.py"), "--processes", "2", "--epochs", "1")
-    assert "ddp rank 0/2 on cpu (gloo)" in out and "(mean over 2 ranks)" in out
+    assert "ddp rank 0/2 on cpu with gloo" in out and "(mean over 2 ranks)" in out
     losses = out.split("final loss per rank: ")[1].splitlines()[0]
     first, second = ast.literal_eval(losses)
     assert first == second  # all_reduce gave every rank the same mean

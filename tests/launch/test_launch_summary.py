@@ -48,3 +48,51 @@ def test_parse_gpu_request(text, expected):
 def test_parse_gpu_request_rejects_with_the_accepted_forms(text):
     with pytest.raises(ConfigurationError, match="comma-separated list"):
         parse_gpu_request(text)
+
+
+@pytest.mark.parametrize("text", ["0", "00", " 0 "])
+def test_zero_gpus_is_refused_with_a_pointer_to_cpu(text):
+    with pytest.raises(ConfigurationError, match=r"at least 1 GPU.*--cpu"):
+        parse_gpu_request(text)
+
+
+@pytest.mark.parametrize("killed_rank", [0, 1, 2])
+def test_worker_killed_first_is_the_root_cause_not_the_ones_the_launcher_stopped(killed_rank):
+    # elastic: the SIGKILLed worker is found first, then the agent SIGTERMs the others;
+    # all in the same second (timestamps are whole seconds)
+    killed = WorkerFailure(rank=killed_rank, local_rank=killed_rank, pid=20, exitcode=-9,
+                           timestamp=100.0, sequence=0)
+    stopped = [WorkerFailure(rank=r, local_rank=r, pid=30 + r, exitcode=-15, timestamp=100.0, sequence=1 + i)
+               for i, r in enumerate(r for r in range(3) if r != killed_rank)]
+    err = WorkerFailedError([*reversed(stopped), killed])
+    assert err.root is killed
+    assert err.exit_code == 137
+    assert str(err).splitlines()[0] == f"rank {killed_rank} (local rank {killed_rank}, pid 20) failed: killed by SIGKILL"
+    assert "then: " in str(err) and "killed by SIGTERM" in str(err)
+
+
+def test_a_crash_found_first_is_not_hidden_by_workers_that_then_stopped_cleanly():
+    killed = WorkerFailure(rank=1, local_rank=1, pid=20, exitcode=-9, timestamp=100.0, sequence=0)
+    stopped = WorkerFailure(rank=0, local_rank=0, pid=21, exitcode=PREEMPTED_EXIT_CODE, timestamp=100.0,
+                            sequence=1)
+    err = WorkerFailedError([stopped, killed])
+    assert err.root is killed and not err.preempted and err.exit_code == 137
+
+
+def test_preemption_notice_names_no_rank_outside_a_job(monkeypatch, capfd):
+    import signal
+
+    from gpukit.launch import _preemption
+
+    monkeypatch.delenv("RANK", raising=False)
+    _preemption.clear_stop_request()
+    try:
+        _preemption._on_signal(signal.SIGTERM, None)
+        assert "gpukit: SIGTERM received, stopping" in capfd.readouterr().err
+        _preemption.clear_stop_request()
+        monkeypatch.setenv("RANK", "3")
+        _preemption._on_signal(signal.SIGTERM, None)
+        assert "gpukit: rank 3: SIGTERM received" in capfd.readouterr().err
+    finally:
+        _preemption.clear_stop_request()
+    assert "rank ?" not in capfd.readouterr().err

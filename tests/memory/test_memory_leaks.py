@@ -128,3 +128,28 @@ def test_total_loss_pattern_named_on_gpu() -> None:
     assert watcher.findings[0].variable == "total_loss"
     clean = LeakWatcher(device="cuda", warn=False)
     assert _train(300, clean, "clean", device="cuda") is None
+
+
+def test_warnings_point_at_the_users_code_not_gpukit_or_torch() -> None:
+    # direct form: watcher.step() called from this file
+    with pytest.warns(MemoryLeakWarning) as direct:
+        _train(20, LeakWatcher(), "inplace")
+    # hook form: watcher.step() runs inside torch's optimizer.step()
+    model, opt, x, y = _setup()
+    watcher = watch(every_n_steps=5).attach(opt)
+    total_loss = torch.zeros(())
+    with pytest.warns(MemoryLeakWarning) as hooked:
+        for _ in range(15):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            total_loss = total_loss + loss
+    watcher.detach()
+    # inference guard: warned from a forward hook inside nn.Module.__call__
+    model.eval()
+    with inference_guard(model), pytest.warns(InferenceGradWarning) as guarded:
+        kept = [model(x) for _ in range(5)]
+    assert kept
+    for record in [*direct, *hooked, *guarded]:
+        assert record.filename == __file__, record.filename

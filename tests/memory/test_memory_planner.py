@@ -69,6 +69,12 @@ def test_bad_inputs() -> None:
         estimate_memory(_mlp(), "adam", torch.empty(2, 7))  # wrong feature size
 
 
+@pytest.mark.parametrize("device", ["tpu", "gpu", "meta", "cuda:x"])
+def test_unsupported_device_lists_the_supported_types(device: str) -> None:
+    with pytest.raises(ConfigurationError, match=rf"device='{device}'.*'cuda', 'cpu', 'mps'"):
+        estimate_memory(_mlp(), "adam", torch.empty(2, 256), device=device)
+
+
 def _small_cnn() -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),

@@ -79,3 +79,21 @@ def test_free_memory_returns_cached_bytes_on_gpu() -> None:
     assert (free_memory("cuda") or 0) >= 64 * 2**20
     row = memory_report("cuda:0")["cuda:0"]
     assert row.allocated_bytes is not None and row.reserved_unused_bytes is not None
+
+
+def test_show_utilization_says_no_gpu_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpukit.devices import _nvml
+
+    _nvml.shutdown()
+    monkeypatch.setattr(_nvml, "_notice_given", False)
+    try:
+        with caplog.at_level("WARNING"), FakeNvml({"no_driver": True, "gpus": []}):
+            text = show_utilization()
+    finally:
+        _nvml.shutdown()
+    captured = capsys.readouterr()
+    assert text.startswith("no GPU") and captured.out.strip() == text
+    shown = captured.out + captured.err + "\n".join(r.getMessage() for r in caplog.records)
+    assert shown.lower().count("nvidia") == 1, shown  # the notice is not repeated by the logger

@@ -277,7 +277,9 @@ class CheckpointManager:
         if dist.world_size != saved_world:
             warnings.warn(
                 f"{directory} was saved by {saved_world} process(es), resuming with {dist.world_size}: "
-                "per-rank state (RNG, data position) of rank 0 is used where a rank has none.",
+                "per-rank state (RNG, data position) of rank 0 is used where a rank has none. "
+                "A data position saved mid-epoch needs the same number of processes "
+                f"({saved_world}); one saved at an epoch boundary carries over.",
                 stacklevel=2,
             )
             rank = rank if rank < saved_world else 0
@@ -292,7 +294,10 @@ class CheckpointManager:
             if isinstance(obj, nn.Module):
                 load_state_dict(obj, available[name], strict=strict)
             else:
-                obj.load_state_dict(available[name])
+                try:
+                    obj.load_state_dict(available[name])
+                except CheckpointError as exc:  # e.g. a mid-epoch data position, other world size
+                    raise CheckpointError(f"Cannot resume {name!r} from {directory}: {exc}") from exc
         if restore_rng:
             restore_rng_state(rank_file["rng"])
         self.extra = dict(shared_file["gpukit"].get("extra") or {})

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from gpukit.checkpoint._keys import group_keys
-from gpukit.errors import StateDictMismatchError
+from gpukit.errors import ConfigurationError, StateDictMismatchError
 
 __all__ = [
     "WRAPPER_PREFIXES",
@@ -184,14 +184,18 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any], strict: boo
         torch's ``_IncompatibleKeys(missing_keys, unexpected_keys)``, in unwrapped key names.
 
     Raises:
+        ConfigurationError: ``state_dict`` is not a mapping (e.g. a path: load it first), or
+            is a whole training state (``{"model": {...}, "optimizer": {...}, ...}``).
         StateDictMismatchError: missing or unexpected keys (with ``strict``), or shape
             mismatches (always), listed grouped, with the prefixes and wrappers detected.
     """
     from gpukit.placement import unwrap_model
 
+    _check_is_state_dict(state_dict)
     inner = unwrap_model(model)
     own = inner.state_dict()
     targets: dict[str, str] = {_without_compile_segments(k): k for k in own}  # canonical -> real
+    _check_not_training_state(state_dict, targets)
     incoming_keys = list(state_dict)
     remapped: OrderedDict[str, Any] = OrderedDict()
     unexpected: list[str] = []
@@ -220,3 +224,40 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any], strict: boo
             target = _match(name + ".", modules)
             remapped._metadata[(modules[target] if target is not None else name)] = value  # type: ignore[attr-defined]
     return inner.load_state_dict(remapped, strict=strict)
+
+
+_MODEL_ENTRIES = ("model", "state_dict", "model_state_dict", "module", "net", "network", "ema")
+
+
+def _check_is_state_dict(state_dict: Any) -> None:
+    if isinstance(state_dict, Mapping):
+        return
+    if isinstance(state_dict, (str, bytes)) or hasattr(state_dict, "__fspath__"):
+        raise ConfigurationError(
+            f"load_state_dict(model, state_dict) got the path {str(state_dict)!r} instead of a "
+            "state dict. Load the file first: "
+            f"load_state_dict(model, gpukit.load({str(state_dict)!r})) "
+            "(or gpukit.load(path)['model'] when the file holds a whole training state)."
+        )
+    raise ConfigurationError(
+        f"load_state_dict(model, state_dict) got a {type(state_dict).__name__}; it needs a "
+        "mapping of parameter names to tensors, such as model.state_dict() or what "
+        "gpukit.load(path) returns."
+    )
+
+
+def _check_not_training_state(state_dict: Mapping[str, Any], targets: Mapping[str, str]) -> None:
+    """Refuse ``{"model": {...}, "optimizer": {...}, "epoch": 3}``: nothing in it would load."""
+    nested = [str(k) for k, v in state_dict.items() if isinstance(v, Mapping)]
+    if not nested or any(_match(str(k), targets) is not None for k in state_dict):
+        return
+    shown = ", ".join(repr(str(k)) for k in list(state_dict)[:8])
+    more = f", ... ({len(state_dict)} in all)" if len(state_dict) > 8 else ""
+    model_keys = [k for k in nested if k.lower() in _MODEL_ENTRIES] or nested
+    fix = " or ".join(f"state[{k!r}]" for k in model_keys[:3])
+    raise ConfigurationError(
+        f"load_state_dict(model, state) got a training state with entries {shown}{more}, not "
+        "a model state dict: none of its keys is a parameter or buffer of the model, and "
+        f"{len(nested)} of its values are dicts themselves. Pass the model's part: "
+        f"load_state_dict(model, {fix})."
+    )

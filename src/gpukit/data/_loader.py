@@ -124,19 +124,31 @@ class DeviceLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`: the next pass yields the next unseen batch.
 
+        A state taken at an epoch boundary (``batches_consumed == 0``) loads under any batch
+        size and world size: only the epoch and the seed carry over.
+
         Raises:
-            CheckpointError: the state was saved with another batch size or world size, where
-                "the next batch" is not the same set of samples.
+            CheckpointError: a mid-epoch state saved with another batch size or world size,
+                where "the next batch" is not the same set of samples.
         """
-        for key in ("batch_size", "world_size"):
-            saved, now = state.get(key), self.state_dict()[key]
-            if saved is not None and saved != now:
+        consumed = int(state.get("batches_consumed", 0) or 0)
+        if consumed:
+            for key in ("batch_size", "world_size"):
+                saved, now = state.get(key), self.state_dict()[key]
+                if saved is None or saved == now:
+                    continue
+                if key == "world_size":
+                    fix = (
+                        f"Resume with the same number of processes as the checkpoint ({saved}), "
+                        "or start from a new checkpoint directory"
+                    )
+                else:
+                    fix = f"Resume with batch_size={saved}, or start from a new checkpoint directory"
                 raise CheckpointError(
-                    f"Data-loader state was saved with {key}={saved}, this run has {key}={now}; "
-                    "a mid-epoch position does not carry over. Use the same setting, or drop "
-                    "batches_consumed (set it to 0) to restart the epoch."
-                    if state.get("batches_consumed")
-                    else f"Data-loader state was saved with {key}={saved}, this run has {now}."
+                    f"Data-loader state was saved mid-epoch ({consumed} batches into epoch "
+                    f"{state.get('epoch')}) with {key}={saved}; this run has {key}={now}, so "
+                    "the remaining batches of that epoch are not the same samples. "
+                    f"{fix} (or set the state's batches_consumed to 0 to restart that epoch)."
                 )
         self._epoch = int(state["epoch"])
         self._consumed = int(state.get("batches_consumed", 0))

@@ -245,7 +245,7 @@ def claim_gpus(
         ConfigurationError: invalid arguments.
     """
     from gpukit.devices._select import (
-        check_count, check_order, evaluate, make_criteria, poll, rank, selection_error,
+        check_count, check_exclude, check_order, evaluate, make_criteria, poll, rank, selection_error,
     )
 
     check_order(order)
@@ -266,11 +266,14 @@ def claim_gpus(
         snapshot = list_gpus()
         if not snapshot:
             raise selection_error(count, snapshot, [], criteria)
+        check_exclude(snapshot, criteria)
         if wanted is not None:
             candidates = _resolve_targets(wanted, snapshot)
             evaluations: list[tuple[GpuSnapshot, list[str]]] = [(u, []) for u in candidates]
         else:
             evaluations = evaluate(snapshot, criteria)
+            if count > len(evaluations):
+                raise selection_error(count, snapshot, evaluations, criteria)
             candidates = rank([u for u, why in evaluations if not why], order)
         held: list[tuple[GpuSnapshot, Any]] = []
         lost: dict[str, int | None] = {}

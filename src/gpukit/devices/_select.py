@@ -104,6 +104,26 @@ def _is_excluded(unit: GpuSnapshot, exclude: tuple[int | str, ...]) -> bool:
     return False
 
 
+def check_exclude(gpus: list[GpuSnapshot], criteria: Criteria) -> None:
+    """Refuse exclude entries that name no GPU here: a typo would otherwise exclude nothing.
+
+    Raises:
+        ConfigurationError: naming the entries and listing the GPUs that exist.
+    """
+    units = selectable_units(gpus)
+    unknown = [item for item in criteria.exclude
+               if not any(_is_excluded(unit, (item,)) for unit in [*gpus, *units])]
+    if not unknown:
+        return
+    shown = ", ".join(map(repr, unknown))
+    listed = "\n".join(f"  {unit.label}" for unit in units)
+    raise ConfigurationError(
+        f"Cannot exclude {shown}: no GPU here has that index or UUID. The GPUs on this machine "
+        f"are:\n{listed}\nExclude only GPUs from this list (indices as `gpukit ls` and "
+        "nvidia-smi show them)."
+    )
+
+
 def evaluate(gpus: list[GpuSnapshot], criteria: Criteria,
              claims: Mapping[str, int | None] | None = None) -> list[tuple[GpuSnapshot, list[str]]]:
     """Each selectable unit with the reasons it fails (an empty list: it qualifies).
@@ -192,6 +212,14 @@ def selection_error(count: int, gpus: list[GpuSnapshot], evaluations: list[tuple
         reason = _nvml.unavailable_reason() or "this machine has no NVIDIA GPU"
         return GpuSelectionError(f"Need {count} {plural} but {reason}. Run on the CPU, or on a machine with GPUs.")
     ok = sum(1 for _, why in evaluations if not why)
+    if count > len(evaluations):  # no amount of waiting makes more GPUs appear
+        have = len(evaluations)
+        listed = "\n".join(f"  {unit.label}" for unit, _ in evaluations)
+        return GpuSelectionError(
+            f"Need {count} {plural}, but this machine has only {have} "
+            f"GPU{'' if have == 1 else 's'}:\n{listed}\n"
+            f"Ask for at most {have}, or run on a machine (or several) with more GPUs."
+        )
     lines = [f"Need {count} {plural}{criteria.describe()}; {ok} of {len(evaluations)} qualify:"]
     lines += [f"  {unit.label}: {'; '.join(why) if why else 'ok'}" for unit, why in evaluations]
     if waited_s is not None:
@@ -307,8 +335,11 @@ def select_gpus(
         gpus = list_gpus()
         if not gpus:  # no driver or no GPU: waiting cannot help
             raise selection_error(count, gpus, [], criteria)
+        check_exclude(gpus, criteria)
         units = [u.uuid for u in selectable_units(gpus) if u.uuid is not None]
         evaluations = evaluate(gpus, criteria, claim_holders(units, claim_dir))
+        if count > len(evaluations):
+            raise selection_error(count, gpus, evaluations, criteria)
         chosen = rank([unit for unit, why in evaluations if not why], order)
         if len(chosen) >= count:
             return chosen[:count], lambda _w: GpuSelectionError("unreachable")

@@ -236,7 +236,7 @@ def _make_agent_class() -> type:
     return GpukitAgent
 
 
-def _failure(rank: int, failure: Any) -> WorkerFailure:
+def _failure(rank: int, failure: Any, sequence: int = 0) -> WorkerFailure:
     message = failure.message
     error = traceback = None
     if isinstance(message, dict):
@@ -250,6 +250,7 @@ def _failure(rank: int, failure: Any) -> WorkerFailure:
         error=error,
         traceback=traceback,
         timestamp=float(failure.timestamp),
+        sequence=sequence,
     )
 
 
@@ -328,7 +329,12 @@ def run_workers(
             if result is None:  # the rendezvous was closed by another node
                 raise LaunchError(f"{_where(topology)} was closed by another node before this one finished.")
             if result.is_failed():
-                failures = [_failure(rank, failure) for rank, failure in result.failures.items()]
+                # elastic records failures in the order it found them: the real one first,
+                # then the workers it stopped (timestamps alone have 1 s resolution)
+                failures = [
+                    _failure(rank, failure, sequence)
+                    for sequence, (rank, failure) in enumerate(result.failures.items())
+                ]
                 raise WorkerFailedError(failures, attempts=agent.attempts)
             return dict(result.return_values)
     finally:

@@ -37,6 +37,12 @@ def parse_gpu_request(text: str) -> GpuRequest:
     if value.lower() == "all":
         return "all"
     if value.isdigit():
+        if int(value) == 0:
+            raise ConfigurationError(
+                f"Invalid --gpus {text!r}: a run needs at least 1 GPU. To run on the CPU use "
+                "--cpu (with --nproc N for N processes); otherwise give "
+                f"{_GPU_FORMS}."
+            )
         return int(value)
     items = [item.strip() for item in value.split(",")]
     if "," not in value or not any(items):
@@ -118,6 +124,11 @@ def plan_devices(
     if isinstance(gpus, bool):
         raise ConfigurationError(f"Invalid gpus={gpus!r}: expected {_GPU_FORMS}.")
     if isinstance(gpus, int):
+        if gpus < 1:
+            raise ConfigurationError(
+                f"Invalid gpus={gpus!r}: a run needs at least 1 GPU; use cpu=True (--cpu) to run "
+                "on the CPU."
+            )
         present = len(devices.list_gpus())
         if gpus > present:  # no amount of waiting makes more GPUs appear
             raise GpuSelectionError(

@@ -43,8 +43,9 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         _stop.set()
         # os.write, not print: a signal handler may run in the middle of another print.
         name = signal.Signals(signum).name
-        rank = os.environ.get("RANK", "?")
-        os.write(2, f"gpukit: rank {rank}: {name} received, stopping at the next step boundary\n".encode())
+        rank = os.environ.get("RANK")
+        who = f"rank {rank}: " if rank else ""  # no rank outside a launched job
+        os.write(2, f"gpukit: {who}{name} received, stopping at the next step boundary\n".encode())
         return
     # Second signal: behave as if we had never been installed.
     previous = _previous.get(signum, signal.SIG_DFL)

@@ -4,7 +4,10 @@ The elastic agent reports every worker that ended badly, including the healthy o
 stopped itself after the real failure, and picks the "root cause" by a timestamp with
 one-second resolution. Here the root cause is the failure that carries an error
 (a traceback from the worker's error file, or a non-zero exit code) rather than a
-SIGTERM/SIGKILL that the launcher sent, then the earliest, then the lowest rank.
+SIGTERM/SIGKILL that the launcher sent, then the earliest, then the first the agent found
+(it records the failed worker before it stops the others: a worker SIGKILLed from outside
+comes before the workers the launcher then SIGTERMed, even within the same second), then
+the lowest rank.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class WorkerFailure:
         error: ``"ZeroDivisionError: division by zero"`` when the worker recorded one.
         traceback: The worker's Python traceback when it recorded one.
         timestamp: Seconds since the epoch when the failure was recorded.
+        sequence: Position in the order the agent found the failures (0 first); breaks
+            ties between timestamps, which elastic keeps in whole seconds.
     """
 
     rank: int
@@ -45,6 +50,7 @@ class WorkerFailure:
     error: str | None = None
     traceback: str | None = None
     timestamp: float = 0.0
+    sequence: int = 0
 
     @property
     def signal_name(self) -> str | None:
@@ -77,6 +83,8 @@ class WorkerFailure:
 def _priority(failure: WorkerFailure) -> int:
     if failure.error:
         return 0
+    if failure.exitcode == PREEMPTED_EXIT_CODE:  # stopped as asked: like a launcher's stop
+        return 3
     if failure.exitcode > 0:
         return 1
     if -failure.exitcode not in _STOP_SIGNALS:  # e.g. SIGSEGV, SIGABRT: the worker's own doing
@@ -85,8 +93,11 @@ def _priority(failure: WorkerFailure) -> int:
 
 
 def order_failures(failures: Iterable[WorkerFailure]) -> list[WorkerFailure]:
-    """Root cause first: recorded error > exit code > other signal > stopped by the launcher."""
-    return sorted(failures, key=lambda f: (_priority(f), f.timestamp, f.rank))
+    """Root cause first: recorded error > exit code > other signal > stopped by the launcher.
+
+    Within each kind: earliest timestamp, then the order the agent found them, then rank.
+    """
+    return sorted(failures, key=lambda f: (_priority(f), f.timestamp, f.sequence, f.rank))
 
 
 def format_summary(failures: Iterable[WorkerFailure], *, attempts: int = 1) -> str:
@@ -128,7 +139,7 @@ class WorkerFailedError(LaunchError):
         self.preempted = bool(self.failures) and all(
             f.exitcode == PREEMPTED_EXIT_CODE or (f.exitcode < 0 and -f.exitcode in _STOP_SIGNALS)
             for f in self.failures
-        ) and any(f.exitcode == PREEMPTED_EXIT_CODE for f in self.failures)
+        ) and self.failures[0].exitcode == PREEMPTED_EXIT_CODE  # not a SIGKILL found first
         root = self.root
         if self.preempted:
             self.exit_code = PREEMPTED_EXIT_CODE

@@ -9,13 +9,13 @@ with graphs actually accumulate or device memory rises forward after forward.
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
 
+from gpukit._warnings import warn_at_user_code
 from gpukit.accelerators import get_accelerator
 from gpukit.memory._leaks import MemoryLeakWarning
 
@@ -62,14 +62,13 @@ class InferenceGuard:
             self._last_allocated = allocated
         if len(self._outputs) >= self.max_live_outputs or self._streak >= self.growth_streak:
             self.warned = True
-            warnings.warn(
+            warn_at_user_code(
                 InferenceGradWarning(
                     f"{type(module).__name__} ran in eval mode with gradients enabled, and its outputs keep "
                     f"their autograd graphs alive ({len(self._outputs)} outputs with graphs live at once): "
                     "memory grows with every batch. Fix: run inference under `with torch.no_grad():` or "
                     "`with torch.inference_mode():` (or store `out.detach()`)."
-                ),
-                stacklevel=3,
+                )
             )
 
     def remove(self) -> None:

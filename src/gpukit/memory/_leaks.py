@@ -19,7 +19,6 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,6 +26,7 @@ from typing import Any, Literal
 import torch
 
 from gpukit._units import MIB, format_bytes
+from gpukit._warnings import warn_at_user_code
 from gpukit.accelerators import Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError
 from gpukit.memory._live import live_tensor_bytes
@@ -192,7 +192,7 @@ class LeakWatcher:
         for finding in new:
             self.findings.append(finding)
             if self.warn:
-                warnings.warn(MemoryLeakWarning(finding.message), stacklevel=4)
+                warn_at_user_code(MemoryLeakWarning(finding.message))
             if self.on_leak is not None:
                 self.on_leak(finding)
         return new

@@ -158,6 +158,24 @@ def _default_loss(output: Any) -> torch.Tensor:
     return sum(t.float().mean() for t in leaves)  # type: ignore[return-value]
 
 
+#: device types a plan can be made for (gpukit's accelerators)
+_PLANNABLE_DEVICE_TYPES = ("cuda", "cpu", "mps")
+
+
+def _planned_device(device: str | torch.device) -> torch.device:
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        target = None
+    if target is None or target.type not in _PLANNABLE_DEVICE_TYPES:
+        raise ConfigurationError(
+            f"estimate_memory(device={device!r}): unsupported device; use one of "
+            f"{', '.join(map(repr, _PLANNABLE_DEVICE_TYPES))}, optionally with an index "
+            "such as 'cuda:1'."
+        )
+    return target
+
+
 def estimate_memory(
     model: torch.nn.Module,
     optimizer: Any = "adam",
@@ -190,7 +208,7 @@ def estimate_memory(
     if example_batch is None:
         raise ConfigurationError("estimate_memory needs example_batch=... (e.g. torch.empty(64, 3, 32, 32)) to size activations.")
     opt_cls, opt_defaults = _optimizer_class(optimizer)
-    target = torch.device(device)
+    target = _planned_device(device)
     # Simulate on fake CPU tensors whatever the target: fake CUDA tensors would initialise
     # CUDA (and abort a CPU-only build in autograd). Autograd's saved tensors do not depend
     # on the device; CPU autocast casts the same matmul/conv family to the low dtype.

@@ -203,5 +203,5 @@ class DDPStrategy(Strategy):
     def describe(self) -> str:
         return (
             f"ddp rank {self.rank}/{self.world_size} on {self.root_device} "
-            f"({self.accelerator.distributed_backend})"
+            f"with {self.accelerator.distributed_backend}"
         )

@@ -50,7 +50,7 @@ class DataParallelStrategy(Strategy):
 
     def describe(self) -> str:
         shown = ", ".join(str(d) for d in self.devices)
-        return f"dp over [{shown}] (main {self.root_device})"
+        return f"dp over [{shown}], main {self.root_device}"
 
 
 class _AutocastDataParallel(nn.DataParallel):
