@@ -83,8 +83,8 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 
 @contextmanager
-def launcher_signals() -> Iterator[None]:
-    """Stop signals raise :class:`StopSignal` inside the block; old handlers come back after.
+def _stop_signals_handled_by(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """Install ``handler`` for the stop signals inside the block, then restore the old ones.
 
     Off the main thread Python cannot install handlers, so this does nothing there.
     """
@@ -94,12 +94,22 @@ def launcher_signals() -> Iterator[None]:
     saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
         for sig in STOP_SIGNALS:
-            signal.signal(sig, _raise_stop)
+            signal.signal(sig, handler)
         yield
     finally:
-        # The elastic agent installs handlers of its own at every worker start; undo them too.
-        for sig, handler in saved.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for sig, previous in saved.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextmanager
+def launcher_signals() -> Iterator[None]:
+    """Stop signals raise :class:`StopSignal` inside the block; old handlers come back after.
+
+    Off the main thread Python cannot install handlers, so this does nothing there.
+    """
+    # Restoring also undoes the handlers the elastic agent installs at every worker start.
+    with _stop_signals_handled_by(_raise_stop):
+        yield
 
 
 @contextmanager
@@ -109,22 +119,12 @@ def escalate_on_signal(on_signal: Callable[[], None]) -> Iterator[None]:
     Without this a second Ctrl-C would raise in the middle of the agent's shutdown and
     leave workers without their SIGKILL.
     """
-    if not _in_main_thread():
-        yield
-        return
-    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-
     def handler(signum: int, frame: FrameType | None) -> None:
         os.write(2, f"gpukit: {signal.Signals(signum).name} again: killing workers now\n".encode())
         on_signal()
 
-    try:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, handler)
+    with _stop_signals_handled_by(handler):
         yield
-    finally:
-        for sig, previous in saved.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
 
 
 def kill_now(pids: Iterable[int]) -> None:
