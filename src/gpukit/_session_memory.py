@@ -229,6 +229,11 @@ class SessionMemoryMixin:
             )
         return loss
 
+    def _restore_backoff(self, micro_batch_size: int | None) -> None:
+        """Start from the micro-batch size a checkpointed run had backed off to."""
+        if micro_batch_size is not None and self._oom == "backoff":
+            self._backoff = _memory.OomBackoff(int(micro_batch_size), device=self.device)
+
     def _run_with_backoff(self, step_fn: Callable[[Any], torch.Tensor], batch: Any, model: nn.Module) -> torch.Tensor:
         if self._backoff is None:
             self._backoff = _memory.OomBackoff(None, device=self.device)

@@ -62,6 +62,24 @@ def test_backoff_halves_micro_batch_and_keeps_the_maths(where: str) -> None:
     assert not any(loss.requires_grad for loss in losses)  # `total += session.run_step(...)` is safe
 
 
+def test_backed_off_micro_batch_survives_a_checkpoint(tmp_path) -> None:
+    batches = [make_batch(step) for step in range(3)]
+    session = _session(oom="backoff")
+    model = make_model(limit=4)
+    _train(session, model, batches, arm_at=0)
+    assert session.oom_backoff.micro_batch_size == 4
+    session.save_checkpoint(tmp_path, 3, model=model)
+
+    resumed = _session(oom="backoff")
+    fresh = make_model(limit=4)
+    fresh[1].armed = True
+    assert resumed.resume(tmp_path, model=fresh) == 3
+    assert resumed.oom_backoff is not None and resumed.oom_backoff.micro_batch_size == 4
+    _train(resumed, fresh, batches, arm_at=0)
+    assert fresh[1].raised == 0  # starts at the size that fits: no out-of-memory again
+    assert _session().state_dict()["oom_micro_batch_size"] is None
+
+
 def test_backoff_composes_with_fp16_grad_scaler() -> None:
     batches = [make_batch(step) for step in range(4)]
     reference = make_model()
