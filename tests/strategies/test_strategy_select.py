@@ -144,3 +144,13 @@ def test_nccl_collectives_name_the_gpu_and_never_get_cpu_tensors(
     strategy.all_reduce(torch.ones(3), op="sum")  # a CPU tensor: nccl would refuse it
     strategy.all_gather(torch.ones(2))
     assert moved[:2] == [torch.device("cuda", 1)] * 2
+
+
+def test_one_visible_gpu_per_launched_process_means_each_rank_uses_its_cuda0(monkeypatch) -> None:
+    # a scheduler binding one GPU per task: LOCAL_WORLD_SIZE=2, but each process sees one GPU
+    monkeypatch.setattr(CUDAAccelerator, "is_available", lambda self: True)
+    monkeypatch.setattr(CUDAAccelerator, "device_count", lambda self: 1)
+    strategy = select_strategy(environ=torchrun_env(1, 2), accelerator="cuda")
+    assert isinstance(strategy, DDPStrategy) and strategy.root_device == torch.device("cuda", 0)
+    with pytest.raises(DeviceError):  # an explicit count still has to be visible
+        select_strategy(devices=2, environ=torchrun_env(1, 2), accelerator="cuda")

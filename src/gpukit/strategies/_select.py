@@ -127,6 +127,10 @@ def _device_indices(
         raise ConfigurationError(f"devices={devices!r} is not a device count; use {_DEVICES_HELP}.")
     if _is_auto(devices):
         count = env.local_world_size if env is not None else 1
+        if env is not None and count > 1 and not acc.is_host and acc.device_count() == 1:
+            # The launcher or scheduler gave each process a GPU of its own (a per-task
+            # CUDA_VISIBLE_DEVICES, e.g. SLURM --gpus-per-task=1): every rank uses its cuda:0.
+            return [0] * count
         return _checked(list(range(count)), acc, devices)
     if isinstance(devices, (str, torch.device)):
         device = resolve_device(devices)
