@@ -147,6 +147,16 @@ def plan_devices(
     else:
         claim = devices.claim_gpus(gpus=list(gpus), **criteria)
     try:
+        mig = [gpu for gpu in claim.gpus if gpu.is_mig]
+        if mig and len(claim.gpus) > 1:
+            # CUDA enumerates only the first MIG device of CUDA_VISIBLE_DEVICES, so every worker
+            # would land on the same instance; one per worker needs a per-worker variable.
+            raise ConfigurationError(
+                f"--gpus {gpus!r} chose {len(claim.gpus)} devices, {len(mig)} of them MIG instances "
+                f"({', '.join(g.uuid or '?' for g in mig)}). CUDA shows a process only one MIG "
+                "instance, so the workers would share it. Run one worker per MIG instance "
+                "(--gpus MIG-<uuid>, one gpukit run each), or use whole GPUs (--exclude the MIG GPU)."
+            )
         env: dict[str, str] = {}
         devices.use_gpus(claim.gpus, env=env)
         mapping = devices.describe_mapping(env=env)
