@@ -1,4 +1,4 @@
-"""Session methods for a run's life across stops: preemption and checkpoints.
+"""Session methods for a run's life across stops: preemption, checkpoints, session state.
 
 Kept apart from ``session.py`` so the facade stays short; :class:`gpukit.Session` inherits
 :class:`SessionRunStateMixin`. Each method is a thin delegation to ``gpukit.launch`` (the stop
@@ -16,10 +16,15 @@ __all__ = ["SessionRunStateMixin"]
 
 
 class SessionRunStateMixin:
-    """Preemption (``should_stop``) and checkpoints (``save_checkpoint``, ``resume``)."""
+    """Preemption (``should_stop``), checkpoints (``save_checkpoint``, ``resume``) and the
+    session's own state (``state_dict``, ``load_state_dict``) that checkpoints carry."""
 
-    # provided by Session
+    # provided by Session and its memory mixin
     strategy: Any
+    precision: Any
+    _micro_step: int
+    _optimizer_steps: int
+    _backoff: Any
     world_size: int
     device: torch.device
 
@@ -66,3 +71,20 @@ class SessionRunStateMixin:
         from gpukit.checkpoint import CheckpointManager
 
         return CheckpointManager(directory).resume(session=self, **objects)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Session-owned training state: micro-step, optimizer steps, GradScaler, and the
+        micro-batch size OOM back-off settled on (so a resumed run does not run out again)."""
+        return {
+            "micro_step": self._micro_step,
+            "optimizer_steps": self._optimizer_steps,
+            "precision": self.precision.state_dict(),
+            "oom_micro_batch_size": self._backoff.micro_batch_size if self._backoff else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self._micro_step = int(state.get("micro_step", 0))
+        self._optimizer_steps = int(state.get("optimizer_steps", 0))
+        self.precision.load_state_dict(state.get("precision", {}))
+        self._restore_backoff(state.get("oom_micro_batch_size"))

@@ -332,24 +332,6 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         self._memory_close()
         self.strategy.teardown()
 
-    # -- state ----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Session-owned training state: micro-step, optimizer steps, GradScaler, and the
-        micro-batch size OOM back-off settled on (so a resumed run does not run out again)."""
-        return {
-            "micro_step": self._micro_step,
-            "optimizer_steps": self._optimizer_steps,
-            "precision": self.precision.state_dict(),
-            "oom_micro_batch_size": self._backoff.micro_batch_size if self._backoff else None,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        self._micro_step = int(state.get("micro_step", 0))
-        self._optimizer_steps = int(state.get("optimizer_steps", 0))
-        self.precision.load_state_dict(state.get("precision", {}))
-        self._restore_backoff(state.get("oom_micro_batch_size"))
-
     def _require_launched(self, what: str) -> None:
         if self.strategy.launched:
             return

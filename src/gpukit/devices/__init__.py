@@ -8,8 +8,9 @@ whole library and CLI). A machine without the NVIDIA driver is normal: :func:`li
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpukit._lazy import lazy_exports
 
 # public name -> private module that holds it. Resolved on first use (PEP 562), so that
 # `gpukit ls` loads only the modules it needs and starts fast.
@@ -53,17 +54,9 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gpukit.devices' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"gpukit.devices.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(
+    __name__, globals(), {name: f"gpukit.devices.{module}" for name, module in _LAZY.items()}
+)
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
