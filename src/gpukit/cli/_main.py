@@ -17,6 +17,8 @@ _COMMANDS: dict[str, str] = {
     "demo": "gpukit.cli.demo:demo",
     "ckpt": "gpukit.cli.ckpt:ckpt",
     "plan": "gpukit.cli.plan:plan",
+    "doctor": "gpukit.cli.doctor:doctor",
+    "report": "gpukit.cli.report:report",
 }
 
 
