@@ -122,6 +122,10 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             from gpukit.launch import install_preemption_handler
 
             install_preemption_handler()
+        if verbose:
+            from gpukit.cluster import announce
+
+            announce()  # once, rank 0: the SLURM / Kubernetes job this process belongs to
         if self.strategy.launched:
             if verbose and self.is_main:
                 auto = {

@@ -12,11 +12,13 @@ Rules (documented in docs/readme/session.md):
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from gpukit._warnings import user_stacklevel
 from gpukit.accelerators import DEVICE_TYPES, Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError, DeviceError
 from gpukit.placement import resolve_device, visible_mapping_text
@@ -131,6 +133,8 @@ def _device_indices(
             # The launcher or scheduler gave each process a GPU of its own (a per-task
             # CUDA_VISIBLE_DEVICES, e.g. SLURM --gpus-per-task=1): every rank uses its cuda:0.
             return [0] * count
+        if env is not None and env.kind == "slurm" and not acc.is_host:
+            _check_slurm_tasks(count, acc.device_count())
         return _checked(list(range(count)), acc, devices)
     if isinstance(devices, (str, torch.device)):
         device = resolve_device(devices)
@@ -166,6 +170,17 @@ def _device_indices(
             raise ConfigurationError(f"devices={list(devices)!r} lists a GPU twice.")
         return _checked(list(devices), acc, devices)
     raise ConfigurationError(f"devices={devices!r} is not understood; use {_DEVICES_HELP}.")
+
+
+def _check_slurm_tasks(tasks: int, gpus: int) -> None:
+    """``srun --ntasks-per-node`` against the GPUs each task sees: refuse sharing, warn of idle GPUs."""
+    from gpukit.cluster import gpu_mismatch
+
+    problem = gpu_mismatch(tasks, gpus)
+    if problem and tasks > gpus:
+        raise DeviceError(problem)
+    if problem:
+        warnings.warn(problem, RuntimeWarning, stacklevel=user_stacklevel())
 
 
 def _checked(indices: list[int], acc: Accelerator, given: Any) -> list[int | None]:

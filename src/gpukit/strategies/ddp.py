@@ -1,7 +1,8 @@
 """DistributedDataParallel: one process per device, gradients all-reduced during backward.
 
 The process group comes from the launch environment (RANK, LOCAL_RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT), which torchrun, ``gpukit run`` and ``session.launch`` set. The
+MASTER_ADDR, MASTER_PORT), which torchrun, ``gpukit run`` and ``session.launch`` set, and
+which an ``srun`` task gets from SLURM (see ``gpukit.cluster``). The
 backend is the accelerator's (nccl on NVIDIA GPUs, gloo on the CPU). A single process with
 ``strategy="ddp"`` and no launcher joins a one-process group, which lets DDP scripts run
 unchanged with plain ``python``.
@@ -106,6 +107,7 @@ class DDPStrategy(Strategy):
                     f"WORLD_SIZE={self.env.world_size} is set but MASTER_ADDR/MASTER_PORT are not; "
                     "start the script with torchrun or `gpukit run`, which set all of them."
                 )
+            self.env.export()  # under SLURM (srun python ...) only SLURM_* are set
             try:
                 dist.init_process_group(
                     backend, init_method="env://", rank=self.env.rank,

@@ -1,0 +1,26 @@
+"""Where the job runs: a plain machine, torchrun / ``gpukit run``, SLURM, or Kubernetes.
+
+:func:`environment` is the one detector; everything that needs ranks, nodes, the master
+address or the scheduler's GPUs asks it (the Session's strategies, ``gpukit run``,
+``gpukit doctor``). SLURM's host-list grammar is parsed by :func:`parse_nodelist`.
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+from gpukit.cluster._detect import KINDS, ClusterEnvironment, announce, environment
+from gpukit.cluster._nodelist import parse_nodelist
+from gpukit.cluster._slurm import PORT_BASE, PORT_SPAN, agent_tasks_problem, gpu_mismatch, slurm_port
+
+__all__ = [
+    "environment",
+    "ClusterEnvironment",
+    "KINDS",
+    "announce",
+    "parse_nodelist",
+    "slurm_port",
+    "PORT_BASE",
+    "PORT_SPAN",
+    "gpu_mismatch",
+    "agent_tasks_problem",
+]

@@ -1,0 +1,186 @@
+"""SLURM: where a task sits (from ``SLURM_*`` variables), the rendezvous port, and task/GPU checks.
+
+Two ways to run under SLURM, both without gpukit flags:
+
+* ``srun gpukit run train.py`` -- one task per node: ``gpukit run`` is the node's agent and
+  takes the node count, node rank and master from SLURM (this module), then starts one worker
+  per GPU itself;
+* ``srun python train.py`` -- one task per GPU (``--ntasks-per-node`` = GPUs per node): each
+  task is a rank, and a Session sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/
+  ``MASTER_PORT`` from SLURM before joining the process group.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from gpukit.cluster._nodelist import parse_nodelist
+from gpukit.errors import ConfigurationError
+
+__all__ = [
+    "PORT_BASE",
+    "PORT_SPAN",
+    "slurm_port",
+    "tasks_per_node",
+    "in_slurm_job",
+    "in_slurm_step",
+    "slurm_gpus",
+    "gpu_mismatch",
+    "agent_tasks_problem",
+    "read_slurm",
+]
+
+#: ``MASTER_PORT`` under SLURM, unless set: ``PORT_BASE + job_id % PORT_SPAN`` (15000..34999).
+#: Every task of a job computes the same port; jobs sharing a node get different ones unless
+#: their ids differ by a multiple of 20000. Set ``MASTER_PORT`` in the job script to choose.
+PORT_BASE = 15000
+PORT_SPAN = 20000
+
+_TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def slurm_port(job_id: str | int) -> int:
+    """The rendezvous port every task of job ``job_id`` derives: ``15000 + job_id % 20000``.
+
+    Raises:
+        ConfigurationError: ``job_id`` is not a number (an array job's ``123_4`` uses 123).
+    """
+    text = str(job_id).split("_")[0].strip()
+    if not text.isdigit():
+        raise ConfigurationError(
+            f"SLURM job id {job_id!r} is not a number, so no port can be derived from it; "
+            "set MASTER_PORT in the job script."
+        )
+    return PORT_BASE + int(text) % PORT_SPAN
+
+
+def tasks_per_node(text: str) -> list[int]:
+    """Expand ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"`` -> ``[2, 2, 2, 1]``).
+
+    Raises:
+        ConfigurationError: text not in SLURM's ``N`` / ``N(xM)`` comma-separated form.
+    """
+    counts: list[int] = []
+    for item in text.split(","):
+        match = _TASKS.match(item.strip())
+        if not match:
+            raise ConfigurationError(
+                f"Cannot read SLURM_TASKS_PER_NODE={text!r}: expected counts like '2(x3),1'."
+            )
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def in_slurm_job(env: Mapping[str, str]) -> bool:
+    """Inside a SLURM allocation (batch script, ``salloc`` shell or ``srun`` task)."""
+    return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
+
+
+def in_slurm_step(env: Mapping[str, str]) -> bool:
+    """Inside an ``srun`` task (a job step), where ``SLURM_PROCID`` etc. describe this task.
+
+    The batch script itself is the "batch" step: it runs once, on the first node only.
+    """
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
+    return in_slurm_job(env) and step is not None and step.strip().isdigit() and "SLURM_PROCID" in env
+
+
+def slurm_gpus(env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """GPUs SLURM gave this step (or job) on this node, as SLURM names them; ``None``: no GPU gres."""
+    for key in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        value = env.get(key)
+        if value is not None and value.strip():
+            return tuple(item.strip() for item in value.split(",") if item.strip())
+    return None
+
+
+def _int(env: Mapping[str, str], *keys: str, default: int | None = None) -> int:
+    for key in keys:
+        value = env.get(key)
+        if value is not None and value.strip():
+            try:
+                return int(value)
+            except ValueError:
+                raise ConfigurationError(
+                    f"{key}={value!r} is not an integer. SLURM sets it; a job script that "
+                    f"overrides it must give an integer (or unset it)."
+                ) from None
+    if default is None:
+        raise ConfigurationError(f"{' / '.join(keys)} is not set inside this SLURM step.")
+    return default
+
+
+def read_slurm(env: Mapping[str, str]) -> dict[str, object]:
+    """The fields of a ``ClusterEnvironment`` for a SLURM job (see ``gpukit.cluster``)."""
+    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
+    step = in_slurm_step(env)
+    nodelist_text = (
+        (env.get("SLURM_STEP_NODELIST") if step else None)
+        or env.get("SLURM_JOB_NODELIST")
+        or env.get("SLURM_NODELIST")
+    )
+    hosts = tuple(parse_nodelist(nodelist_text)) if nodelist_text else ()
+    if step:
+        nodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=max(1, len(hosts)))
+        node_rank = _int(env, "SLURM_NODEID", default=0)
+        world_size = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", default=nodes)
+        rank = _int(env, "SLURM_PROCID")
+        local_rank = _int(env, "SLURM_LOCALID", default=0)
+        per_node_text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+        per_node = tasks_per_node(per_node_text) if per_node_text else [world_size // nodes] * nodes
+        local_world_size = per_node[node_rank] if node_rank < len(per_node) else per_node[-1]
+    else:  # the batch script (or an salloc shell): this one process, on the first node
+        nodes = _int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=max(1, len(hosts)))
+        node_rank, world_size, rank, local_rank, local_world_size = 0, 1, 0, 0, 1
+    if not 0 <= rank < world_size or not 0 <= node_rank < nodes or not 0 <= local_rank < local_world_size:
+        raise ConfigurationError(
+            f"Inconsistent SLURM task variables: SLURM_PROCID={rank} of {world_size} tasks, "
+            f"SLURM_NODEID={node_rank} of {nodes} nodes, SLURM_LOCALID={local_rank} of "
+            f"{local_world_size} on this node. Do not override SLURM_* variables in the job script."
+        )
+    port_text = env.get("MASTER_PORT")
+    try:
+        master_port = int(port_text) if port_text else (slurm_port(job_id) if job_id else None)
+    except ValueError:
+        raise ConfigurationError(f"MASTER_PORT={port_text!r} is not a port number (1..65535).") from None
+    return dict(
+        nodes=nodes, node_rank=node_rank, world_size=world_size, rank=rank, local_rank=local_rank,
+        local_world_size=local_world_size, master_addr=env.get("MASTER_ADDR") or (hosts[0] if hosts else None),
+        master_port=master_port, hosts=hosts, in_step=step,
+    )
+
+
+def gpu_mismatch(tasks_on_node: int, gpus_visible: int, node: str | None = None) -> str | None:
+    """What is wrong when ``srun`` started ``tasks_on_node`` tasks (one rank each) on a node
+    whose every task sees ``gpus_visible`` GPUs, with the fix; ``None`` when they fit.
+
+    One GPU per task (``--gpus-per-task=1``) or as many tasks as GPUs both fit.
+    """
+    if gpus_visible <= 1 or tasks_on_node == gpus_visible:
+        return None
+    where = f"on node {node} " if node else ""
+    if tasks_on_node > gpus_visible:
+        return (
+            f"srun started {tasks_on_node} tasks {where}but each sees only {gpus_visible} GPUs, so "
+            f"tasks would share GPUs. Use `srun --ntasks-per-node={gpus_visible}` (one task per GPU), "
+            "or `--gpus-per-task=1`."
+        )
+    return (
+        f"srun started {tasks_on_node} task(s) {where}but {gpus_visible} GPUs are visible: "
+        f"{gpus_visible - tasks_on_node} would sit idle. Use `srun --ntasks-per-node={gpus_visible}`, "
+        f"or ask for --gpus-per-node={tasks_on_node}."
+    )
+
+
+def agent_tasks_problem(tasks_on_node: int, node: str | None = None) -> str | None:
+    """Why ``srun gpukit run`` with several tasks on a node is wrong, with the fix; else ``None``."""
+    if tasks_on_node <= 1:
+        return None
+    where = f" on node {node}" if node else ""
+    return (
+        f"srun started {tasks_on_node} copies of `gpukit run`{where} (--ntasks-per-node={tasks_on_node}). "
+        "`gpukit run` is the node's agent and starts one worker per GPU itself (--nproc). Use "
+        "`srun --ntasks-per-node=1 gpukit run ...`, or leave gpukit run out: "
+        f"`srun --ntasks-per-node={tasks_on_node} python train.py`."
+    )
