@@ -6,6 +6,7 @@ the CPU thing (or nothing), so each backend overrides only what differs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -53,6 +54,10 @@ class Accelerator:
     def current_device(self) -> torch.device:
         """This process's current device of this type (the one ``set_device`` chose)."""
         return self.device()
+
+    def device_scope(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+        """A context in which ``device`` is current (new tensors and kernels go there)."""
+        return contextlib.nullcontext()
 
     def synchronize(self, device: torch.device | None = None) -> None:
         """Wait for queued work on ``device`` (no-op on the CPU)."""
@@ -130,6 +135,9 @@ class CUDAAccelerator(Accelerator):
 
     def current_device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device())
+
+    def device_scope(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+        return torch.cuda.device(device)
 
     def synchronize(self, device: torch.device | None = None) -> None:
         torch.cuda.synchronize(device)

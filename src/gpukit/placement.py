@@ -181,7 +181,8 @@ def _move_dataclass(obj: Any, device: torch.device, async_ok: bool) -> Any:
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """Strip DataParallel, DistributedDataParallel and ``torch.compile`` wrappers.
+    """Strip DataParallel, DistributedDataParallel, ``torch.compile`` and gpukit's
+    ``split`` wrappers.
 
     Wrappers may be nested in any order (``torch.compile(DDP(model))`` and
     ``DDP(torch.compile(model))`` both give ``model``).
@@ -198,5 +199,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             model = model.module
         elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile
             model = model._orig_mod
+        elif getattr(type(model), "gpukit_wraps_module", False):  # gpukit.parallel.split
+            model = model.module
         else:
             return model

@@ -54,7 +54,8 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             GPU indices, or one device ("cpu", "cuda:1", a torch.device). On the CPU,
             ``accelerator="cpu", devices=N`` means N processes (DDP on gloo).
         precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true" or "auto".
-        strategy: "auto", "single", "dp" or "ddp" (or a Strategy object).
+        strategy: "auto", "single", "dp", "ddp" or "pipeline" (layers split over ``devices``
+            in one process; ``PipelineStrategy(devices, chunks=4)`` for micro-batches), or a Strategy.
         seed: seeds Python, NumPy, torch, every GPU, shuffling and loader workers.
         accumulate_grad_batches: micro-batches per optimizer step.
         sync_batchnorm: under DDP, compute BatchNorm statistics over the global batch.

@@ -228,9 +228,12 @@ def estimate_memory(
                 for name, p in model.named_parameters()
             }
             buffers = {name: fake_like(b, param_dtype if b.is_floating_point() else None) for name, b in model.named_buffers()}
-            # "-true" precisions feed the model low-precision inputs too
+            # "-true" precisions feed the model low-precision inputs too; an input that requires
+            # grad keeps it (a middle layer, as gpukit.parallel plans one, sends gradients back)
             inputs = tree_map(
-                lambda t: fake_like(t, param_dtype if t.is_floating_point() else None) if isinstance(t, torch.Tensor) else t,
+                lambda t: fake_like(t, param_dtype if t.is_floating_point() else None).requires_grad_(
+                    t.requires_grad and t.is_floating_point()
+                ) if isinstance(t, torch.Tensor) else t,
                 example_batch,
             )
             sizes = {

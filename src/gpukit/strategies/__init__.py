@@ -3,6 +3,8 @@
 - ``"single"``: one device in one process.
 - ``"dp"``: :class:`torch.nn.DataParallel` over several GPUs in one process.
 - ``"ddp"``: :class:`~torch.nn.parallel.DistributedDataParallel`, one process per device.
+- ``"pipeline"``: the model's layers split over several devices in one process
+  (:func:`gpukit.parallel.split`).
 - ``"auto"``: ddp when several processes are launched or asked for, else single.
 """
 
@@ -14,6 +16,7 @@ from gpukit.strategies._syncbn import HostSyncBatchNorm, convert_sync_batchnorm
 from gpukit.strategies.base import REDUCE_OPS, Strategy
 from gpukit.strategies.ddp import DDPStrategy
 from gpukit.strategies.dp import DataParallelStrategy, ModelWithLoss
+from gpukit.strategies.pipeline import PipelineStrategy
 from gpukit.strategies.single import SingleDeviceStrategy
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
     "DistEnv",
     "HostSyncBatchNorm",
     "ModelWithLoss",
+    "PipelineStrategy",
     "REDUCE_OPS",
     "STRATEGIES",
     "SingleDeviceStrategy",

@@ -6,6 +6,8 @@ Rules (documented in docs/readme/session.md):
   or one device spec ("cpu", "cuda:1", a torch.device).
 - On the CPU, ``devices=N`` means N processes; ask for it explicitly with
   ``accelerator="cpu"`` (so ``devices=4`` on a box without GPUs is an error, not 4 CPU workers).
+- ``strategy="pipeline"``: one process, the model's layers split over ``devices`` (a list of
+  stage devices, or N / "auto" / -1 for the first N / every visible GPU).
 - ``strategy="auto"``: several processes (launched, or to be launched) -> "ddp"; otherwise
   "single". "dp" is never chosen automatically: DDP is faster; ask for it by name.
 """
@@ -26,11 +28,12 @@ from gpukit.strategies._env import DistEnv
 from gpukit.strategies.base import Strategy
 from gpukit.strategies.ddp import DDPStrategy
 from gpukit.strategies.dp import DataParallelStrategy
+from gpukit.strategies.pipeline import PipelineStrategy
 from gpukit.strategies.single import SingleDeviceStrategy
 
 __all__ = ["select_strategy", "STRATEGIES", "ACCELERATORS"]
 
-STRATEGIES = ("auto", "single", "dp", "ddp")
+STRATEGIES = ("auto", "single", "dp", "ddp", "pipeline")
 ACCELERATORS = ("auto", *DEVICE_TYPES)
 _DEVICES_HELP = (
     'devices="auto", an int N (-1 = all visible GPUs), a list of GPU indices, or one device '
@@ -61,6 +64,8 @@ def select_strategy(
             f"Unknown strategy {strategy!r}; choose one of {', '.join(map(repr, STRATEGIES))}."
         )
     env = DistEnv.from_environ(environ)
+    if name == "pipeline":
+        return _pipeline(devices, accelerator, env)
     acc = _accelerator(accelerator, devices)
     indices = _device_indices(devices, acc, env, accelerator_given=accelerator != "auto")
     if env is not None and not _is_auto(devices) and len(indices) != env.local_world_size:
@@ -96,6 +101,33 @@ def select_strategy(
     return DDPStrategy(
         acc, _device(acc, local), env, num_processes=len(indices), sync_batchnorm=sync_batchnorm
     )
+
+
+def _pipeline(devices: Any, accelerator: str | Accelerator, env: DistEnv | None) -> PipelineStrategy:
+    if env is not None and env.world_size > 1:
+        raise ConfigurationError(
+            f"strategy='pipeline' splits the model over devices in one process, but this is rank "
+            f"{env.rank} of {env.world_size} launched processes; start one process (python script.py)."
+        )
+    if _is_auto(devices) or (isinstance(devices, int) and not isinstance(devices, bool)):
+        acc = _accelerator(accelerator, devices)
+        if acc.is_host:
+            raise ConfigurationError(
+                f"strategy='pipeline' with devices={devices!r} puts stages on GPUs, but none is "
+                "visible; name the stage devices, e.g. devices=['cpu', 'cpu'] (CPU stages, for testing)."
+            )
+        count = acc.device_count() if _is_auto(devices) or devices == -1 else devices
+        if count < 1:
+            raise ConfigurationError(f"devices={devices} is not a device count; use {_DEVICES_HELP}.")
+        devices = [acc.device(i) for i in _checked(list(range(count)), acc, devices)]
+    strategy = PipelineStrategy(devices)
+    given = accelerator.type if isinstance(accelerator, Accelerator) else str(accelerator).strip().lower()
+    if given != "auto" and given != strategy.accelerator.type:
+        raise ConfigurationError(
+            f"strategy='pipeline': devices are {strategy.accelerator.type} devices but accelerator "
+            f"is {given!r}; drop one of them."
+        )
+    return strategy
 
 
 def _accelerator(accelerator: str | Accelerator, devices: Any) -> Accelerator:

@@ -1,0 +1,122 @@
+"""Parallel training benchmarks: each comparison measures its variants side by side in one run.
+
+    python bench/parallel.py                # every comparison
+    python bench/parallel.py split          # only the ones named (see COMPARISONS)
+
+Comparisons:
+- ``split``: median step time (forward, loss, backward, SGD step) of the unsplit model on one
+  device vs ``gpukit.parallel.split`` over two stages with ``chunks=1`` (the tutorial's model
+  parallelism: one stage idles while the other works) and ``chunks=4`` (GPipe micro-batches).
+  With 2+ GPUs the stages are cuda:0 and cuda:1 and the chunks=4 / chunks=1 ratio is the
+  pipelining gain. Without them the stages are "cpu", "cpu": nothing can overlap, so the
+  figures are the overhead of splitting and micro-batching only.
+
+To add a comparison: write ``compare_<name>(args)`` that prints its rows, and register it in
+``COMPARISONS``; shared options live in ``main``'s parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gpukit.accelerators import get_accelerator
+from gpukit.parallel import split
+
+
+def timed_steps(steps: dict[str, Callable[[], None]], sync: Callable[[], None], n: int, warmup: int) -> dict[str, float]:
+    """Median seconds per call of each step function, calls interleaved (rotating order)."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    names = list(steps)
+    for i in range(n):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            sync()
+            start = time.perf_counter()
+            steps[name]()
+            sync()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+# -- split: chunks=1 vs chunks=4 ---------------------------------------------------------------
+def _deep_mlp(width: int, depth: int) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def _train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def compare_split(args: argparse.Namespace) -> None:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= 2:
+        devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
+        width, depth, batch = 4096, 16, 512
+    else:
+        devices = [torch.device("cpu"), torch.device("cpu")]
+        width, depth, batch = 512, 8, 128
+    torch.manual_seed(0)
+    model = _deep_mlp(width, depth)
+    x = torch.randn(batch, width, device=devices[0])
+    y = torch.randint(0, 10, (batch,), device=devices[-1])
+    steps = {"unsplit": _train_step(copy.deepcopy(model).to(devices[0]), x, y.to(devices[0]))}
+    for chunks in (1, 4):
+        split_model = split(copy.deepcopy(model), devices, chunks=chunks, verbose=False)
+        steps[f"chunks={chunks}"] = _train_step(split_model, x, y)
+    accelerators = [get_accelerator(d) for d in devices]
+    sync = lambda: [a.synchronize(d) for a, d in zip(accelerators, devices)]  # noqa: E731
+    median = timed_steps(steps, sync, args.steps, args.warmup)
+    where = " + ".join(str(d) for d in devices)
+    print(f"split: {depth}x Linear({width}) MLP, batch {batch}, 2 stages on {where}; "
+          f"median of {args.steps} interleaved steps"
+          + ("" if gpus >= 2 else " (CPU stages: overhead only, nothing overlaps)"))
+    for name, seconds in median.items():
+        print(f"  {name:<10} {seconds * 1e3:9.3f} ms   vs unsplit {seconds / median['unsplit']:6.3f}")
+    print(f"  chunks=4 / chunks=1: {median['chunks=4'] / median['chunks=1']:.3f}"
+          + ("  (< 1: the pipelining gain)" if gpus >= 2 else ""), flush=True)
+
+
+COMPARISONS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "split": compare_split,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("comparisons", nargs="*", metavar="NAME",
+                        help=f"which to run ({', '.join(COMPARISONS)}); default all")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per variant")
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+    unknown = [name for name in args.comparisons if name not in COMPARISONS]
+    if unknown:
+        parser.error(f"unknown comparison(s) {', '.join(unknown)}; choose from {', '.join(COMPARISONS)}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+          f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} GPU(s)")
+    for name in args.comparisons or COMPARISONS:
+        COMPARISONS[name](args)
+
+
+if __name__ == "__main__":
+    main()
