@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 __all__ = ["progress"]
 
@@ -11,7 +11,12 @@ T = TypeVar("T")
 
 
 def progress(
-    iterable: Iterable[T], *, total: int | None = None, description: str = "", enabled: bool = True
+    iterable: Iterable[T],
+    *,
+    total: int | None = None,
+    description: str = "",
+    enabled: bool = True,
+    status: Callable[[], str] | None = None,
 ) -> Iterator[T]:
     """Yield from ``iterable`` while drawing a live bar (nothing is drawn when not ``enabled``).
 
@@ -20,6 +25,8 @@ def progress(
         total: number of items when ``len(iterable)`` does not work.
         description: text left of the bar.
         enabled: False on ranks other than 0, so only one bar is drawn.
+        status: text right of the bar (e.g. samples/s), asked for at each redraw -- in the
+            bar's refresh thread, so it costs the loop nothing.
     """
     if not enabled:
         yield from iterable
@@ -28,10 +35,12 @@ def progress(
         BarColumn,
         MofNCompleteColumn,
         Progress,
+        ProgressColumn,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
+    from rich.text import Text
 
     if total is None:
         try:
@@ -45,6 +54,13 @@ def progress(
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
+    if status is not None:
+
+        class StatusColumn(ProgressColumn):
+            def render(self, task: Any) -> Text:
+                return Text(status())
+
+        columns = (*columns, StatusColumn())
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task(description, total=total)
         for item in iterable:

@@ -65,6 +65,10 @@ class Accelerator:
     def empty_cache(self) -> None:
         """Return cached, unused blocks to the driver (no-op on the CPU)."""
 
+    def timing_event(self) -> Any | None:
+        """A new event that times device work without a sync (``None``: the backend has none)."""
+        return None
+
     def supports_bf16(self, device: torch.device | None = None) -> bool:
         return True
 
@@ -141,6 +145,9 @@ class CUDAAccelerator(Accelerator):
 
     def synchronize(self, device: torch.device | None = None) -> None:
         torch.cuda.synchronize(device)
+
+    def timing_event(self) -> Any | None:
+        return torch.cuda.Event(enable_timing=True)
 
     def empty_cache(self) -> None:
         if torch.cuda.is_initialized():

@@ -29,12 +29,12 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from gpukit._progress import progress as _progress
 from gpukit._seeding import fresh_seed, seed_everything
 from gpukit._session_memory import SessionMemoryMixin
 from gpukit._session_runstate import SessionRunStateMixin
 from gpukit.accelerators import Accelerator
-from gpukit.data import DeviceLoader, build_loader
+from gpukit.data import DeviceLoader, StepTimings, TimingSummary, build_loader
+from gpukit.data._timing import timed_progress
 from gpukit.errors import ConfigurationError, DistributedError
 from gpukit.placement import to_device, unwrap_model
 from gpukit.precision import Precision, get_precision
@@ -112,6 +112,9 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         self.strategy.precision = self.precision
         self.accumulate_grad_batches = accumulate_grad_batches
         self.seed = seed
+        #: step-time breakdown of every gpukit loader (data wait, copy, compute); listeners
+        self.timings = StepTimings(self.accelerator, rank=self.strategy.rank,
+                                   gather=self.strategy.all_gather, report=verbose)
         self._micro_step = 0
         self._optimizer_steps = 0
         if seed is not None:
@@ -221,7 +224,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             data, device=self.device, accelerator=self.accelerator, rank=self.rank,
             world_size=self.world_size, local_world_size=self.strategy.num_processes,
             seed=int(seed), batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
-            **kwargs,
+            timings=self.timings, **kwargs,
         )
 
     def to_device(self, obj: T) -> T:
@@ -284,8 +287,13 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
     def progress(
         self, iterable: Iterable[T], total: int | None = None, description: str = ""
     ) -> Iterator[T]:
-        """Iterate ``iterable`` with a live progress bar drawn on rank 0 only."""
-        return _progress(iterable, total=total, description=description, enabled=self.is_main)
+        """Iterate ``iterable`` with a live bar (samples/s, data share) drawn on rank 0 only."""
+        return timed_progress(iterable, self.timings, total=total, description=description,
+                              enabled=self.is_main)
+
+    def throughput(self) -> TimingSummary:
+        """Samples/s, steps/s and where step time went so far (see ``session.timings``)."""
+        return self.timings.throughput()
 
     # -- collectives (identity in a single process) -----------------------------------------------
     def barrier(self) -> None:

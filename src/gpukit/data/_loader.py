@@ -28,6 +28,7 @@ from gpukit.accelerators import Accelerator
 from gpukit.errors import CheckpointError, ConfigurationError
 from gpukit.placement import to_device
 from gpukit.data._sampler import ResumableBatchSampler
+from gpukit.data._timing import StepTimings
 from gpukit.data._workers import auto_num_workers, chain_worker_init
 
 __all__ = ["DeviceLoader", "build_loader"]
@@ -45,7 +46,8 @@ class DeviceLoader:
     shuffle changes per epoch, identically on every rank), and a pass that started advances
     the epoch when the next one begins. ``set_epoch`` overrides the count.
     ``state_dict``/``load_state_dict`` carry (epoch, batches consumed, seed): a fresh process
-    that loads them continues with exactly the next batch.
+    that loads them continues with exactly the next batch. Every step is timed into
+    ``timings`` (the session's :class:`~gpukit.data.StepTimings`, or the loader's own).
     """
 
     def __init__(
@@ -56,8 +58,10 @@ class DeviceLoader:
         seed: int,
         world_size: int = 1,
         resumable: bool = True,
+        timings: StepTimings | None = None,
     ) -> None:
         self.loader = loader
+        self.timings = timings if timings is not None else StepTimings()
         self.device = device
         self.seed = seed
         self.world_size = world_size
@@ -105,9 +109,10 @@ class DeviceLoader:
             # an order gpukit does not control can only be skipped by drawing batches
             batches = itertools.islice(iter(self.loader), skip, None)
         device = self.device
-        for batch in batches:
+        move = None if device is None else (lambda batch: to_device(batch, device))
+        for batch in self.timings.iterate(batches, epoch=self._epoch, move=move):
             self._consumed += 1
-            yield batch if device is None else to_device(batch, device)
+            yield batch
         self._epoch, self._consumed, self._in_progress = self._epoch + 1, 0, False
 
     def state_dict(self) -> dict[str, Any]:
@@ -186,6 +191,7 @@ def build_loader(
     drop_last: bool | None = None,
     pin_memory: bool | None = None,
     move_to_device: bool = True,
+    timings: StepTimings | None = None,
     **loader_kwargs: Any,
 ) -> DeviceLoader:
     """Build the session's loader; see ``Session.setup_dataloader`` for the arguments.
@@ -241,9 +247,11 @@ def build_loader(
                 "call setup_dataloader on each rank's own loader with move_to_device only."
             )
         if given is not None:
-            return DeviceLoader(given, target, seed=seed, world_size=world_size, resumable=False)
+            return DeviceLoader(given, target, seed=seed, world_size=world_size, resumable=False,
+                                timings=timings)
         loader = DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, **common)
-        return DeviceLoader(loader, target, seed=seed, world_size=world_size, resumable=False)
+        return DeviceLoader(loader, target, seed=seed, world_size=world_size, resumable=False,
+                            timings=timings)
 
     if shuffle is None:
         old = given.sampler if given is not None else None
@@ -255,7 +263,7 @@ def build_loader(
     )
     batch_sampler = ResumableBatchSampler(sampler, batch_size, drop_last)
     loader = DataLoader(dataset, batch_sampler=batch_sampler, **common)
-    return DeviceLoader(loader, target, seed=seed, world_size=world_size)
+    return DeviceLoader(loader, target, seed=seed, world_size=world_size, timings=timings)
 
 
 def _holds_device_tensors(dataset: Any) -> bool:

@@ -1,0 +1,144 @@
+"""gpukit.data step-time breakdown: data wait, copy and compute per step, listeners, throughput."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import gpukit
+from gpukit.data import StepTiming, StepTimings
+from gpukit.errors import ConfigurationError
+
+DATA_SLEEP_S = 0.03
+COMPUTE_SLEEP_S = 0.01
+
+
+class SleepyDataset(Dataset):
+    """Each item takes a known time to load (sleeps are lower bounds even on a busy machine)."""
+
+    def __init__(self, n: int, sleep_s: float = DATA_SLEEP_S) -> None:
+        self.n, self.sleep_s = n, sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.sleep_s)
+        return torch.full((3,), float(i))
+
+
+def session() -> gpukit.Session:
+    return gpukit.Session(devices="cpu", verbose=False)
+
+
+def test_each_step_reports_its_data_wait_and_compute() -> None:
+    s = session()
+    records: list[StepTiming] = []
+    s.timings.add_listener(records.append)
+    loader = s.setup_dataloader(SleepyDataset(5), batch_size=1, num_workers=0)
+    for _ in loader:
+        time.sleep(COMPUTE_SLEEP_S)
+    assert [r.step for r in records] == [0, 1, 2, 3, 4]  # the last step of the epoch too
+    for r in records:
+        assert r.data_wait_s >= DATA_SLEEP_S * 0.95
+        assert r.compute_s >= COMPUTE_SLEEP_S * 0.95
+        assert r.step_time_s == pytest.approx(r.data_wait_s + r.compute_s)
+        assert r.h2d_s is None  # training on the host: there is no copy
+        assert (r.epoch, r.rank, r.samples, r.exact) == (0, 0, 1, True)
+    with pytest.raises(Exception):  # frozen: listeners cannot change what others see
+        records[0].step = 9  # type: ignore[misc]
+
+
+def test_data_bound_loop_is_named_data_bound() -> None:
+    s = session()
+    loader = s.setup_dataloader(SleepyDataset(6, 0.05), batch_size=1, num_workers=0)
+    for _ in loader:
+        pass  # ~0 compute: the time is the loader's
+    summary = s.throughput()
+    assert summary.steps == 6 and summary.samples == 6
+    assert summary.data_share > 0.8
+    assert "samples/s" in s.timings.status_text() and "data" in s.timings.status_text()
+
+
+def test_compute_bound_loop_has_a_small_data_share() -> None:
+    s = session()
+    loader = s.setup_dataloader(TensorDataset(torch.randn(40, 3)), batch_size=8)
+    for _ in loader:
+        time.sleep(0.02)
+    summary = s.throughput()
+    assert summary.data_share < 0.2 and summary.compute_share > 0.8
+    assert summary.samples_per_s is not None and summary.samples_per_s < 8 / 0.02
+    assert "data" not in s.timings.status_text()
+
+
+def test_steps_count_across_loaders_epochs_and_a_break() -> None:
+    s = session()
+    records: list[StepTiming] = []
+    s.timings.add_listener(records.append)
+    train = s.setup_dataloader(TensorDataset(torch.arange(10.0)), batch_size=4)
+    val = s.setup_dataloader(TensorDataset(torch.arange(4.0)), batch_size=4)
+    for _ in range(2):
+        for _ in train:
+            pass
+        for _ in val:
+            pass
+    for i, _ in enumerate(train):  # epoch 2, cut short after two batches
+        if i == 1:
+            break
+    assert [r.step for r in records] == list(range(10))
+    assert [r.samples for r in records] == [4, 4, 2, 4, 4, 4, 2, 4, 4, 4]
+    assert [r.epoch for r in records] == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
+    assert s.timings.steps == 10
+
+
+def test_remove_listener_and_bad_listener() -> None:
+    timings = StepTimings()
+    seen: list[int] = []
+
+    def listener(r: StepTiming) -> None:
+        seen.append(r.step)
+
+    timings.add_listener(listener)
+    list(timings.iterate([1, 2], epoch=0))
+    timings.remove_listener(listener)
+    timings.remove_listener(listener)  # twice is harmless
+    list(timings.iterate([3], epoch=0))
+    assert seen == [0, 1]
+    with pytest.raises(ConfigurationError, match="callable"):
+        timings.add_listener("not a function")  # type: ignore[arg-type]
+
+
+def test_session_progress_times_a_plain_torch_loader() -> None:
+    s = session()
+    records: list[StepTiming] = []
+    s.timings.add_listener(records.append)
+    plain = DataLoader(SleepyDataset(3, 0.02), batch_size=1)
+    assert len(list(s.progress(plain))) == 3
+    assert len(records) == 3 and all(r.data_wait_s >= 0.019 for r in records)
+    for _ in s.progress(s.setup_dataloader(TensorDataset(torch.zeros(2)), batch_size=1)):
+        pass  # a gpukit loader is timed once, not twice
+    assert len(records) == 5
+
+
+def test_throughput_before_any_step_is_empty() -> None:
+    summary = session().throughput()
+    assert summary.steps == 0 and summary.samples_per_s is None and summary.data_share == 0.0
+
+
+@pytest.mark.requires_gpu
+def test_gpu_copy_timed_lazily_without_sync_and_exactly_when_asked() -> None:
+    s = gpukit.Session(devices="cuda:0", verbose=False)
+    records: list[StepTiming] = []
+    s.timings.add_listener(records.append)
+    data = TensorDataset(torch.randn(64, 1024, 256))
+    for _ in s.setup_dataloader(data, batch_size=16, pin_memory=True):
+        torch.cuda.synchronize()  # the GPU passed the copy's end event: lazy figures exist
+    assert all(not r.exact and r.h2d_s is not None and r.h2d_s > 0 for r in records)
+    s.timings.exact = True
+    records.clear()
+    for _ in s.setup_dataloader(data, batch_size=16, pin_memory=True):
+        pass
+    assert all(r.exact and r.h2d_s is not None and r.h2d_s > 0 for r in records)
