@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable
 from typing import Any
@@ -10,19 +9,10 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
+from gpukit._cpu import MAX_AUTO_WORKERS, auto_worker_count, usable_cpu_count
 from gpukit.accelerators import Accelerator
 
 __all__ = ["auto_num_workers", "seed_worker", "chain_worker_init", "MAX_AUTO_WORKERS"]
-
-MAX_AUTO_WORKERS = 8
-
-
-def usable_cpu_count() -> int:
-    """CPUs this process may run on (its affinity mask, not the machine's total)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
 
 
 def auto_num_workers(dataset: Any, accelerator: Accelerator, local_world_size: int) -> int:
@@ -35,8 +25,7 @@ def auto_num_workers(dataset: Any, accelerator: Accelerator, local_world_size: i
     """
     if isinstance(dataset, TensorDataset) or accelerator.is_host:
         return 0
-    per_process = usable_cpu_count() // max(1, local_world_size)
-    return max(0, min(MAX_AUTO_WORKERS, per_process - 1))
+    return auto_worker_count(usable_cpu_count(), local_world_size)
 
 
 def seed_worker(worker_id: int) -> None:

@@ -63,7 +63,7 @@ class FakeNvml:
                    "power_draw_w": 87, "power_limit_w": 250, "compute_mode": "Default",
                    "lost": false, "lost_after_calls": null,
                    "processes": [{"pid": 44683, "user": "alice", "command": "python", "used_memory_mib": 3289}],
-                   "mig_mode": null,
+                   "mig_mode": null, "persistence_mode": true,
                    "mig_devices": [{"profile": "1g.5gb", "memory_total_mib": 4864, "memory_used_mib": 0,
                                     "uuid": "MIG-...", "gpu_instance_id": 7, "compute_instance_id": 0,
                                     "processes": []}]}]}
@@ -73,6 +73,8 @@ class FakeNvml:
     "GPU is lost"; ``lost_after_calls: N`` lets N queries succeed first (lost mid-listing).
     A GPU with ``mig_devices`` is in MIG mode: queries of the parent report no utilization, and
     its MIG devices are reachable through ``nvmlDeviceGetMigDeviceHandleByIndex``.
+    ``persistence_mode`` (``true``/``false``) is what ``nvmlDeviceGetPersistenceMode`` reports;
+    left out, it is "Not Supported".
 
     Args:
         spec: a spec mapping, a parsed :class:`FakeSpec`, or a path to a JSON spec file.
@@ -221,6 +223,13 @@ class FakeNvml:
             ]
 
         return self._query("nvmlDeviceGetComputeRunningProcesses", handle, read)
+
+    def nvmlDeviceGetPersistenceMode(self, handle: _Handle) -> int:
+        def read(g: FakeGpu, m: FakeMigDevice | None) -> int:
+            on = self._supported(g.persistence_mode, m)
+            return pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED
+
+        return self._query("nvmlDeviceGetPersistenceMode", handle, read)
 
     # -- MIG ---------------------------------------------------------------------------------
     def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:

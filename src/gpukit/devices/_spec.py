@@ -61,6 +61,8 @@ class FakeGpu:
     #: None: MIG not supported; False: supported, disabled; True: enabled
     mig_mode: bool | None = None
     mig_devices: tuple[FakeMigDevice, ...] = ()
+    #: None: not supported (as on Windows); else whether persistence mode is on
+    persistence_mode: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ _TOP_KEYS = {"driver_version", "gpus", "no_driver", "comment"}
 _GPU_KEYS = {
     "name", "uuid", "pci_bus_id", "memory_total_mib", "memory_used_mib", "utilization_gpu_pct",
     "utilization_memory_pct", "temperature_c", "power_draw_w", "power_limit_w", "compute_mode",
-    "lost", "lost_after_calls", "processes", "mig_mode", "mig_devices", "comment",
+    "lost", "lost_after_calls", "processes", "mig_mode", "mig_devices", "persistence_mode", "comment",
 }
 _PROC_KEYS = {"pid", "user", "command", "used_memory_mib"}
 _MIG_KEYS = {
@@ -246,6 +248,7 @@ def _parse_gpu(ctx: _Ctx, path: str, index: int, raw: Any) -> FakeGpu:
         processes=procs,
         mig_mode=True if mig_devices else mig_mode,
         mig_devices=mig_devices,
+        persistence_mode=ctx.opt(raw, path, "persistence_mode", bool),
     )
 
 

@@ -21,7 +21,10 @@ from typing import Literal, Mapping
 
 from gpukit.devices._snapshot import GpuSnapshot, list_gpus
 
-__all__ = ["VisibleEntry", "parse_visible_devices", "resolve_visible", "logical_to_physical", "describe_mapping"]
+__all__ = [
+    "VisibleEntry", "parse_visible_devices", "resolve_visible", "logical_to_physical", "describe_mapping",
+    "order_may_differ",
+]
 
 ENV_VAR = "CUDA_VISIBLE_DEVICES"
 
@@ -186,7 +189,16 @@ def describe_mapping(env: Mapping[str, str] | None = None, gpus: list[GpuSnapsho
         lines.append(f"  {stopped_at!r} is not a GPU here, so CUDA ignores it and every entry after it")
     if not visible and duplicate is None:
         lines.append("  no GPU is visible to CUDA")
-    if order != "PCI_BUS_ID" and len({g.name for g in gpus if g.name}) > 1:
+    if order_may_differ(env, gpus):
         lines.append("  note: mixed GPU models and CUDA_DEVICE_ORDER is not PCI_BUS_ID, so CUDA's numbering "
                      "may differ from nvidia-smi's; gpukit.devices.use_gpus() sets PCI_BUS_ID")
     return "\n".join(lines)
+
+
+def order_may_differ(env: Mapping[str, str], gpus: list[GpuSnapshot]) -> bool:
+    """Whether CUDA's device numbering may differ from nvidia-smi's (PCI bus) order.
+
+    CUDA's default ``CUDA_DEVICE_ORDER=FASTEST_FIRST`` puts the fastest GPU first and breaks
+    ties by PCI bus id, so only a mix of GPU models without ``PCI_BUS_ID`` reorders them.
+    """
+    return env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID" and len({g.name for g in gpus if g.name}) > 1
