@@ -42,6 +42,9 @@ def check_visible_devices(ctx: DoctorContext) -> list[Finding]:
                         f"{ENV_VAR}={value!r} names {duplicate!r} twice, so CUDA hides every GPU",
                         f"name each GPU once, e.g. {ENV_VAR}={','.join(str(g.index) for g in ctx.gpus[:2])}",
                         details)]
+    if not visible and (value or "").strip() in ("", "-1", "NoDevFiles"):  # hiding every GPU on purpose
+        return [Finding("cuda.visible_devices", "warn", f"{ENV_VAR}={value!r} hides every GPU: CUDA sees none",
+                        f"unset {ENV_VAR} or name GPUs from `gpukit ls`", details)]
     if stopped_at is not None:
         known = ", ".join(str(g.index) for g in ctx.gpus)
         return [Finding("cuda.visible_devices", "fail",

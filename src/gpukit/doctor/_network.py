@@ -161,6 +161,15 @@ def _default_interface(ctx: DoctorContext, ifaces: dict[str, dict[str, Any]], ha
                    f"host {host!r} resolves to {', '.join(host_ips) or 'nothing'}; interfaces: {have}", None, details)
 
 
+def _several_machines(env: Mapping[str, str]) -> bool:
+    # torchrun / gpukit run workers: more ranks in the world than on this node; SLURM: its node count
+    world, local = env.get("WORLD_SIZE", ""), env.get("LOCAL_WORLD_SIZE", "")
+    if world.isdigit() and local.isdigit() and int(world) > int(local):
+        return True
+    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or ""
+    return nodes.isdigit() and int(nodes) > 1
+
+
 def check_master(ctx: DoctorContext) -> list[Finding]:
     """Whether the master address resolves, is this machine or is reachable from it."""
     name = "network.master"
@@ -180,7 +189,7 @@ def check_master(ctx: DoctorContext) -> list[Finding]:
         iface = _iface_of(local[0], ifaces) if local else "lo"
         details["interface"] = iface
         loop = all(_is_loopback(ip) for ip in ips)
-        status = "warn" if loop and ctx.env.get("WORLD_SIZE", "1") not in ("", "1") else "ok"
+        status = "warn" if loop and _several_machines(ctx.env) else "ok"
         return [Finding(name, status, f"master {addr} ({source}) is this machine ({', '.join(ips)} on {iface})"
                         + ("; a loopback address works only when every process runs here" if loop else ""),
                         "set MASTER_ADDR to this machine's address on the cluster network" if status != "ok" else None,

@@ -126,21 +126,22 @@ def _outside_container(procs: list[tuple[GpuProcess, GpuSnapshot]]) -> Finding:
                    "leftover pids", {"pids": [p.pid for p, _ in procs]})
 
 
-def check_gpu_processes(ctx: DoctorContext, inspect: Callable[[int], ProcessState] = inspect_pid,
+def check_gpu_processes(ctx: DoctorContext, inspect: Callable[[int], ProcessState] | None = None,
                         in_container: bool | None = None) -> list[Finding]:
     """Processes on the GPUs that are dead, defunct or orphaned (pids, users, commands, how to free them).
 
     Args:
         ctx: the gathered facts.
-        inspect: classifies a pid (default :func:`inspect_pid`, with psutil).
+        inspect: classifies a pid (default :func:`inspect_pid`, with psutil; with a fake NVML a
+            pid missing here counts as alive, since the fake's processes live in its spec only).
         in_container: whether this runs in a container (default: detected).
     """
     units = [(p, u) for g in ctx.gpus for u in ((g,) if not g.mig_devices else g.mig_devices) for p in u.processes]
     if not ctx.gpus:
         return [Finding("gpu.processes", "info", "no NVIDIA GPU, so no GPU processes to check")]
     container = _in_container() if in_container is None else in_container
-    # A fake NVML's processes live in its spec only: a pid missing here is no sign of a dead run.
-    fake = getattr(_nvml.backend(), "gpukit_process_details", None) is not None
+    fake = inspect is None and getattr(_nvml.backend(), "gpukit_process_details", None) is not None
+    inspect = inspect or inspect_pid
     findings, elsewhere = [], []
     for proc, unit in units:
         state = inspect(proc.pid)

@@ -56,11 +56,11 @@ def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
         return None
 
 
-def check_cpus(ctx: DoctorContext) -> list[Finding]:
-    """CPU count against this process's affinity and the container's CPU quota."""
+def check_cpus(ctx: DoctorContext, cgroup_root: str = "/sys/fs/cgroup") -> list[Finding]:
+    """CPU count against this process's affinity and the container's CPU quota (read under ``cgroup_root``)."""
     total = os.cpu_count() or 1
     usable = usable_cpu_count()
-    quota = cgroup_cpu_limit()
+    quota = cgroup_cpu_limit(cgroup_root)
     details = {"cpu_count": total, "affinity": usable, "cgroup_quota_cpus": quota}
     threads = ctx.env.get("OMP_NUM_THREADS")
     if quota is not None and quota + 0.5 < usable:

@@ -1,0 +1,120 @@
+"""GPUs held by defunct, orphaned or vanished processes, and stale gpukit claims (real pids, fake NVML)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pytest
+
+from gpukit.devices import claim_gpus
+from gpukit.doctor._processes import ProcessState, check_claims, check_gpu_processes, inspect_pid
+
+_GPU = {"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-aaaaaaaa-1111-4222-8333-444444444444",
+        "memory_total_mib": 40960, "memory_used_mib": 9000}
+
+
+def _spec(*procs: tuple[int, str]) -> dict:
+    return {"driver_version": "550.54.15", "gpus": [dict(_GPU, processes=[
+        {"pid": pid, "user": "alice", "command": command, "used_memory_mib": 1000} for pid, command in procs])]}
+
+
+def _wait_for(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def zombie() -> Iterator[int]:
+    """A child that has exited and is not reaped yet: a real defunct process."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    _wait_for(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE)
+    yield proc.pid
+    proc.wait()
+
+
+@pytest.fixture
+def orphan() -> Iterator[int]:
+    """A process started by a `gpukit run` launcher that no longer exists."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    env = dict(os.environ, GPUKIT_LAUNCHER_PID=str(gone.pid))
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, env=env)
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def test_inspect_pid_classifies_real_processes(zombie, orphan):
+    assert inspect_pid(os.getpid()).kind == "running"
+    state = inspect_pid(zombie)
+    assert state.kind == "zombie" and state.ppid == os.getpid()
+    assert inspect_pid(orphan).kind == "orphaned" and inspect_pid(orphan).launcher_pid is not None
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert inspect_pid(gone.pid).kind == "missing"
+
+
+def test_defunct_and_orphaned_gpu_processes_are_named_with_how_to_free_them(use_spec, make_ctx, zombie, orphan):
+    use_spec(_spec((os.getpid(), "python train.py"), (zombie, "python old.py"), (orphan, "python worker.py")))
+    findings = check_gpu_processes(make_ctx())
+    by_pid = {f.details["pid"]: f for f in findings}
+    assert set(by_pid) == {zombie, orphan}  # the live process is fine
+    assert by_pid[zombie].status == "warn" and "defunct" in by_pid[zombie].message
+    assert f"kill {os.getpid()}" in by_pid[zombie].fix  # its parent (this test) must reap it
+    assert "alice" in by_pid[orphan].message and "python worker.py" in by_pid[orphan].message
+    assert by_pid[orphan].fix.startswith(f"kill {orphan}")
+
+
+def test_vanished_pid_warns_outside_a_container_and_is_info_inside(use_spec, make_ctx):
+    use_spec(_spec((424242, "python train.py")))
+    ctx = make_ctx()
+    missing = lambda pid: ProcessState("missing")  # noqa: E731
+    [finding] = check_gpu_processes(ctx, inspect=missing, in_container=False)
+    assert finding.status == "warn" and "no such process" in finding.message and "--gpu-reset -i 0" in finding.fix
+    # the fake's processes exist only in its spec: a pid missing here is not a dead run
+    [finding] = check_gpu_processes(ctx, in_container=False)
+    assert finding.status == "ok"
+
+
+def test_vanished_pid_in_a_container_is_one_info_finding(use_spec, make_ctx):
+    use_spec(_spec((424242, "a"), (424243, "b")))
+    missing = lambda pid: ProcessState("missing")  # noqa: E731
+    [finding] = check_gpu_processes(make_ctx(), inspect=missing, in_container=True)
+    assert finding.status == "info" and finding.details["pids"] == [424242, 424243]
+
+
+def test_no_processes_is_ok(use_spec, make_ctx):
+    use_spec(_spec())
+    [finding] = check_gpu_processes(make_ctx())
+    assert finding.status == "ok" and "no process" in finding.message
+
+
+def test_claims_held_stale_and_orphaned(use_spec, make_ctx, tmp_path: Path):
+    use_spec(_spec())
+    claim_dir = Path(os.environ["GPUKIT_CLAIM_DIR"])
+    [finding] = check_claims(make_ctx())
+    assert finding.status == "ok"
+    with claim_gpus(1):
+        [finding] = check_claims(make_ctx())
+        assert finding.status == "info" and f"pid {os.getpid()}" in finding.message
+        # the owner note names a pid that is gone while the lock is still held: a holder we cannot see
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        (claim_dir / f"{_GPU['uuid']}.owner").write_text(json.dumps({"pid": gone.pid}))
+        [finding] = check_claims(make_ctx())
+        assert finding.status == "warn" and "fuser -v" in finding.fix
+    # released, but a note left behind (as by a SIGKILLed owner)
+    (claim_dir / f"{_GPU['uuid']}.owner").write_text(json.dumps({"pid": gone.pid}))
+    [finding] = check_claims(make_ctx())
+    assert finding.status == "info" and "stale claim note" in finding.message
+    assert finding.fix == f"rm {claim_dir / (_GPU['uuid'] + '.owner')}"
