@@ -34,3 +34,39 @@ def _restore_environ():
     if os.environ != saved:
         os.environ.clear()
         os.environ.update(saved)
+
+
+_FAKE_GPU_EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "fake-gpus"
+
+
+@pytest.fixture
+def isolated_nvml(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """No GPU env from outside (fake spec, CUDA_VISIBLE_DEVICES/ORDER), an isolated claim dir, a fresh NVML."""
+    from gpukit.devices import _nvml
+
+    for var in ("GPUKIT_FAKE_GPUS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(tmp_path / "claims"))
+    _nvml.shutdown()
+    _nvml.set_backend_override(None)
+    monkeypatch.setattr(_nvml, "_notice_given", False)
+    yield
+    _nvml.set_backend_override(None)
+    _nvml.shutdown()
+
+
+@pytest.fixture
+def use_spec(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """Point GPUKIT_FAKE_GPUS at a spec: an example name ("shared-4gpu") or a dict written to a file."""
+    import json
+
+    def use(spec):
+        if isinstance(spec, str):
+            path = _FAKE_GPU_EXAMPLES / f"{spec}.json"
+        else:
+            path = tmp_path / f"spec-{abs(hash(json.dumps(spec, sort_keys=True)))}.json"
+            path.write_text(json.dumps(spec))
+        monkeypatch.setenv("GPUKIT_FAKE_GPUS", str(path))
+        return path
+
+    return use

@@ -1,9 +1,10 @@
-"""Doctor tests: no stray GPU/network environment, an isolated claim dir, a fresh NVML state."""
+"""Doctor tests: no stray GPU/network environment, an isolated claim dir, a fresh NVML state.
+
+``isolated_nvml`` and ``use_spec`` (point GPUKIT_FAKE_GPUS at a spec) live in tests/conftest.py.
+"""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -12,38 +13,15 @@ from gpukit.devices import _nvml
 from gpukit.doctor import DoctorContext
 from gpukit.doctor._context import TorchBuild
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fake-gpus"
-_CLEARED = ("GPUKIT_FAKE_GPUS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "MASTER_ADDR", "MASTER_PORT",
-            "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "GPUKIT_SHM_PATH", "WORLD_SIZE")
+_CLEARED = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "GPUKIT_SHM_PATH",
+            "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 
 
 @pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+def _isolated(isolated_nvml: None, monkeypatch: pytest.MonkeyPatch) -> None:
     for var in _CLEARED:
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(tmp_path / "claims"))
-    _nvml.shutdown()
-    _nvml.set_backend_override(None)
-    monkeypatch.setattr(_nvml, "_notice_given", True)
-    yield
-    _nvml.set_backend_override(None)
-    _nvml.shutdown()
-
-
-@pytest.fixture
-def use_spec(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[Any], Path]:
-    """Point GPUKIT_FAKE_GPUS at a spec: an example name ("shared-4gpu") or a dict written to a file."""
-
-    def use(spec: Any) -> Path:
-        if isinstance(spec, str):
-            path = EXAMPLES / f"{spec}.json"
-        else:
-            path = tmp_path / f"spec-{abs(hash(json.dumps(spec, sort_keys=True)))}.json"
-            path.write_text(json.dumps(spec))
-        monkeypatch.setenv("GPUKIT_FAKE_GPUS", str(path))
-        return path
-
-    return use
+    monkeypatch.setattr(_nvml, "_notice_given", True)  # no "no driver" warning in every test's output
 
 
 @pytest.fixture
