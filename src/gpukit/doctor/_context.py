@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from gpukit.cluster import ClusterEnvironment, environment
 from gpukit.devices import GpuSnapshot
+from gpukit.errors import GpukitError
 
 __all__ = ["DoctorContext", "TorchBuild", "torch_build", "cuda_device_uuids", "SHM_PATH_ENV"]
 
@@ -92,6 +94,9 @@ class DoctorContext:
         from_cli: ``True`` for ``gpukit doctor`` (a fresh process, so CUDA cannot be initialised).
         shm_path: the shared-memory filesystem to measure.
         cuda_uuids: returns the UUIDs CUDA sees here, or ``None`` when CUDA is not initialised.
+        cluster: where the job runs (:func:`gpukit.cluster.environment`); ``None`` when its
+            variables are contradictory (``cluster_error`` says how).
+        cluster_error: the detector's error message, else ``None``.
         extra: room for checks to share facts with the report.
     """
 
@@ -103,6 +108,8 @@ class DoctorContext:
     from_cli: bool = False
     shm_path: str = "/dev/shm"
     cuda_uuids: Callable[[], list[str] | None] = cuda_device_uuids
+    cluster: ClusterEnvironment | None = None
+    cluster_error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -113,8 +120,13 @@ class DoctorContext:
 
         env = os.environ if env is None else env
         gpus = list_gpus()
+        cluster, cluster_error = None, None
+        try:
+            cluster = environment(env)
+        except GpukitError as exc:  # contradictory launcher/SLURM variables: a finding, not a crash
+            cluster_error = str(exc)
         return cls(
             env=env, gpus=gpus, driver_version=driver_version(), nvml_reason=unavailable_reason(),
-            torch=torch_build(), from_cli=from_cli,
+            torch=torch_build(), from_cli=from_cli, cluster=cluster, cluster_error=cluster_error,
             shm_path=os.fspath(shm_path) if shm_path is not None else env.get(SHM_PATH_ENV) or "/dev/shm",
         )

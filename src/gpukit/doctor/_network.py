@@ -5,6 +5,8 @@ comma-separated prefixes, ``=name`` for an exact name, a leading ``^`` to exclud
 them gloo uses the address the host name resolves to, which on many Debian/Ubuntu machines is
 127.0.1.1 (then the other nodes cannot connect back). The master address is ``MASTER_ADDR``;
 the rendezvous port ``MASTER_PORT`` (default 29500), which must be free on the master node.
+Without ``MASTER_ADDR``, the master is what :func:`gpukit.cluster.environment` detected (the
+first node of a SLURM job, with a port derived from the job id).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import errno
 import ipaddress
 import socket
 import threading
-from typing import Any, Mapping
+from typing import Any
 
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
@@ -80,11 +82,17 @@ def probe_tcp(addr: str, port: int, timeout_s: float = _CONNECT_TIMEOUT_S) -> st
         return "unreachable"
 
 
-def _master(env: Mapping[str, str]) -> tuple[str | None, int, str]:
+def _master(ctx: DoctorContext) -> tuple[str | None, int, str]:
+    """``(address, port, where it came from)``: MASTER_ADDR/MASTER_PORT, else the detected cluster's."""
+    env, cluster = ctx.env, ctx.cluster
     port_text = env.get("MASTER_PORT", "")
     port = int(port_text) if port_text.isdigit() else DEFAULT_MASTER_PORT
     if env.get("MASTER_ADDR"):
         return env["MASTER_ADDR"], port, "MASTER_ADDR"
+    if cluster is not None and cluster.master_addr:
+        if not port_text and cluster.master_port is not None:
+            port = cluster.master_port
+        return cluster.master_addr, port, f"{cluster.kind} detection"
     return None, port, "unset"
 
 
@@ -137,16 +145,19 @@ def check_interface(ctx: DoctorContext) -> list[Finding]:
 
 def _default_interface(ctx: DoctorContext, ifaces: dict[str, dict[str, Any]], have: str) -> Finding:
     name = "network.interface"
-    addr, port, _ = _master(ctx.env)
+    addr, port, _ = _master(ctx)
     host = socket.gethostname()
     host_ips = resolve(host) or []
     if addr is not None:
         local = _route_addr(addr, port)
         iface = _iface_of(local, ifaces)
         details = {"master_addr": addr, "route_local_addr": local, "interface": iface, "hostname_addrs": host_ips}
+        if local is None and resolve(addr) is None:
+            return Finding(name, "info", f"no interface to judge: the master address {addr!r} does not resolve "
+                           "(see network.master)", None, details)
         if local is None:
             return Finding(name, "fail", f"no route to the master address {addr}",
-                           "check MASTER_ADDR and this machine's network (`ip route get <addr>`)", details)
+                           f"check this machine's network (`ip route get {addr}`)", details)
         if all(_is_loopback(ip) for ip in host_ips) and host_ips and not _is_loopback(local):
             return Finding(name, "warn",
                            f"traffic to {addr} leaves through {iface or '?'} ({local}), but the host name {host!r} "
@@ -161,19 +172,18 @@ def _default_interface(ctx: DoctorContext, ifaces: dict[str, dict[str, Any]], ha
                    f"host {host!r} resolves to {', '.join(host_ips) or 'nothing'}; interfaces: {have}", None, details)
 
 
-def _several_machines(env: Mapping[str, str]) -> bool:
-    # torchrun / gpukit run workers: more ranks in the world than on this node; SLURM: its node count
-    world, local = env.get("WORLD_SIZE", ""), env.get("LOCAL_WORLD_SIZE", "")
-    if world.isdigit() and local.isdigit() and int(world) > int(local):
+def _several_machines(ctx: DoctorContext) -> bool:
+    # the detected job's node count (SLURM, PyTorchJob), or more ranks in the world than on this node
+    if ctx.cluster is not None and ctx.cluster.nodes > 1:
         return True
-    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or ""
-    return nodes.isdigit() and int(nodes) > 1
+    world, local = ctx.env.get("WORLD_SIZE", ""), ctx.env.get("LOCAL_WORLD_SIZE", "")
+    return world.isdigit() and local.isdigit() and int(world) > int(local)
 
 
 def check_master(ctx: DoctorContext) -> list[Finding]:
     """Whether the master address resolves, is this machine or is reachable from it."""
     name = "network.master"
-    addr, port, source = _master(ctx.env)
+    addr, port, source = _master(ctx)
     if addr is None:
         return [Finding(name, "info", "no master address (MASTER_ADDR unset): a one-machine run; "
                         "`gpukit run` picks a free local port itself", None, {"master_addr": None})]
@@ -189,7 +199,7 @@ def check_master(ctx: DoctorContext) -> list[Finding]:
         iface = _iface_of(local[0], ifaces) if local else "lo"
         details["interface"] = iface
         loop = all(_is_loopback(ip) for ip in ips)
-        status = "warn" if loop and _several_machines(ctx.env) else "ok"
+        status = "warn" if loop and _several_machines(ctx) else "ok"
         return [Finding(name, status, f"master {addr} ({source}) is this machine ({', '.join(ips)} on {iface})"
                         + ("; a loopback address works only when every process runs here" if loop else ""),
                         "set MASTER_ADDR to this machine's address on the cluster network" if status != "ok" else None,
@@ -223,9 +233,10 @@ def _port_holder(port: int) -> str | None:
 def check_port(ctx: DoctorContext) -> list[Finding]:
     """Whether the rendezvous port can be bound here (it must be free on the master node)."""
     name = "network.port"
-    addr, port, _ = _master(ctx.env)
+    addr, port, source = _master(ctx)
     explicit = "MASTER_PORT" in ctx.env
-    details: dict[str, Any] = {"port": port, "explicit": explicit}
+    origin = "MASTER_PORT" if explicit else source if source.endswith("detection") else "default"
+    details: dict[str, Any] = {"port": port, "explicit": explicit, "source": origin}
     if explicit and not (ctx.env["MASTER_PORT"].isdigit() and 0 < int(ctx.env["MASTER_PORT"]) < 65536):
         return [Finding(name, "fail", f"MASTER_PORT={ctx.env['MASTER_PORT']!r} is not a port (1-65535)",
                         f"export MASTER_PORT={DEFAULT_MASTER_PORT}", details)]
@@ -246,12 +257,12 @@ def check_port(ctx: DoctorContext) -> list[Finding]:
             holder = _port_holder(port)
             details["holder"] = holder
             why = "in use" if exc.errno == errno.EADDRINUSE else "not allowed for this user"
-            return [Finding(name, "fail" if explicit else "warn",
-                            f"rendezvous port {port} ({'MASTER_PORT' if explicit else 'default'}) is {why}"
+            return [Finding(name, "fail" if origin != "default" else "warn",
+                            f"rendezvous port {port} ({origin}) is {why}"
                             + (f", held by {holder}" if holder else "") + ": \"address already in use\" at start",
                             f"pick a free port (--master-port / MASTER_PORT={_free_port()})"
                             + (" or end the holder" if holder else ""), details)]
-    return [Finding(name, "ok", f"rendezvous port {port} ({'MASTER_PORT' if explicit else 'default'}) is free",
+    return [Finding(name, "ok", f"rendezvous port {port} ({origin}) is free",
                     None, details)]
 
 

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from gpukit.doctor._cluster import check_cluster
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._cuda import check_cuda_initialized, check_device_order, check_visible_devices
 from gpukit.doctor._driver import check_driver
@@ -33,6 +34,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("gpu.persistence", check_persistence),
     ("system.cpus", check_cpus),
     ("system.shm", check_shm),
+    ("cluster.environment", check_cluster),
     ("network.interface", check_interface),
     ("network.master", check_master),
     ("network.port", check_port),
@@ -97,6 +99,7 @@ def build_report(ctx: DoctorContext, findings: list[Finding]) -> dict[str, Any]:
         "gpus": gpus,
         "cpus": details.get("system.cpus", {}),
         "shm": details.get("system.shm", {}),
+        "cluster": details.get("cluster.environment", {}),
         "network": {k: v for k, v in (("interface", details.get("network.interface")),
                                        ("master", details.get("network.master")),
                                        ("port", details.get("network.port"))) if v},
