@@ -36,6 +36,7 @@ from gpukit.accelerators import Accelerator
 from gpukit.data import DeviceLoader, StepTimings, TimingSummary, build_loader
 from gpukit.data._timing import timed_progress
 from gpukit.errors import ConfigurationError, DistributedError
+from gpukit.monitor._record import Recorder, session_recorder
 from gpukit.placement import to_device, unwrap_model
 from gpukit.precision import Precision, get_precision
 from gpukit.strategies import Strategy, select_strategy
@@ -64,6 +65,8 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         oom: out of memory in ``run_step``: None (propagates), "raise" (post-mortem, then
             StepOutOfMemoryError) or "backoff" (halve the micro-batch and retry).
         watch_memory: True or a step interval: ``watch_memory(every_n_steps)`` at start.
+        record: a directory for the run record (per-step timings, ``session.log`` scalars, system
+            samples, events; ``gpukit report DIR`` plots it); default ``GPUKIT_RECORD_DIR`` or none.
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -82,6 +85,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         verbose: bool = True,
         oom: str | None = None,
         watch_memory: bool | int = False,
+        record: str | os.PathLike[str] | None = None,
     ) -> None:
         if (
             not isinstance(accumulate_grad_batches, int)
@@ -100,7 +104,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         self._config = dict(
             devices=devices, precision=precision, strategy=strategy, seed=seed,
             accumulate_grad_batches=accumulate_grad_batches, sync_batchnorm=sync_batchnorm,
-            accelerator=accelerator, verbose=verbose, oom=oom, watch_memory=watch_memory,
+            accelerator=accelerator, verbose=verbose, oom=oom, watch_memory=watch_memory, record=record,
         )
         self.strategy: Strategy = select_strategy(
             devices, strategy, accelerator, sync_batchnorm=sync_batchnorm
@@ -130,6 +134,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             from gpukit.cluster import announce
 
             announce()  # once, rank 0: the SLURM / Kubernetes job this process belongs to
+        self.recorder: Recorder | None = session_recorder(self, record)  # None unless recording
         if self.strategy.launched:
             if verbose and self.is_main:
                 auto = {
@@ -277,6 +282,12 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         """Optimizer steps taken (skipped fp16 steps not counted)."""
         return self._optimizer_steps
 
+    def log(self, **scalars: Any) -> None:
+        """Record scalars (``loss=loss``) for this step: numbers or one-element tensors, kept
+        without a GPU sync; a no-op unless recording (``record=``), also sent to TensorBoard."""
+        if self.recorder is not None:
+            self.recorder.log(**scalars)
+
     # -- output (rank 0 only) -----------------------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on rank 0 only."""
@@ -343,6 +354,8 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
     def close(self) -> None:
         """Leave the process group this session joined (at the end of training)."""
         self._memory_close()
+        if self.recorder is not None:
+            self.recorder.close()
         self.strategy.teardown()
 
     def _require_launched(self, what: str) -> None:

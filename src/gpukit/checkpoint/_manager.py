@@ -34,6 +34,7 @@ from gpukit.checkpoint._io import load, save, to_saveable
 from gpukit.checkpoint._prefixes import load_state_dict
 from gpukit.checkpoint._rng import capture_rng_state, restore_rng_state
 from gpukit.errors import CheckpointError, ConfigurationError
+from gpukit.monitor._events import emit
 
 __all__ = ["CheckpointManager", "MARKER_NAME", "SHARED_FILE", "rank_file_name"]
 
@@ -199,6 +200,7 @@ class CheckpointManager:
             raise CheckpointError(f"Checkpoint of step {step} in {self.directory} was not saved: {error}")
         if dist.is_main:
             self._rotate()
+        emit("checkpoint", saved_step=step, path=str(final))
         return final
 
     def _write_files(
@@ -301,4 +303,5 @@ class CheckpointManager:
         if restore_rng:
             restore_rng_state(rank_file["rng"])
         self.extra = dict(shared_file["gpukit"].get("extra") or {})
+        emit("checkpoint", resumed_step=int(marker["step"]), path=str(directory))
         return int(marker["step"])

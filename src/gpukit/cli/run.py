@@ -117,6 +117,8 @@ def _gpu_request(text: str | None, cpu: bool) -> Any:
 @click.option("--rdzv-timeout", type=float, default=300.0, show_default=True, metavar="SECONDS", help="Wait this long for the master and the other nodes.")
 @click.option("-m", "--module", metavar="MODULE", help="Run a module (python -m MODULE) instead of a script.")
 @click.option("-v", "--verbose", is_flag=True, help="Show torch elastic's own log lines.")
+@click.option("--record", "record", metavar="DIR", type=click.Path(file_okay=False),
+              help="Record the run (step times, session.log scalars, GPU figures) in DIR for `gpukit report DIR`.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]...")
 def run(
     gpus: str | None,
@@ -135,6 +137,7 @@ def run(
     rdzv_timeout: float,
     module: str | None,
     verbose: bool,
+    record: str | None,
     command: tuple[str, ...],
 ) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) in worker processes, as torchrun would.
@@ -176,6 +179,10 @@ def run(
         "verbose": verbose,
         "echo": lambda line: click.echo(line, err=True),
     }
+    if record is not None:  # every worker's Session records there (GPUKIT_RECORD_DIR)
+        from gpukit.monitor import RECORD_DIR_ENV
+
+        os.environ[RECORD_DIR_ENV] = os.path.abspath(record)
     try:
         launch_script(target, script_args, **options)
     except WorkerFailedError as exc:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Union
 
+from gpukit.monitor._events import emit
+
 __all__ = [
     "PREEMPTED_EXIT_CODE",
     "install_preemption_handler",
@@ -46,6 +48,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         rank = os.environ.get("RANK")
         who = f"rank {rank}: " if rank else ""  # no rank outside a launched job
         os.write(2, f"gpukit: {who}{name} received, stopping at the next step boundary\n".encode())
+        emit("preemption", signal=name)
         return
     # Second signal: behave as if we had never been installed.
     previous = _previous.get(signum, signal.SIG_DFL)

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from gpukit.accelerators import Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError, MemoryPlanError
+from gpukit.monitor._events import emit
 
 __all__ = ["OomBackoff", "BackoffEvent", "StepOutOfMemoryError", "OutOfMemoryAfterBackoffError", "average_gradients", "split_batch", "batch_length"]
 
@@ -264,6 +265,7 @@ class OomBackoff:
         self.accumulation_steps = math.ceil(total / proposal)
         event = BackoffEvent(self._calls, micro, proposal, self.accumulation_steps, ranks_failed)
         self.events.append(event)
+        emit("oom_backoff", from_micro_batch=micro, to_micro_batch=proposal, ranks_failed=ranks_failed)
         log.warning(
             "out of memory at micro-batch %d (%d rank(s)); retrying with micro-batch %d", micro, ranks_failed, proposal
         )

@@ -30,6 +30,7 @@ from gpukit._warnings import warn_at_user_code
 from gpukit.accelerators import Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError
 from gpukit.memory._live import live_tensor_bytes
+from gpukit.monitor._events import emit
 from gpukit.memory._survivors import Container, FrameScan, find_stale_history, scan_user_frames, tag_roots
 
 __all__ = ["MemoryLeakWarning", "LeakFinding", "LeakWatcher", "watch"]
@@ -191,6 +192,7 @@ class LeakWatcher:
         del scan
         for finding in new:
             self.findings.append(finding)
+            emit("leak_warning", message=finding.message)
             if self.warn:
                 warn_at_user_code(MemoryLeakWarning(finding.message))
             if self.on_leak is not None:

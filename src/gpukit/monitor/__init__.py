@@ -1,8 +1,14 @@
-"""Run monitoring: throughput, device utilization sampling and an end-of-run summary."""
+"""Run monitoring: throughput, utilization sampling, the per-step run record and its events."""
 
 from __future__ import annotations
 
+from gpukit.monitor._events import EVENT_KINDS, emit
+from gpukit.monitor._record import RECORD_DIR_ENV, Recorder, record_path
+from gpukit.monitor._tensorboard import TensorBoardSink, tensorboard_available
 from gpukit.monitor._throughput import Throughput
 from gpukit.monitor._utilization import UtilizationSampler, UtilizationSummary
 
-__all__ = ["Throughput", "UtilizationSampler", "UtilizationSummary"]
+__all__ = [
+    "EVENT_KINDS", "RECORD_DIR_ENV", "Recorder", "TensorBoardSink", "Throughput",
+    "UtilizationSampler", "UtilizationSummary", "emit", "record_path", "tensorboard_available",
+]

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import psutil
 
-__all__ = ["UtilizationSampler", "UtilizationSummary"]
+__all__ = ["PeriodicSampler", "UtilizationSampler", "UtilizationSummary"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,42 @@ def _cpu_reader() -> Callable[[], float | None]:
     return read
 
 
-class UtilizationSampler:
+class PeriodicSampler:
+    """Calls :meth:`sample_once` every ``interval_s`` on a daemon thread until :meth:`stop`.
+
+    Subclasses implement ``sample_once``; it must not raise (a sampler never kills training).
+    """
+
+    def __init__(self, interval_s: float = 1.0, thread_name: str = "gpukit-sampler") -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.interval_s = interval_s
+        self._thread_name = thread_name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample_once(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def start(self) -> PeriodicSampler:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self._thread_name, daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        # Event.wait doubles as the interval timer and the prompt exit on stop().
+        while not self._stop.wait(self.interval_s):
+            self.sample_once()
+
+    def _join(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * self.interval_s + 1)
+            self._thread = None
+
+
+class UtilizationSampler(PeriodicSampler):
     """Samples utilization every ``interval_s`` on a daemon thread.
 
     Args:
@@ -70,25 +105,10 @@ class UtilizationSampler:
     """
 
     def __init__(self, physical_gpu_indices: Sequence[int] | None = None, interval_s: float = 1.0) -> None:
-        if interval_s <= 0:
-            raise ValueError(f"interval_s must be > 0, got {interval_s}")
-        self.interval_s = interval_s
+        super().__init__(interval_s, "gpukit-utilization")
         self.source = "nvml" if physical_gpu_indices else "cpu"
         self._read = _gpu_reader(physical_gpu_indices) if physical_gpu_indices else _cpu_reader()
         self._values: list[float] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> UtilizationSampler:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="gpukit-utilization", daemon=True)
-            self._thread.start()
-        return self
-
-    def _loop(self) -> None:
-        # Event.wait doubles as the interval timer and the prompt exit on stop().
-        while not self._stop.wait(self.interval_s):
-            self.sample_once()
 
     def sample_once(self) -> None:
         """Take one sample now (also called by the background thread)."""
@@ -100,9 +120,7 @@ class UtilizationSampler:
             self._values.append(float(value))
 
     def stop(self) -> UtilizationSummary:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5 * self.interval_s + 1)
+        self._join()
         return self.summary()
 
     def summary(self) -> UtilizationSummary:
@@ -115,7 +133,8 @@ class UtilizationSampler:
         )
 
     def __enter__(self) -> UtilizationSampler:
-        return self.start()
+        self.start()
+        return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()

@@ -1,0 +1,291 @@
+"""The run record: per-step timings, logged scalars, system samples and events, one file per rank.
+
+Format (``<dir>/rank<R>.jsonl``, version 1): UTF-8 JSON, one object per line, append-only.
+Every line has ``"type"`` and ``"t"`` (unix time in seconds). Types:
+
+* ``meta`` -- first line of each process that writes the file (a restarted or resumed run
+  appends a new one): ``format`` ("gpukit-record"), ``version``, ``rank``, ``world_size``,
+  ``local_rank``, ``host``, ``pid``, ``device``, ``strategy``, ``precision``,
+  ``restart_count``, ``sample_interval_s``, ``full_steps`` (steps recorded one per line
+  before aggregation starts).
+* ``step`` -- ``n`` consecutive steps from ``step`` (0-based): ``epoch``, ``samples`` (sum),
+  ``step_s`` / ``data_s`` / ``h2d_s`` / ``compute_s`` (means over the ``n`` steps; ``h2d_s``
+  absent when not measured), ``max_step_s``, ``exact`` (false when the split is estimated),
+  ``scalars`` (``session.log`` values, mean over the steps that logged them).
+* ``sys`` -- one sample of this rank's machine: ``gpu_util_pct``, ``gpu_mem_used_bytes``,
+  ``gpu_mem_total_bytes`` (NVML), ``torch_allocated_bytes``, ``torch_reserved_bytes``,
+  ``process_rss_bytes``, ``cpu_pct``, ``host_mem_used_bytes``; a figure not available is left out.
+* ``event`` -- ``kind`` (oom_backoff, leak_warning, checkpoint, preemption, restart), ``step``
+  (the last step recorded before it, or null) and the event's own fields.
+* ``end`` -- the run closed normally: ``steps``.
+
+Bounded size: the first ``full_steps`` steps (default 2000) get a line each; after that each
+line aggregates a window of steps that doubles every time the step count does (2 steps per
+line up to 2x``full_steps``, 4 up to 4x, ...), so a million steps take ~11,000 lines (~2 MB).
+
+Crash safety and cost: the loop only appends to in-memory queues. The sampler thread converts
+logged tensors to numbers (so the loop never waits for the GPU), writes the queued lines and
+flushes once per ``sample_interval_s``; a killed run loses at most that last interval and the
+open aggregation window, and leaves a file whose last line may be torn (readers skip it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import math
+import os
+import socket
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpukit.errors import ConfigurationError
+from gpukit.monitor import _events
+from gpukit.monitor._system import SystemSampler
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpukit.accelerators import Accelerator
+
+__all__ = ["RECORD_DIR_ENV", "RECORD_FORMAT", "RECORD_VERSION", "Recorder", "record_path", "session_recorder"]
+
+RECORD_DIR_ENV = "GPUKIT_RECORD_DIR"
+RECORD_FORMAT = "gpukit-record"
+RECORD_VERSION = 1
+_TIME_FIELDS = (("step_time_s", "step_s"), ("data_wait_s", "data_s"), ("h2d_s", "h2d_s"),
+                ("compute_s", "compute_s"))
+
+
+def record_path(directory: str | os.PathLike[str], rank: int) -> Path:
+    """The file rank ``rank`` writes in a record directory."""
+    return Path(directory) / f"rank{rank}.jsonl"
+
+
+def _window(recorded: int, full_steps: int) -> int:
+    """Steps per line once ``recorded`` steps are in the record (1, then doubling)."""
+    if recorded < full_steps:
+        return 1
+    return 2 ** (int(math.log2(recorded / full_steps)) + 1)
+
+
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "detach") and hasattr(value, "numel")
+
+
+def _as_number(value: Any) -> float:
+    """A scalar (int, float, or one-element tensor) as a float -- on the writer thread."""
+    if _is_tensor(value):
+        return float(value.detach().float().mean().item())
+    return float(value)
+
+
+class Recorder:
+    """Writes one rank's run record (see the module docstring for the format).
+
+    Usually created by ``Session(record="runs/exp1")``; feed it with :meth:`on_step` (the
+    session's step timings), :meth:`log` (scalars) and the events of :mod:`gpukit.monitor._events`.
+
+    Args:
+        directory: the record directory (created; shared by all ranks).
+        rank, world_size, local_rank: where this process sits.
+        meta: extra header fields (device, strategy, precision).
+        accelerator, device: this rank's device, for its samples; ``None``: process and host only.
+        sample_interval_s: seconds between system samples and file flushes.
+        full_steps: steps recorded one per line before aggregation starts.
+        tensorboard: also write to TensorBoard: a directory, ``"auto"`` (``<directory>/tensorboard``
+            when the ``tensorboard`` package is installed) or ``None``.
+
+    Raises:
+        ConfigurationError: bad interval or step count, or a directory that cannot be created.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, rank: int = 0, world_size: int = 1,
+                 local_rank: int = 0, meta: dict[str, Any] | None = None,
+                 accelerator: Accelerator | None = None, device: torch.device | None = None,
+                 sample_interval_s: float = 1.0, full_steps: int = 2000,
+                 tensorboard: str | os.PathLike[str] | None = "auto") -> None:
+        if not (isinstance(sample_interval_s, (int, float)) and sample_interval_s > 0):
+            raise ConfigurationError(f"record sample_interval_s={sample_interval_s!r}; use a number of seconds > 0.")
+        if not isinstance(full_steps, int) or full_steps < 1:
+            raise ConfigurationError(f"record full_steps={full_steps!r}; use an int >= 1.")
+        self.directory = Path(directory)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.path = record_path(self.directory, rank)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        except OSError as exc:
+            raise ConfigurationError(
+                f"Cannot write the run record in {str(directory)!r}: {exc.strerror or exc}. "
+                "Give record= (or gpukit run --record) a writable directory."
+            ) from None
+        self.rank = rank
+        self.full_steps = full_steps
+        self._steps = 0
+        self._last_step: int | None = None
+        self._window: dict[str, Any] | None = None
+        self._scalars: dict[str, list[Any]] = {}
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()  # append is thread-safe
+        self._closed = False
+        self._tb = _tensorboard_sink(tensorboard, self.directory, rank)
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        header = {"type": "meta", "t": round(time.time(), 3), "format": RECORD_FORMAT,
+                  "version": RECORD_VERSION, "rank": rank, "world_size": world_size,
+                  "local_rank": local_rank, "host": socket.gethostname(), "pid": os.getpid(),
+                  "restart_count": restarts, "sample_interval_s": sample_interval_s,
+                  "full_steps": full_steps, **(meta or {})}
+        self._write([header])
+        _events.subscribe(self.on_event)
+        if restarts:
+            _events.emit("restart", restart_count=restarts)
+        self._sampler = SystemSampler(accelerator, device, self.on_sample, sample_interval_s).start()
+
+    # -- inputs (cheap: called in the training loop) -------------------------------------------
+    def log(self, **values: Any) -> None:
+        """Scalars for the step in progress: numbers or one-element tensors (kept as they are
+        and converted on the writer thread, so logging a GPU loss costs no synchronisation)."""
+        for name, value in values.items():
+            if _is_tensor(value):
+                if value.numel() != 1:
+                    raise ConfigurationError(
+                        f"session.log({name}=<tensor of shape {tuple(value.shape)}>): log scalars "
+                        "(a number or a one-element tensor), e.g. loss=loss or acc=acc.mean()."
+                    )
+                value = value.detach()
+            elif not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ConfigurationError(
+                    f"session.log({name}={value!r}): log numbers or one-element tensors."
+                )
+            self._scalars.setdefault(name, []).append(value)
+
+    def on_step(self, timing: Any) -> None:
+        """One completed step (a ``StepTiming``: step, epoch, samples, step_time_s, data_wait_s,
+        h2d_s, compute_s, exact). Aggregated into windows once the record is long."""
+        window = self._window
+        if window is None:
+            window = self._window = {"type": "step", "t": 0.0, "step": int(timing.step), "n": 0,
+                                     "epoch": getattr(timing, "epoch", None), "samples": 0,
+                                     "max_step_s": 0.0, "exact": True, "_sums": {}, "_scalars": {}}
+        window["n"] += 1
+        window["samples"] += int(getattr(timing, "samples", 0) or 0)
+        window["exact"] = window["exact"] and bool(getattr(timing, "exact", True))
+        sums = window["_sums"]
+        for attr, key in _TIME_FIELDS:
+            value = getattr(timing, attr, None)
+            if value is not None:
+                sums[key] = sums.get(key, 0.0) + value
+        step_s = getattr(timing, "step_time_s", None) or 0.0
+        if step_s > window["max_step_s"]:
+            window["max_step_s"] = step_s
+        if self._scalars:
+            for name, values in self._scalars.items():
+                window["_scalars"].setdefault(name, []).extend(values)
+            self._scalars = {}
+        self._steps += 1
+        self._last_step = int(timing.step)
+        if window["n"] >= _window(self._steps - window["n"], self.full_steps):
+            window["t"] = time.time()
+            self._queue.append(window)
+            self._window = None
+
+    def on_sample(self, fields: dict[str, Any]) -> None:
+        """A system sample (on the sampler thread, which then writes what is queued)."""
+        self._queue.append({"type": "sys", "t": time.time(), **fields})
+        self.flush()
+
+    def on_event(self, kind: str, unix_time_s: float, fields: dict[str, Any]) -> None:
+        """An event (any thread, or a signal handler: only appends to a queue)."""
+        self._queue.append({"type": "event", "t": unix_time_s, "kind": kind,
+                            "step": self._last_step, **fields})
+
+    # -- output (sampler thread, and close) ----------------------------------------------------
+    def flush(self) -> None:
+        """Write what is queued and flush it to the OS (the sampler thread does this each interval)."""
+        lines = []
+        while self._queue:
+            lines.append(_finish(self._queue.popleft()))
+        if lines:
+            self._write(lines)
+
+    def _write(self, lines: list[dict[str, Any]]) -> None:
+        text = "".join(json.dumps(line, separators=(",", ":"), default=str) + "\n" for line in lines)
+        try:
+            self._file.write(text)
+            self._file.flush()
+        except (OSError, ValueError):  # disk full or closed: the run matters more than its record
+            return
+        if self._tb is not None:
+            for line in lines:
+                self._tb.write(line)
+
+    def close(self) -> None:
+        """Stop sampling, write the open window and an ``end`` line, close the file. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        _events.unsubscribe(self.on_event)
+        self._sampler.stop()
+        self._sampler.sample_once()  # the last figures (the peak is often at the end); flushes
+        if self._window is not None:
+            self._window["t"] = time.time()
+            self._queue.append(self._window)
+            self._window = None
+        self._queue.append({"type": "end", "t": time.time(), "steps": self._steps})
+        self.flush()
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+    @property
+    def steps(self) -> int:
+        """Steps recorded so far by this process."""
+        return self._steps
+
+
+def _finish(line: dict[str, Any]) -> dict[str, Any]:
+    """Turn a queued step window into its record line (means; tensors become numbers)."""
+    line["t"] = round(line["t"], 3)
+    if line["type"] != "step":
+        return line
+    n = line["n"]
+    for key, total in line.pop("_sums").items():
+        line[key] = total / n
+    scalars = {}
+    for name, values in line.pop("_scalars").items():
+        try:
+            numbers = [_as_number(v) for v in values]
+        except Exception:  # noqa: BLE001 - a tensor on a lost device: leave the scalar out
+            continue
+        scalars[name] = sum(numbers) / len(numbers)
+    if scalars:
+        line["scalars"] = scalars
+    return line
+
+
+def _tensorboard_sink(tensorboard: Any, directory: Path, rank: int) -> Any:
+    if tensorboard is None:
+        return None
+    from gpukit.monitor._tensorboard import TensorBoardSink, tensorboard_available
+
+    if tensorboard == "auto":
+        if not tensorboard_available():
+            return None
+        tensorboard = directory / "tensorboard"
+    return TensorBoardSink(Path(tensorboard) / f"rank{rank}")
+
+
+def session_recorder(session: Any, record: str | os.PathLike[str] | None) -> Recorder | None:
+    """The recorder a launched Session holds: ``record``, else ``GPUKIT_RECORD_DIR``, else none."""
+    directory = record if record is not None else os.environ.get(RECORD_DIR_ENV) or None
+    if directory is None or not session.strategy.launched:
+        return None
+    strategy = session.strategy
+    meta = {"device": str(strategy.root_device), "strategy": strategy.describe(),
+            "precision": session.precision.name}
+    recorder = Recorder(directory, rank=strategy.rank, world_size=strategy.world_size,
+                        local_rank=strategy.local_rank, meta=meta, accelerator=session.accelerator,
+                        device=strategy.root_device)
+    atexit.register(recorder.close)  # a script that never calls session.close() still ends its record
+    return recorder

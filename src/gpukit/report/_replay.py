@@ -1,0 +1,36 @@
+"""Replay a run record into TensorBoard event files (what the live forwarding would have written)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gpukit.monitor._tensorboard import TensorBoardSink
+from gpukit.report._read import read_record
+
+__all__ = ["replay_to_tensorboard"]
+
+
+def replay_to_tensorboard(directory: str | os.PathLike[str], out: str | os.PathLike[str]) -> list[Path]:
+    """Write every rank's record as TensorBoard scalars under ``out/rank<R>``.
+
+    Args:
+        directory: a run record directory.
+        out: TensorBoard log directory (``tensorboard --logdir OUT``).
+
+    Returns:
+        The per-rank event directories written.
+
+    Raises:
+        ConfigurationError: no readable record, or the ``tensorboard`` package is missing.
+    """
+    record = read_record(directory)
+    written = []
+    for rank, rank_record in record.ranks.items():
+        sink = TensorBoardSink(Path(out) / f"rank{rank}")
+        lines = sorted(rank_record.steps + rank_record.samples + rank_record.events, key=lambda l: l["t"])
+        for line in lines:
+            sink.write(line)
+        sink.close()
+        written.append(Path(sink.logdir))
+    return written

@@ -1,0 +1,138 @@
+"""What a run record says in numbers: set-up, duration, throughput, time split, peaks, stragglers."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpukit.report._read import RankRecord, RunRecord
+
+__all__ = ["RankFigures", "RunSummary", "STRAGGLER_RATIO", "summarize"]
+
+#: A rank whose median step time is this many times the other ranks' median is a straggler.
+STRAGGLER_RATIO = 1.15
+_PARTS = (("data_s", "data wait"), ("h2d_s", "host-to-device copy"), ("compute_s", "compute"))
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    """One rank's figures (``None``: not recorded)."""
+
+    rank: int
+    device: str | None
+    steps: int
+    samples: int
+    busy_s: float
+    median_step_s: float | None
+    samples_per_s: float | None
+    time_split_s: dict[str, float]
+    peak_torch_allocated_bytes: int | None
+    peak_torch_reserved_bytes: int | None
+    peak_gpu_mem_used_bytes: int | None
+    peak_process_rss_bytes: int | None
+    mean_util_pct: float | None
+    util_source: str | None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The whole run's figures for the report's summary table."""
+
+    world_size: int
+    strategy: str | None
+    precision: str | None
+    devices: list[str]
+    hosts: list[str]
+    duration_s: float
+    finished: bool
+    restarts: int
+    samples_per_s: float | None
+    time_split_pct: dict[str, float]
+    estimated_split: bool
+    ranks: list[RankFigures]
+    straggler: int | None
+    straggler_note: str | None
+    events: Counter[str] = field(default_factory=Counter)
+
+
+def _max(values: list[Any]) -> Any:
+    values = [v for v in values if isinstance(v, (int, float))]
+    return max(values) if values else None
+
+
+def _rank_figures(record: RankRecord) -> RankFigures:
+    steps = record.steps
+    n = sum(int(s.get("n", 1)) for s in steps)
+    busy = sum((s.get("step_s") or 0.0) * s.get("n", 1) for s in steps)
+    samples = sum(int(s.get("samples") or 0) for s in steps)
+    split = {key: sum((s.get(key) or 0.0) * s.get("n", 1) for s in steps) for key, _ in _PARTS}
+    per_step = [s["step_s"] for s in steps for _ in range(min(int(s.get("n", 1)), 64))
+                if isinstance(s.get("step_s"), (int, float))]
+    gpu_util = [s["gpu_util_pct"] for s in record.samples if isinstance(s.get("gpu_util_pct"), (int, float))]
+    cpu_util = [s["cpu_pct"] for s in record.samples if isinstance(s.get("cpu_pct"), (int, float))]
+    util, source = (gpu_util, "GPU") if gpu_util else (cpu_util, "CPU") if cpu_util else ([], None)
+    field_max = lambda key: _max([s.get(key) for s in record.samples])  # noqa: E731
+    return RankFigures(
+        rank=record.rank, device=record.meta.get("device"), steps=n, samples=samples, busy_s=busy,
+        median_step_s=statistics.median(per_step) if per_step else None,
+        samples_per_s=samples / busy if busy > 0 and samples else None, time_split_s=split,
+        peak_torch_allocated_bytes=field_max("torch_allocated_bytes"),
+        peak_torch_reserved_bytes=field_max("torch_reserved_bytes"),
+        peak_gpu_mem_used_bytes=field_max("gpu_mem_used_bytes"),
+        peak_process_rss_bytes=field_max("process_rss_bytes"),
+        mean_util_pct=statistics.fmean(util) if util else None, util_source=source,
+    )
+
+
+def _straggler(ranks: list[RankFigures]) -> tuple[int | None, str | None]:
+    timed = [r for r in ranks if r.median_step_s]
+    if len(timed) < 2:
+        return None, None
+    slowest = max(timed, key=lambda r: r.median_step_s or 0.0)
+    others = statistics.median(r.median_step_s or 0.0 for r in timed if r is not slowest)
+    if not others or (slowest.median_step_s or 0.0) < STRAGGLER_RATIO * others:
+        return None, None
+    ratio = (slowest.median_step_s or 0.0) / others
+    note = f"rank {slowest.rank} is a straggler: its median step takes {ratio:.2f}x the other ranks'"
+    # the part of the step that grew most against the other ranks' median says where to look
+    excess = []
+    for key, label in _PARTS:
+        mine = slowest.time_split_s.get(key, 0.0) / max(1, slowest.steps)
+        theirs = statistics.median(r.time_split_s.get(key, 0.0) / max(1, r.steps) for r in timed if r is not slowest)
+        excess.append((mine - theirs, label, mine, theirs))
+    grown, label, mine, theirs = max(excess)
+    if grown > 0:
+        note += f" (mostly {label}: {mine * 1000:.3g} ms per step against {theirs * 1000:.3g} ms)"
+    return slowest.rank, note + "; the others wait for it at every gradient sync."
+
+
+def summarize(record: RunRecord) -> RunSummary:
+    """Summarize a record (a run still in progress included)."""
+    ranks = [_rank_figures(r) for r in record.ranks.values()]
+    metas = [r.meta for r in record.ranks.values()]
+    first = metas[0] if metas else {}
+    busy = sum(r.busy_s for r in ranks)
+    split = {label: 100.0 * sum(r.time_split_s.get(key, 0.0) for r in ranks) / busy
+             for key, label in _PARTS if busy > 0 and any(r.time_split_s.get(key) for r in ranks)}
+    # global throughput: samples of all ranks over the wall time the steps spanned
+    step_times = [s["t"] for r in record.ranks.values() for s in r.steps]
+    samples = sum(r.samples for r in ranks)
+    span = (max(step_times) - min(step_times)) if len(step_times) > 1 else 0.0
+    if span <= 0 and ranks:
+        span = max(r.busy_s for r in ranks)
+    straggler, note = _straggler(ranks)
+    events = Counter(e.get("kind", "?") for r in record.ranks.values() for e in r.events)
+    return RunSummary(
+        world_size=int(first.get("world_size") or len(record.ranks)),
+        strategy=first.get("strategy"), precision=first.get("precision"),
+        devices=[f"rank {m.get('rank')}: {m.get('device', '?')}" for m in metas],
+        hosts=sorted({m.get("host", "?") for m in metas}),
+        duration_s=record.duration_s, finished=record.finished,
+        restarts=max((int(m.get("restart_count") or 0) for m in metas), default=0),
+        samples_per_s=samples / span if span > 0 and samples else None,
+        time_split_pct=split,
+        estimated_split=any(not s.get("exact", True) for r in record.ranks.values() for s in r.steps),
+        ranks=ranks, straggler=straggler, straggler_note=note, events=events,
+    )
