@@ -57,6 +57,15 @@ def test_demo_cli_runs_two_process_ddp_on_cpu(tmp_path) -> None:
     assert "x 2 processes, strategy ddp" in proc.stdout
     assert "(identical)" in proc.stdout
     assert (tmp_path / "digits-cnn.pt").is_file()
+    # the run was recorded by both ranks and its report written
+    report = tmp_path / "record" / "report.html"
+    assert f"report: {report}" in proc.stdout.replace("\n", "") and report.is_file()
+    from gpukit.report import read_record, summarize
+
+    summary = summarize(read_record(tmp_path / "record"))
+    assert summary.finished and sorted(r.rank for r in summary.ranks) == [0, 1]
+    assert all(r.steps > 0 for r in summary.ranks) and summary.time_split_pct
+    assert 'class="series" d="M' in report.read_text()
 
 
 def test_demo_cli_rejects_zero_processes() -> None:

@@ -19,16 +19,18 @@ __all__ = ["demo"]
               help="32-true, bf16-mixed, 16-mixed, bf16-true, 16-true or auto.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-              help="Where the checkpoint is written (default: a gpukit-demo folder in the temp dir).")
+              help="Where the checkpoint, run record and report go (default: a gpukit-demo folder in the temp dir).")
+@click.option("--record/--no-record", default=True, show_default=True,
+              help="Record the run in OUT_DIR/record and write its HTML report.")
 def demo(epochs: int, batch_size: int, nproc: int, cpu: bool, precision: str, seed: int,
-         out_dir: str | None) -> None:
+         out_dir: str | None, record: bool) -> None:
     """Train a small CNN on scikit-learn's 8x8 digits, save it, reload it into a plain model."""
     from rich.console import Console
     from rich.table import Table
 
     from gpukit.demo import DemoConfig, run_demo
 
-    options = dict(epochs=epochs, batch_size=batch_size, precision=precision, seed=seed)
+    options = dict(epochs=epochs, batch_size=batch_size, precision=precision, seed=seed, record=record)
     config = DemoConfig(**options) if out_dir is None else DemoConfig(**options, out_dir=out_dir)
     result = run_demo(config, nproc=nproc, cpu=cpu)
 
@@ -53,3 +55,7 @@ def demo(epochs: int, batch_size: int, nproc: int, cpu: bool, precision: str, se
     for key, value in rows:
         table.add_row(key, value)
     Console().print(table)
+    if result.record_dir is not None:
+        from gpukit.report import write_report
+
+        click.echo(f"report: {write_report(result.record_dir)} (from the run record in {result.record_dir})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -30,6 +31,11 @@ class DemoConfig:
     precision: str = "auto"
     accelerator: str = "auto"
     out_dir: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(), "gpukit-demo"))
+    record: bool = True  # write a run record in <out_dir>/record (for `gpukit report`)
+
+    @property
+    def record_dir(self) -> str | None:
+        return os.path.join(self.out_dir, "record") if self.record else None
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -57,6 +63,7 @@ class DemoResult:
     peak_memory_kind: str
     train_time_s: float
     checkpoint_path: str
+    record_dir: str | None = None
 
 
 @torch.no_grad()
@@ -81,7 +88,8 @@ def train_worker(config: DemoConfig) -> DemoResult:
     import gpukit
     from gpukit.monitor import Throughput
 
-    session = gpukit.Session(precision=config.precision, seed=config.seed, accelerator=config.accelerator)
+    session = gpukit.Session(precision=config.precision, seed=config.seed, accelerator=config.accelerator,
+                             record=config.record_dir)
     train_set, test_set = load_digits_split(seed=config.seed)
     test_images, test_labels = test_set.tensors
 
@@ -104,6 +112,7 @@ def train_worker(config: DemoConfig) -> DemoResult:
                 session.backward(loss)
             session.step(optimizer)
             running_loss += loss.detach()  # detached: keeps no graph alive between steps
+            session.log(loss=loss)  # into the run record, converted off the loop (no GPU sync)
             meter.update(len(labels) * session.world_size)
         mean_loss = float(session.all_reduce(running_loss / len(loader), op="mean"))
         accuracy = _accuracy(gpukit.unwrap_model(model), test_images, test_labels)
@@ -138,6 +147,7 @@ def train_worker(config: DemoConfig) -> DemoResult:
         peak_memory_kind=peak_kind,
         train_time_s=train_time_s,
         checkpoint_path=str(path),
+        record_dir=config.record_dir,
     )
     session.close()
     return result
@@ -153,6 +163,8 @@ def run_demo(config: DemoConfig, *, nproc: int = 1, cpu: bool = False) -> DemoRe
         raise ConfigurationError(f"--nproc must be a positive integer, got {nproc!r}.")
     if cpu:
         config = replace(config, accelerator="cpu")
+    if config.record_dir is not None:  # a record is append-only: each demo run starts a fresh one
+        shutil.rmtree(config.record_dir, ignore_errors=True)
     if nproc == 1:
         return train_worker(config)
     from gpukit.launch import launch_function

@@ -163,6 +163,8 @@ class Recorder:
     def on_step(self, timing: Any) -> None:
         """One completed step (a ``StepTiming``: step, epoch, samples, step_time_s, data_wait_s,
         h2d_s, compute_s, exact). Aggregated into windows once the record is long."""
+        if self._closed:
+            return
         window = self._window
         if window is None:
             window = self._window = {"type": "step", "t": 0.0, "step": int(timing.step), "n": 0,
@@ -287,5 +289,8 @@ def session_recorder(session: Any, record: str | os.PathLike[str] | None) -> Rec
     recorder = Recorder(directory, rank=strategy.rank, world_size=strategy.world_size,
                         local_rank=strategy.local_rank, meta=meta, accelerator=session.accelerator,
                         device=strategy.root_device)
+    timings = getattr(session, "timings", None)  # the step-time breakdown of the session's loaders
+    if timings is not None:
+        timings.add_listener(recorder.on_step)
     atexit.register(recorder.close)  # a script that never calls session.close() still ends its record
     return recorder

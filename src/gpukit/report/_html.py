@@ -120,7 +120,7 @@ def _charts(record: RunRecord, summary: RunSummary) -> list[tuple[str, list[str]
                       ("process_rss_bytes", "process resident (host)", "#7f7f7f", "2 2"))
                   if any(s.get(key) is not None for s in r.samples)]
         system.append(chart(series, title=f"Memory, rank {rank}", x_label="seconds since start",
-                            y_format=format_bytes, markers=markers))
+                            y_bytes=True, markers=markers))
     sections.append(("Device and host", system))
     return sections
 
@@ -156,7 +156,7 @@ def _rank_table(summary: RunSummary) -> str:
     head = ("rank", "device", "steps", "median step", "samples/s", "data", "copy", "compute", "mean util")
     rows = []
     for r in summary.ranks:
-        pct = [f"{100 * r.time_split_s.get(k, 0.0) / r.busy_s:.0f}%" if r.busy_s else "n/a"
+        pct = [f"{100 * r.time_split_s[k] / r.busy_s:.0f}%" if r.busy_s and k in r.time_split_s else "n/a"
                for k in ("data_s", "h2d_s", "compute_s")]
         util = "n/a" if r.mean_util_pct is None else f"{r.mean_util_pct:.0f}% {r.util_source}"
         cells = (str(r.rank), r.device or "?", f"{r.steps:,}",

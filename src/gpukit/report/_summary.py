@@ -67,7 +67,8 @@ def _rank_figures(record: RankRecord) -> RankFigures:
     n = sum(int(s.get("n", 1)) for s in steps)
     busy = sum((s.get("step_s") or 0.0) * s.get("n", 1) for s in steps)
     samples = sum(int(s.get("samples") or 0) for s in steps)
-    split = {key: sum((s.get(key) or 0.0) * s.get("n", 1) for s in steps) for key, _ in _PARTS}
+    split = {key: sum((s.get(key) or 0.0) * s.get("n", 1) for s in steps)
+             for key, _ in _PARTS if any(s.get(key) is not None for s in steps)}  # absent: not measured
     per_step = [s["step_s"] for s in steps for _ in range(min(int(s.get("n", 1)), 64))
                 if isinstance(s.get("step_s"), (int, float))]
     gpu_util = [s["gpu_util_pct"] for s in record.samples if isinstance(s.get("gpu_util_pct"), (int, float))]

@@ -18,7 +18,7 @@ __all__ = ["MAX_POINTS", "Series", "chart", "nice_ticks"]
 
 MAX_POINTS = 600
 _W, _H = 600, 230
-_L, _R, _T, _B = 62, 12, 26, 34  # margins: left (y labels), right, top (title), bottom (x labels)
+_L, _R, _T, _B = 68, 12, 26, 34  # margins: left (y labels), right, top (title), bottom (x labels)
 
 
 @dataclass
@@ -76,13 +76,14 @@ def _fmt_number(value: float) -> str:
 
 def chart(series: Sequence[Series], *, title: str, x_label: str, y_format: Callable[[float], str] | None = None,
           stacked: bool = False, y_min: float | None = 0.0, y_max: float | None = None,
-          markers: Sequence[tuple[float, str]] = ()) -> str:
+          y_bytes: bool = False, markers: Sequence[tuple[float, str]] = ()) -> str:
     """An SVG chart of ``series`` (a ``<figure>`` element with a legend), or a note when empty.
 
     Args:
         series: lines to draw; with ``stacked`` each is filled on top of the ones before it.
         title, x_label: texts; the y unit belongs in the title.
         y_format: tick label of a y value (default: compact number).
+        y_bytes: y values are bytes: ticks fall on round MiB / GiB.
         y_min, y_max: fixed ends of the y axis (``None``: from the data).
         markers: vertical dashed lines at x with a label (events).
     """
@@ -109,7 +110,13 @@ def chart(series: Sequence[Series], *, title: str, x_label: str, y_format: Calla
         y_values = [p[1] for p in points]
     low = min(y_values) if y_min is None else min(y_min, min(y_values))
     high = max(y_values) if y_max is None else y_max
-    y_ticks = nice_ticks(low, high)
+    if y_bytes:  # round numbers of the unit the values are read in
+        unit, name = next((u, n) for u, n in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
+                          if max(abs(high), abs(low)) >= u or u == 1)
+        y_ticks = [t * unit for t in nice_ticks(low / unit, high / unit)]
+        fmt = lambda v, unit=unit, name=name: f"{v / unit:g} {name}"  # noqa: E731
+    else:
+        y_ticks = nice_ticks(low, high)
     x_ticks = nice_ticks(x_low, x_high, 6)
     y0, y1 = y_ticks[0], y_ticks[-1]
     x0, x1 = (x_ticks[0], x_ticks[-1]) if x_high > x_low else (x_low - 0.5, x_low + 0.5)
