@@ -107,3 +107,12 @@ def test_real_cuda_initialised_then_environment_changed_fails():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
     status, count = __import__("json").loads(out.stdout.strip().splitlines()[-1])
     assert count >= 1 and status == "fail"
+
+
+def test_fastest_first_order_over_mixed_models_is_not_mistaken_for_late_initialisation(use_spec, make_ctx):
+    use_spec("old-driver")  # GTX 1080 Ti at PCI 02, RTX 3090 at 65: CUDA's fastest-first puts the 3090 first
+    gtx, rtx = "GPU-0b1c2d3e-4f5a-4b6c-8d7e-9f0a1b2c3d4e", "GPU-1c2d3e4f-5a6b-4c7d-9e8f-0a1b2c3d4e5f"
+    assert check_cuda_initialized(make_ctx({}, cuda_uuids=[rtx, gtx]))[0].status == "ok"
+    ordered = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert check_cuda_initialized(make_ctx(ordered, cuda_uuids=[rtx, gtx]))[0].status == "fail"
+    assert check_cuda_initialized(make_ctx(dict(ordered, CUDA_VISIBLE_DEVICES="1"), cuda_uuids=[rtx]))[0].status == "ok"

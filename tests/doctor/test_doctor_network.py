@@ -98,3 +98,21 @@ def test_master_on_this_machine_and_no_master(make_ctx):
     one_node = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}
     assert check_master(make_ctx(one_node))[0].status == "ok"
     assert check_master(make_ctx({}))[0].status == "info"
+
+
+def test_host_name_resolving_to_loopback_warns_for_gloo(monkeypatch, make_ctx):
+    from gpukit.doctor import _network
+
+    addrs = [(name, a.address) for name, items in psutil.net_if_addrs().items() for a in items
+             if a.family == socket.AF_INET and not a.address.startswith("127.")
+             and psutil.net_if_stats()[name].isup]
+    if not addrs:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    iface, own = addrs[0]
+    real_resolve = _network.resolve
+    # the Debian/Ubuntu /etc/hosts default: "127.0.1.1 <hostname>"
+    monkeypatch.setattr(_network, "resolve", lambda host, timeout_s=2.0: ["127.0.1.1"]
+                        if host == socket.gethostname() else real_resolve(host, timeout_s))
+    [finding] = check_interface(make_ctx({"MASTER_ADDR": own}))
+    assert finding.status == "warn" and "127.0.1.1" in finding.message
+    assert f"GLOO_SOCKET_IFNAME={iface}" in finding.fix

@@ -45,7 +45,8 @@ def format_report(report: dict[str, Any]) -> str:
     shm = report["shm"]
     if "total_bytes" in shm:
         lines.append(f"shm: {shm['path']} {format_bytes(shm['total_bytes'])} ({format_bytes(shm['free_bytes'])} free)")
-    lines.append("environment:" if report["environment"] else "environment: (no CUDA/NCCL/GLOO/MASTER/GPUKIT variables)")
+    lines.append("environment:" if report["environment"]
+                 else "environment: (no CUDA/NCCL/GLOO/MASTER/GPUKIT variables)")
     lines.extend(f"  {k}={v}" for k, v in report["environment"].items())
     return "\n".join(lines)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpukit.devices import GpuSnapshot
-from gpukit.devices._visible import ENV_VAR, _parse, _resolve, order_may_differ
+from gpukit.devices._visible import ENV_VAR, _parse, _resolve, order_may_differ, parse_visible_devices
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
 
@@ -89,6 +89,21 @@ def _plain(uuid: str | None) -> str:
     return text
 
 
+def _same_devices(ctx: DoctorContext, seen: list[str], expected: list[GpuSnapshot]) -> bool:
+    if len(seen) != len(expected):
+        return False
+    if any(not _plain(s) for s in seen):  # a torch without device UUIDs: the count is all there is
+        return True
+    if not order_may_differ(ctx.env, ctx.gpus):
+        return [_plain(s) for s in seen] == [_plain(e.uuid) for e in expected]
+    # Fastest-first numbering over mixed models: CUDA's order (and what an index in the variable
+    # means) may differ from nvidia-smi's, so only the set can be compared, and only without indices.
+    entries = parse_visible_devices(ctx.env.get(ENV_VAR))
+    if entries is None or all(e.kind != "index" for e in entries):
+        return sorted(map(_plain, seen)) == sorted(_plain(e.uuid) for e in expected)
+    return True
+
+
 def check_cuda_initialized(ctx: DoctorContext) -> list[Finding]:
     """CUDA already initialised here with other devices than the environment names.
 
@@ -110,9 +125,7 @@ def check_cuda_initialized(ctx: DoctorContext) -> list[Finding]:
     if expected is None:
         return [Finding(name, "info", f"CUDA is initialised with {len(seen)} device(s) ({set_vars}); "
                         "NVML lists no GPU to compare with", None, details)]
-    same_count = len(seen) == len(expected)
-    same_devices = same_count and all(_plain(s) == _plain(e.uuid) or not _plain(s)
-                                      for s, e in zip(seen, expected, strict=True))
+    same_devices = _same_devices(ctx, seen, expected)
     if same_devices:
         return [Finding(name, "ok", f"CUDA is initialised with the devices the environment names ({set_vars}); "
                         "changing them now would be ignored", None, details)]

@@ -163,7 +163,7 @@ def _default_interface(ctx: DoctorContext, ifaces: dict[str, dict[str, Any]], ha
                            f"traffic to {addr} leaves through {iface or '?'} ({local}), but the host name {host!r} "
                            f"resolves to {', '.join(host_ips)}: gloo would advertise a loopback address the other "
                            "nodes cannot reach",
-                           f"export GLOO_SOCKET_IFNAME={iface or '<interface>'} NCCL_SOCKET_IFNAME={iface or '<interface>'}",
+                           "export GLOO_SOCKET_IFNAME={0} NCCL_SOCKET_IFNAME={0}".format(iface or "<interface>"),
                            details)
         return Finding(name, "ok", f"traffic to the master {addr} leaves through {iface or '?'} ({local}); "
                        "gloo/NCCL pick it without *_SOCKET_IFNAME", None, details)

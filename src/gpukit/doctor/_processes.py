@@ -142,7 +142,8 @@ def check_gpu_processes(ctx: DoctorContext, inspect: Callable[[int], ProcessStat
     container = _in_container() if in_container is None else in_container
     fake = inspect is None and getattr(_nvml.backend(), "gpukit_process_details", None) is not None
     inspect = inspect or inspect_pid
-    findings, elsewhere = [], []
+    findings: list[Finding] = []
+    elsewhere: list[tuple[GpuProcess, GpuSnapshot]] = []
     for proc, unit in units:
         state = inspect(proc.pid)
         if state.kind == "missing" and (fake or container):

@@ -47,7 +47,8 @@ def check_shm(ctx: DoctorContext) -> list[Finding]:
     details = {"path": path, "total_bytes": total, "free_bytes": free, "needed_bytes": needed,
                "workers": workers}
     sizes = f"{path} is {format_bytes(total)} ({format_bytes(free)} free)"
-    need = (f"{max(1, workers)} DataLoader worker(s) x {_PREFETCH_FACTOR} batches of ~{format_bytes(TYPICAL_BATCH_BYTES)} "
+    need = (f"{max(1, workers)} DataLoader worker(s) x {_PREFETCH_FACTOR} batches of "
+            f"~{format_bytes(TYPICAL_BATCH_BYTES)} "
             f"need ~{format_bytes(needed)}")
     if total < needed:
         return [Finding(name, "fail", f"{sizes}; {need}: workers will die with \"Bus error\"", _FIX, details)]
