@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
+import stat
 import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -29,6 +31,8 @@ __all__ = [
     "append_zip_metadata",
     "read_metadata",
     "check_readable_file",
+    "read_safetensors_header",
+    "SAFETENSORS_DTYPES",
     "MARKER_NAME",
 ]
 
@@ -40,6 +44,13 @@ _META_RECORD = ".gpukit/meta.json"
 #: file that marks a CheckpointManager step directory as complete; written last
 MARKER_NAME = "complete.json"
 _ZIP_MAGIC = b"PK\x03\x04"
+#: safetensors dtype codes -> (torch dtype name, bytes per element)
+SAFETENSORS_DTYPES = {
+    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
+    "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1),
+    "BOOL": ("bool", 1), "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
+    "U16": ("uint16", 2), "U32": ("uint32", 4), "U64": ("uint64", 8), "C64": ("complex64", 8),
+}
 
 
 def metadata_entry() -> dict[str, str]:
@@ -72,9 +83,14 @@ def check_readable_file(path: Path) -> int:
             )
         raise CheckpointError(f"{path} is a directory, not a checkpoint file. Give the path of the file.")
     try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):  # before open(): opening a FIFO blocks until a writer comes
+            kind = "a FIFO (named pipe)" if stat.S_ISFIFO(info.st_mode) else "a socket or device"
+            raise CheckpointError(f"{path} is {kind}, not a regular file: checkpoints are read from files. "
+                                  "Copy the data into a file first.")
         with open(path, "rb"):
             pass
-        size = os.stat(path).st_size
+        size = info.st_size
     except FileNotFoundError:
         raise CheckpointError(f"No checkpoint at {path}: the file does not exist.") from None
     except PermissionError as exc:
@@ -146,12 +162,56 @@ def read_metadata(path: Path, format: str) -> dict[str, str] | None:
                     if name.endswith("/" + _META_RECORD):
                         return dict(json.loads(archive.read(name)))
         elif format == SAFETENSORS:
-            with open(path, "rb") as handle:
-                header_bytes = int.from_bytes(handle.read(8), "little")
-                header = json.loads(handle.read(header_bytes))
-            meta = header.get("__metadata__") or {}
+            meta = read_safetensors_header(path, os.stat(path).st_size).get("__metadata__") or {}
             if "gpukit_version" in meta:
                 return {k: v for k, v in meta.items() if k in ("gpukit_version", "torch_version", "saved_at")}
-    except (OSError, ValueError, zipfile.BadZipFile):
+    except (OSError, ValueError, zipfile.BadZipFile, CheckpointError):
         return None
     return None
+
+
+def read_safetensors_header(path: Path, size: int) -> dict[str, Any]:
+    """The header of a safetensors file, checked against the file before any tensor is read.
+
+    Every tensor's dtype, shape and byte range must agree with each other and lie inside the
+    file, so a damaged or hostile header (absurd shapes, offsets past the end) is refused here
+    instead of making a reader allocate what the header claims.
+
+    Returns:
+        ``{name: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}`` as stored.
+
+    Raises:
+        CheckpointError: the header is truncated, not JSON, or describes data the file lacks.
+    """
+    def damaged(why: str) -> CheckpointError:
+        return CheckpointError(f"{path} is a damaged safetensors file: {why}. Use an older copy or "
+                               "export it again.")
+
+    with open(path, "rb") as handle:
+        header_bytes = int.from_bytes(handle.read(8), "little")
+        if size < 8 or header_bytes + 8 > size:
+            raise damaged(f"its header claims {header_bytes} bytes but the file has {size}")
+        raw = handle.read(header_bytes)
+    try:
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise damaged(f"its header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise damaged(f"its header is a JSON {type(header).__name__}, not an object")
+    data_bytes = size - 8 - header_bytes
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = entry["dtype"], list(entry["shape"]), entry["data_offsets"]
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (*shape, begin, end)):
+                raise TypeError
+        except (TypeError, KeyError, ValueError):
+            raise damaged(f"tensor {name!r} has no valid dtype, shape and data_offsets ({str(entry)[:80]})") from None
+        if dtype not in SAFETENSORS_DTYPES:
+            raise damaged(f"tensor {name!r} has unknown dtype {dtype!r}")
+        declared = math.prod(shape) * SAFETENSORS_DTYPES[dtype][1]
+        if not begin <= end <= data_bytes or end - begin != declared:
+            raise damaged(f"tensor {name!r} ({dtype} {shape}) declares {declared:,} bytes at offsets "
+                          f"{begin}..{end}, but the file holds {data_bytes:,} bytes of tensor data")
+    return header

@@ -21,14 +21,16 @@ import torch
 from gpukit.checkpoint._formats import (
     MARKER_NAME,
     SAFETENSORS,
+    SAFETENSORS_DTYPES,
     TORCH_ZIP,
     check_readable_file,
     read_metadata,
+    read_safetensors_header,
     sniff_format,
 )
 from gpukit.checkpoint._io import load, save
 from gpukit.checkpoint._keys import format_indices
-from gpukit.checkpoint._manager import SHARED_FILE, CheckpointManager
+from gpukit.checkpoint._manager import SHARED_FILE, CheckpointManager, rank_file_name
 from gpukit.checkpoint._prefixes import detect_prefixes, strip_wrapper_prefixes
 from gpukit.errors import CheckpointError, ConfigurationError, UnsafeCheckpointError
 
@@ -37,10 +39,6 @@ __all__ = ["inspect_checkpoint", "convert_checkpoint", "DTYPES"]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _LIST_ALL_UP_TO = 40  # tensors; beyond this, numbered keys are folded into groups
 _MAX_ENTRIES = 60
-_SAFETENSORS_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-    "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
-}
 
 
 def _walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -149,16 +147,10 @@ def _inspect_file(path: Path) -> tuple[dict[str, Any], Any]:
         "gpukit_version": meta.get("gpukit_version"), "saved_at": meta.get("saved_at"), "unsafe": None,
     }
     locations: dict[int, str] = {}
-    if fmt == SAFETENSORS:
-        from gpukit.checkpoint._io import _safetensors
-
-        _safetensors()
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as handle:
-            rows = [(k, list(handle.get_slice(k).get_shape()),
-                     _SAFETENSORS_DTYPES.get(handle.get_slice(k).get_dtype(), handle.get_slice(k).get_dtype()),
-                     "not stored") for k in handle.keys()]
+    if fmt == SAFETENSORS:  # the (validated) header says it all; no tensor is read
+        header = read_safetensors_header(path, size)
+        rows = [(k, list(v["shape"]), SAFETENSORS_DTYPES[v["dtype"]][0], "not stored")
+                for k, v in sorted(header.items()) if k != "__metadata__"]
         state: Any = None
     else:
         def record(storage: Any, location: str) -> Any:
@@ -207,6 +199,13 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     marker = CheckpointManager._read_marker(step_dir)
     if marker is None:
         raise CheckpointError(f"{step_dir} is an incomplete checkpoint (its {MARKER_NAME} is missing or wrong).")
+    missing = [name for name in (SHARED_FILE, rank_file_name(0)) if not (step_dir / name).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"{step_dir} is an incomplete checkpoint: {' and '.join(missing)} missing (a step directory holds "
+            f"{SHARED_FILE}, one rank_NNNNN.pt per process and {MARKER_NAME}). Use another step, or copy "
+            "the whole directory again."
+        )
     info, shared = _inspect_file(step_dir / SHARED_FILE)
     rank0 = load(step_dir / "rank_00000.pt", map_location="cpu")
     info.update(path=str(step_dir), format="gpukit-checkpoint-directory",

@@ -22,6 +22,7 @@ from gpukit.checkpoint._formats import (
     check_readable_file,
     format_for_save,
     metadata_entry,
+    read_safetensors_header,
     sniff_format,
 )
 from gpukit.checkpoint._prefixes import strip_wrapper_prefixes
@@ -246,6 +247,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _load_safetensors(path: Path, map_location: Any) -> dict[str, torch.Tensor]:
     st = _safetensors()
+    read_safetensors_header(path, path.stat().st_size)  # refuses absurd sizes before anything is allocated
     device = "cpu" if map_location in (None, "auto") else str(map_location)
     try:
         return dict(st.load_file(str(path), device=device))

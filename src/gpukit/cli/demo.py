@@ -5,19 +5,20 @@ from __future__ import annotations
 import click
 
 from gpukit._units import format_bytes
+from gpukit.cli._common import MAX_BATCH, MAX_SEED
 
 __all__ = ["demo"]
 
 
 @click.command(short_help="Train the built-in example (digits CNN) and show what was measured.")
 @click.option("--epochs", type=click.IntRange(min=1), default=5, show_default=True, help="Training epochs.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Batch size per process.")
+@click.option("--batch-size", type=click.IntRange(1, MAX_BATCH), default=64, show_default=True, help="Batch size per process.")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes: more than 1 runs DDP through gpukit run's launcher.")
 @click.option("--cpu", is_flag=True, help="Train on the CPU (gloo for DDP) even if GPUs are present.")
 @click.option("--precision", default="auto", show_default=True,
               help="32-true, bf16-mixed, 16-mixed, bf16-true, 16-true or auto.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
               help="Where the checkpoint, run record and report go (default: a gpukit-demo folder in the temp dir).")
 @click.option("--record/--no-record", default=True, show_default=True,

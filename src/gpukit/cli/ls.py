@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from gpukit.cli._common import FiniteFloatRange
 from gpukit.devices import _nvml
 from gpukit.devices import claim_holders, driver_version, list_gpus, selectable_units, unavailable_reason
 
@@ -58,7 +59,7 @@ def _no_gpu_message() -> str:
 
 @click.command("ls", short_help="Show the GPUs and the processes on them, like nvidia-smi.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (sizes in bytes).")
-@click.option("--watch", type=click.FloatRange(min=0.1), is_flag=False, flag_value=2.0, default=None,
+@click.option("--watch", type=FiniteFloatRange(min=0.1, max=86400), is_flag=False, flag_value=2.0, default=None,
               metavar="[SECONDS]", help="Refresh in place every SECONDS (default 2) until Ctrl-C.")
 def ls(as_json: bool, watch: float | None) -> None:
     """Show the GPUs (memory, utilization, temperature, power, claims) and the processes on them.

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import sys
 
 import click
 
+from gpukit.cli._common import MAX_BATCH
 from gpukit.errors import ConfigurationError
 
 __all__ = ["plan"]
@@ -16,6 +18,7 @@ __all__ = ["plan"]
 _DTYPES = ("float32", "float16", "bfloat16", "int64", "int32")
 _PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")  # gpukit.precision's, less "auto"
 _SHORT_NAMES = ("32", "16", "bf16")  # also accepted by gpukit.precision
+_MAX_INPUT_NUMEL = 2**48  # elements of one input (1 PiB of fp32): more is a typo, and overflows torch's sizes
 
 
 def _load_factory(target: str) -> object:
@@ -63,6 +66,12 @@ def _shape(text: str) -> tuple[int, ...]:
         dims = ()
     if not dims or any(d < 1 for d in dims):
         raise ConfigurationError(f"--batch-shape {text!r}: expected positive integers separated by commas, e.g. 64,3,32,32.")
+    numel = math.prod(dims)
+    if max(dims) > MAX_BATCH or numel > _MAX_INPUT_NUMEL:
+        raise ConfigurationError(
+            f"--batch-shape {text!r}: {numel:.3g} elements is beyond any device (each dimension at most "
+            f"{MAX_BATCH:,}, the whole input at most {_MAX_INPUT_NUMEL:.3g} elements); give the shape of one "
+            "batch, e.g. 64,3,32,32.")
     return dims
 
 
@@ -79,24 +88,27 @@ def plan(model: str, shapes: tuple[str, ...], dtypes: tuple[str, ...], precision
 
     Nothing is allocated on the GPU: the step runs on fake tensors.
     """
-    import torch
-
-    from gpukit.errors import MemoryPlanError
-    from gpukit.memory import estimate_memory
-
+    # Everything that needs no torch is checked before torch loads (it takes seconds).
     if dtypes and len(dtypes) != len(shapes):
         raise ConfigurationError(f"Got {len(shapes)} --batch-shape but {len(dtypes)} --dtype; give one --dtype per input or none.")
     if precision.strip().lower() not in _PRECISIONS + _SHORT_NAMES:
         raise ConfigurationError(f"--precision {precision!r}: plan for one of {', '.join(_PRECISIONS)} "
                                  "('auto' depends on the GPU that will run it, so name the precision).")
+    dims = [_shape(s) for s in shapes]
+    factory = _load_factory(model)  # a typo in MODEL is reported before torch loads (unless the module imports it)
+
+    import torch
+
+    from gpukit.errors import MemoryPlanError
+    from gpukit.memory import estimate_memory
+
     try:
         torch.device(device)
     except (RuntimeError, ValueError):
         raise ConfigurationError(f"--device {device!r}: give a torch device type such as cuda, cpu or mps "
                                  "(no such device is needed: nothing is allocated).") from None
-    dims = [_shape(s) for s in shapes]
     dtype_names = dtypes or ("float32",) * len(shapes)
-    built = _build(model, _load_factory(model))
+    built = _build(model, factory)
     with torch.device("meta"):  # only shapes and dtypes matter
         inputs = [torch.empty(d, dtype=getattr(torch, t)) for d, t in zip(dims, dtype_names)]
     try:

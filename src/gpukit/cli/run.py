@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -9,7 +10,7 @@ from typing import Any
 
 import click
 
-from gpukit.cli._common import parse_size_option
+from gpukit.cli._common import FiniteFloatRange, parse_size_option, parse_wait_seconds
 from gpukit.errors import ConfigurationError
 
 __all__ = ["run"]
@@ -73,15 +74,8 @@ class _RunCommand(click.Command):
 def _wait_timeout(value: str | None) -> tuple[bool, float | None]:
     if value is None:
         return False, None
-    if value == _WAIT_FOREVER:
-        return True, None
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a number of seconds.", param_hint="--wait") from None
-    if seconds < 0:
-        raise click.BadParameter(f"{value!r}: a timeout cannot be negative.", param_hint="--wait")
-    return True, seconds
+    seconds = None if value == _WAIT_FOREVER else parse_wait_seconds(value)
+    return True, None if seconds is None or math.isinf(seconds) else seconds
 
 
 def _gpu_request(text: str | None, cpu: bool) -> Any:
@@ -103,18 +97,18 @@ def _gpu_request(text: str | None, cpu: bool) -> Any:
 )
 @click.option("--gpus", metavar="N|all|LIST", help="How many GPUs (best free first), 'all', or which: 1,3 (one by index: 3,).")
 @click.option("--min-free", "min_free", metavar="SIZE", help="Only GPUs with this much free memory, e.g. 8GiB.")
-@click.option("--max-util", "max_util", type=click.FloatRange(0, 100), metavar="PCT", help="Only GPUs at most this busy (%).")
+@click.option("--max-util", "max_util", type=FiniteFloatRange(0, 100, unit="percent"), metavar="PCT", help="Only GPUs at most this busy (%).")
 @click.option("--wait", "wait", metavar="[TIMEOUT]", help="Wait (up to TIMEOUT seconds) for GPUs to become free.")
 @click.option("--nproc", type=int, help="Worker processes on this node [default: number of GPUs, or 1].")
 @click.option("--cpu", is_flag=True, help="Run on the CPU with gloo (how DDP is tried without GPUs).")
 @click.option("--max-restarts", type=int, default=0, show_default=True, help="Restart the workers after a failure.")
-@click.option("--grace", type=float, default=10.0, show_default=True, metavar="SECONDS", help="Seconds from SIGTERM to SIGKILL when stopping.")
+@click.option("--grace", type=FiniteFloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS", help="Seconds from SIGTERM to SIGKILL when stopping.")
 @click.option("--nnodes", type=int, default=1, show_default=True, help="Machines taking part.")
 @click.option("--node-rank", type=int, default=0, show_default=True, help="This machine's number; node 0 hosts the rendezvous.")
 @click.option("--master-addr", metavar="ADDR", help="Address of node 0 (several machines).")
 @click.option("--master-port", type=int, default=29500, show_default=True, help="Rendezvous port on node 0 (several machines).")
 @click.option("--local-addr", metavar="ADDR", help="This node's address as others reach it [default: the route to the master].")
-@click.option("--rdzv-timeout", type=float, default=300.0, show_default=True, metavar="SECONDS", help="Wait this long for the master and the other nodes.")
+@click.option("--rdzv-timeout", type=FiniteFloatRange(min=0, min_open=True), default=300.0, show_default=True, metavar="SECONDS", help="Wait this long for the master and the other nodes.")
 @click.option("-m", "--module", metavar="MODULE", help="Run a module (python -m MODULE) instead of a script.")
 @click.option("-v", "--verbose", is_flag=True, help="Show torch elastic's own log lines.")
 @click.option("--record", "record", metavar="DIR", type=click.Path(file_okay=False),

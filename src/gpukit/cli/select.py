@@ -11,33 +11,18 @@ import math
 
 import click
 
-from gpukit.cli._common import parse_size_option
-from gpukit.errors import ConfigurationError
+from gpukit.cli._common import FiniteFloatRange, parse_size_option, parse_wait_seconds
 
 __all__ = ["select"]
 
 _FORMATS = ("indices", "uuids", "env")
 
 
-def _parse_wait(value: str | None) -> float | None:
-    """``--wait`` alone waits without limit (``inf``); ``--wait 60`` waits up to 60 s."""
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ConfigurationError(f"--wait {value!r}: give the longest wait in seconds (e.g. --wait 600), "
-                                 "or --wait alone to wait without limit.") from None
-    if seconds < 0 or math.isnan(seconds):
-        raise ConfigurationError(f"--wait {value!r}: seconds must be >= 0.")
-    return seconds
-
-
 @click.command("select")
 @click.option("-n", "--count", type=click.IntRange(min=1), default=1, show_default=True, help="How many GPUs.")
 @click.option("--min-free", metavar="SIZE", default=None,
               help="Least free memory per GPU: 8GiB, 8000MiB, 8G, or bytes.")
-@click.option("--max-util", metavar="PCT", type=click.FloatRange(0, 100), default=None,
+@click.option("--max-util", metavar="PCT", type=FiniteFloatRange(0, 100, unit="percent"), default=None,
               help="Highest GPU utilization in percent.")
 @click.option("--max-procs", metavar="N", type=click.IntRange(min=0), default=None,
               help="Most processes already on a GPU (0: idle GPUs only).")
@@ -62,7 +47,7 @@ def select(count: int, min_free: str | None, max_util: float | None, max_procs: 
     from gpukit.devices import _nvml, select_gpus
 
     _nvml.silence_notice()  # the selection error says "no GPU" itself
-    timeout = _parse_wait(wait)
+    timeout = None if wait is None else parse_wait_seconds(wait)
     chosen = select_gpus(
         count,
         min_free_memory=parse_size_option("--min-free", min_free),

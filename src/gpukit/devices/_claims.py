@@ -42,17 +42,26 @@ def default_claim_dir(claim_dir: str | os.PathLike[str] | None = None) -> Path:
     return Path(chosen)
 
 
+def _claim_dir_error(path: Path, problem: str) -> DeviceError:
+    return DeviceError(f"GPU claim directory {str(path)!r}: {problem}. Set {CLAIM_DIR_ENV} to a writable directory "
+                       "shared by all jobs on this machine (every job must use the same one).")
+
+
 def _ensure_dir(path: Path) -> Path:
+    """``path``, created if missing; a DeviceError if it cannot hold claims (not a directory, not writable)."""
+    if path.exists() and not path.is_dir():
+        raise _claim_dir_error(path, "it exists but is not a directory")
     if not path.is_dir():
         try:
             path.mkdir(parents=True, exist_ok=True)
-            # Shared by every user of the machine, like /tmp itself: world-writable + sticky.
-            os.chmod(path, 0o1777)
-        except PermissionError:
-            pass
         except OSError as exc:
-            raise DeviceError(f"Cannot create the GPU claim directory {str(path)!r}: {exc.strerror or exc}. "
-                              f"Set {CLAIM_DIR_ENV} to a writable directory shared by all jobs.") from None
+            raise _claim_dir_error(path, f"cannot create it ({exc.strerror or exc})") from None
+        try:  # shared by every user of the machine, like /tmp itself: world-writable + sticky
+            os.chmod(path, 0o1777)
+        except OSError:  # created meanwhile by another user, who set the mode
+            pass
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise _claim_dir_error(path, "not writable by this user, so no GPU can be claimed")
     return path
 
 
@@ -96,6 +105,10 @@ def _try_acquire(directory: Path, uuid: str) -> Any | None:
         lock.acquire(timeout=_CONTENTION_GRACE_S, poll_interval=0.01)
     except Timeout:
         return None
+    except OSError as exc:  # read-only file system, a directory where the lock file goes, permissions
+        where = directory / f"{_stem(uuid)}.lock"
+        fix = " (remove that directory)" if isinstance(exc, IsADirectoryError) else ""
+        raise _claim_dir_error(directory, f"cannot take the lock {where.name}: {exc.strerror or exc}{fix}") from None
     _write_owner(directory, uuid)
     return lock
 

@@ -4,11 +4,13 @@ Settings reach the workers as environment variables (documented in docs/readme/r
 ``GPUKIT_RUN_ID``, ``GPUKIT_LAUNCHER_PID``, ``GPUKIT_GRACE_S``, ``GPUKIT_CPU`` and
 ``CUDA_VISIBLE_DEVICES``/``CUDA_DEVICE_ORDER``, next to everything torchrun sets
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``...).
+``GPUKIT_MAX_NPROC`` raises the cap on workers per node (default: 4 per CPU core, at least 8).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import pickle
 import sys
@@ -22,10 +24,11 @@ from gpukit.launch._elastic import Topology, run_workers
 from gpukit.launch._gpus import DevicePlan, GpuRequest, plan_devices
 from gpukit.launch._orphans import LAUNCHER_PID_ENV
 
-__all__ = ["launch_function", "launch_script", "GRACE_ENV", "RUN_ID_ENV", "DEFAULT_GRACE_S"]
+__all__ = ["launch_function", "launch_script", "GRACE_ENV", "RUN_ID_ENV", "MAX_NPROC_ENV", "DEFAULT_GRACE_S"]
 
 GRACE_ENV = "GPUKIT_GRACE_S"
 RUN_ID_ENV = "GPUKIT_RUN_ID"
+MAX_NPROC_ENV = "GPUKIT_MAX_NPROC"
 DEFAULT_GRACE_S = 10.0
 
 Echo = Callable[[str], None]
@@ -44,9 +47,27 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 def _check_run_settings(nproc: int | None, max_restarts: int, grace_s: float) -> None:
     if nproc is not None:
         _check_int("nproc (--nproc)", nproc, 1)
+        _check_nproc_cap(nproc)
     _check_int("max_restarts (--max-restarts)", max_restarts, 0)
-    if not isinstance(grace_s, (int, float)) or isinstance(grace_s, bool) or grace_s < 0:
-        raise ConfigurationError(f"grace_s (--grace) must be a number of seconds >= 0, got {grace_s!r}.")
+    if (not isinstance(grace_s, (int, float)) or isinstance(grace_s, bool) or not math.isfinite(grace_s)
+            or grace_s < 0):
+        raise ConfigurationError(f"grace_s (--grace) must be a finite number of seconds >= 0, got {grace_s!r}.")
+
+
+def _check_nproc_cap(nproc: int) -> None:
+    """Refuse a worker count no machine runs well (``--nproc 100000`` would fork until the OS gives out)."""
+    cores = os.cpu_count() or 1
+    try:
+        cap = int(os.environ.get(MAX_NPROC_ENV) or max(8, 4 * cores))
+    except ValueError:
+        raise ConfigurationError(f"{MAX_NPROC_ENV}={os.environ[MAX_NPROC_ENV]!r}: give a whole number of "
+                                 "worker processes.") from None
+    if nproc > cap:
+        raise ConfigurationError(
+            f"nproc (--nproc) {nproc} is more worker processes than this machine runs well: it has {cores} "
+            f"CPU core(s) and the cap is {cap} (4 per core, at least 8). Use fewer, spread the job over "
+            f"machines (--nnodes), or raise the cap with {MAX_NPROC_ENV}={nproc} if you mean it."
+        )
 
 
 def _check_topology(topology: Topology) -> None:
@@ -63,8 +84,8 @@ def _check_topology(topology: Topology) -> None:
         )
     if not 1 <= topology.master_port <= 65535:
         raise ConfigurationError(f"--master-port must be in 1..65535, got {topology.master_port}.")
-    if not topology.rdzv_timeout_s > 0:
-        raise ConfigurationError(f"--rdzv-timeout must be > 0 seconds, got {topology.rdzv_timeout_s}.")
+    if not 0 < topology.rdzv_timeout_s < math.inf:
+        raise ConfigurationError(f"--rdzv-timeout must be a finite number of seconds > 0, got {topology.rdzv_timeout_s}.")
 
 
 def _check_target(target: str, module: bool) -> None:

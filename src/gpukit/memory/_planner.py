@@ -13,9 +13,11 @@ in ``torch.cuda.memory_allocated`` either) and allocator fragmentation (``reserv
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -162,6 +164,18 @@ def _default_loss(output: Any) -> torch.Tensor:
 _PLANNABLE_DEVICE_TYPES = ("cuda", "cpu", "mps")
 
 
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """Silence FakeTensorMode's own error log: it prints torch's traceback of an op that failed
+    before the exception reaches us, and the MemoryPlanError raised then says it in one line."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    disabled, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
+
+
 def _planned_device(device: str | torch.device) -> torch.device:
     try:
         target = torch.device(device)
@@ -222,7 +236,7 @@ def estimate_memory(
         return fake
 
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with _quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True):
             params = {
                 name: fake_like(p, param_dtype if p.is_floating_point() else None).requires_grad_(p.requires_grad)
                 for name, p in model.named_parameters()

@@ -1,0 +1,181 @@
+"""Bad input from the fault battery: each is one line ``gpukit: error: ...`` with exit 2, no traceback, no hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from cli_helpers import run_gpukit
+from gpukit.devices import _nvml
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fake-gpus"
+FOUR_GPUS = ("GPU-5a9b0c3e-1f2d-4e6a-8b7c-0d1e2f3a4b5c", "GPU-6b0c1d4f-2a3e-4f7b-9c8d-1e2f3a4b5c6d",
+             "GPU-7c1d2e5a-3b4f-4a8c-8d9e-2f3a4b5c6d7e", "GPU-8d2e3f6b-4c5a-4b9d-9e0f-3a4b5c6d7e8f")
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("GPUKIT_MAX_NPROC", raising=False)
+    monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(tmp_path / "claims"))
+    monkeypatch.setenv("GPUKIT_FAKE_GPUS", str(EXAMPLES / "shared-4gpu.json"))
+    monkeypatch.setattr(_nvml, "_notice_given", False)
+    _nvml.shutdown()
+    (tmp_path / "x.py").write_text("print('ran')\n")
+    monkeypatch.chdir(tmp_path)
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code, out, err = run_gpukit(capsys, *args)
+    assert code == 2, (code, out, err)
+    assert err.startswith("gpukit: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["run", "--cpu", "--grace", "nan", "x.py"], "'--grace': 'nan' is not a finite number of seconds"),
+    (["run", "--cpu", "--grace", "-1", "x.py"], "'--grace'"),
+    (["run", "--cpu", "--wait", "nan", "x.py"], "--wait 'nan'"),
+    (["run", "--cpu", "--rdzv-timeout", "inf", "x.py"], "'--rdzv-timeout': 'inf' is not a finite number"),
+    (["run", "--cpu", "--rdzv-timeout", "0", "x.py"], "'--rdzv-timeout'"),
+    (["run", "--max-util", "nan", "x.py"], "'--max-util': 'nan'"),
+    (["run", "--cpu", "--nproc", "100000", "x.py"], "CPU core(s) and the cap is"),
+    (["ls", "--watch", "inf"], "'--watch': 'inf' is not a finite number"),
+    (["ls", "--watch", "nan"], "'--watch': 'nan'"),
+    (["ls", "--watch", "0"], "'--watch'"),
+    (["select", "--wait", "nan"], "--wait 'nan'"),
+    (["select", "--max-util", "inf"], "'--max-util': 'inf'"),
+    (["demo", "--seed", "9" * 30], "'--seed'"),
+    (["demo", "--batch-size", "9" * 30], "'--batch-size'"),
+    (["demo", "--nproc", "100000"], "GPUKIT_MAX_NPROC=100000"),
+    (["plan", "m:f", "--batch-shape", "9" * 20 + ",4"], "--batch-shape '99999999999999999999,4'"),
+])
+def test_bad_numbers_are_one_line(capsys: pytest.CaptureFixture[str], args: list[str], expected: str) -> None:
+    assert expected in one_line_error(capsys, *args)
+
+
+def test_nproc_cap_says_how_to_raise_it(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    err = one_line_error(capsys, "run", "--cpu", "--nproc", "100000", "x.py")
+    assert f"it has {os.cpu_count()} CPU core(s)" in err and "GPUKIT_MAX_NPROC=100000" in err
+    monkeypatch.setenv("GPUKIT_MAX_NPROC", "lots")
+    assert "GPUKIT_MAX_NPROC='lots'" in one_line_error(capsys, "run", "--cpu", "--nproc", "100000", "x.py")
+
+
+def test_plan_error_prints_no_torch_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capfd: pytest.CaptureFixture[str]) -> None:
+    """FakeTensorMode logs torch's own traceback of a failed op to stderr; only gpukit's line may show."""
+    (tmp_path / "i9b_badshape_models.py").write_text("import torch\ndef net():\n    return torch.nn.Linear(4, 2)\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    err = one_line_error(capfd, "plan", "i9b_badshape_models:net", "--batch-shape", "8,5")
+    assert "[8, 5] X [4, 2]" in err and "fake_tensor" not in err
+
+
+# -- the GPU claim directory ---------------------------------------------------------------
+
+def test_claim_dir_that_is_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "afile").write_text("")
+    for claim_dir, problem in ((tmp_path / "afile", "exists but is not a directory"),
+                               (tmp_path / "afile" / "sub", "cannot create it")):
+        monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(claim_dir))
+        err = one_line_error(capsys, "run", "--gpus", "1", "x.py")
+        assert problem in err and "Set GPUKIT_CLAIM_DIR to a writable directory" in err
+
+
+def test_claim_lock_path_that_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    claims = tmp_path / "claims"
+    for uuid in FOUR_GPUS:
+        (claims / f"{uuid}.lock").mkdir(parents=True)
+    err = one_line_error(capsys, "run", "--gpus", "1", "x.py")
+    assert ".lock: Is a directory (remove that directory)" in err
+
+
+def test_claim_dir_not_writable(tmp_path: Path) -> None:
+    """Read-only and missing-but-uncreatable claim dirs, for a real non-root user (root may write anywhere)."""
+    base = Path(tempfile.mkdtemp(prefix="gpukit-ro-claims-"))  # outside tmp_path: a non-root user reaches it
+    script = base / "x.py"
+    script.write_text("print('ran')\n")
+    try:
+        os.chmod(base, 0o555)
+        as_user: list[str] = []
+        if os.geteuid() == 0:  # root writes anywhere: run gpukit as nobody
+            if shutil.which("setpriv") is None:
+                pytest.skip("running as root without setpriv: cannot drop to an unprivileged user")
+            as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        for claim_dir, problem in ((base, "not writable by this user"), (base / "new", "cannot create it")):
+            env = {**os.environ, "GPUKIT_CLAIM_DIR": str(claim_dir)}
+            result = subprocess.run([*as_user, sys.executable, "-m", "gpukit", "run", "--gpus", "1", str(script)],
+                                    env=env, cwd=base, capture_output=True, text=True, timeout=120)
+            if "Permission denied" in result.stderr and "gpukit: error" not in result.stderr:
+                pytest.skip(f"the unprivileged user cannot run this checkout: {result.stderr[-200:]}")
+            assert result.returncode == 2, result.stderr
+            assert result.stderr.startswith("gpukit: error: GPU claim directory") and problem in result.stderr
+            assert result.stderr.count("\n") == 1 and "ran" not in result.stdout
+    finally:
+        os.chmod(base, 0o755)
+        shutil.rmtree(base)
+
+
+# -- gpukit ckpt inspect on things that are not checkpoints --------------------------------
+
+def _safetensors(path: Path, header: object, body: bytes = b"", declared: int | None = None) -> Path:
+    raw = json.dumps(header).encode() if not isinstance(header, bytes) else header
+    path.write_bytes(struct.pack("<Q", len(raw) if declared is None else declared) + raw + body)
+    return path
+
+
+@pytest.mark.timeout(30)  # opening a FIFO waits for a writer: a regression hangs here, and fails
+def test_inspect_fifo_does_not_block(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fifo = tmp_path / "pipe.pt"
+    os.mkfifo(fifo)
+    assert "is a FIFO (named pipe), not a regular file" in one_line_error(capsys, "ckpt", "inspect", str(fifo))
+
+
+@pytest.mark.parametrize("make,expected", [
+    (lambda p: (p / "one.bin").write_bytes(b"x") and p / "one.bin", "is not a checkpoint gpukit can read"),
+    (lambda p: _safetensors(p / "len.safetensors", {"a": 1}, declared=10**15), "header claims 1000000000000000 bytes"),
+    (lambda p: _safetensors(p / "junk.safetensors", b"{garbage!!"), "header is not valid JSON"),
+    (lambda p: _safetensors(p / "list.safetensors", b"{}[1]"), "header is not valid JSON"),
+    (lambda p: _safetensors(p / "off.safetensors", {"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 1000]}},
+                            b"\0" * 16), "offsets 0..1000, but the file holds 16 bytes"),
+    (lambda p: _safetensors(p / "huge.safetensors", {"w": {"dtype": "F32", "shape": [10**6, 10**6],
+                                                           "data_offsets": [0, 16]}}, b"\0" * 16),
+     "declares 4,000,000,000,000 bytes"),
+    (lambda p: _safetensors(p / "dtype.safetensors", {"w": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 1]}},
+                            b"\0"), "unknown dtype 'Q9'"),
+    (lambda p: _safetensors(p / "shape.safetensors", {"w": {"dtype": "F32", "shape": "big", "data_offsets": [0, 4]}},
+                            b"\0" * 4), "no valid dtype, shape and data_offsets"),
+])
+def test_inspect_malformed_files(tmp_path: Path, capsys: pytest.CaptureFixture[str], make, expected: str) -> None:  # type: ignore[no-untyped-def]
+    path = make(tmp_path)
+    assert expected in one_line_error(capsys, "ckpt", "inspect", str(path))
+
+
+def test_absurd_safetensors_sizes_are_refused_before_allocating(tmp_path: Path) -> None:
+    import gpukit
+    from gpukit.errors import CheckpointError
+
+    huge = _safetensors(tmp_path / "huge.safetensors", {"w": {"dtype": "F64", "shape": [2**40], "data_offsets": [0, 8]}},
+                        b"\0" * 8)
+    with pytest.raises(CheckpointError, match="declares 8,796,093,022,208 bytes"):
+        gpukit.load(huge)
+
+
+def test_inspect_step_directory_without_its_parts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    step = tmp_path / "ckpt" / "step_00000001"
+    step.mkdir(parents=True)
+    (step / "complete.json").write_text(json.dumps({"step": 1, "world_size": 1, "files": {}}))
+    for target in (step, step.parent):
+        err = one_line_error(capsys, "ckpt", "inspect", str(target))
+        assert "incomplete checkpoint: state.pt and rank_00000.pt missing" in err
+    torch.save({"w": torch.zeros(1)}, step / "state.pt")
+    assert "rank_00000.pt missing" in one_line_error(capsys, "ckpt", "inspect", str(step))
