@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -130,3 +131,104 @@ def test_ls_and_select_do_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.rstrip().endswith("2,1")
+
+
+def test_sparklines_follow_the_history() -> None:
+    from gpukit.cli._gpu_table import GpuHistory, sparkline
+    from gpukit.devices import list_gpus
+
+    assert sparkline([0, 50, 100, None, 12.5]) == "▁▅█ ▂"
+    os.environ["GPUKIT_FAKE_GPUS"] = str(EXAMPLES / "shared-4gpu.json")
+    _nvml.shutdown()
+    gpus = list_gpus()
+    history = GpuHistory(length=3)
+    for _ in range(5):
+        history.add(gpus)
+    util, mem = history.cells(gpus[0], width=4)
+    assert util == "███ " and mem == "███ "  # 97% busy, 10.7 of 11.9 GiB; only the last 3 kept
+    assert history.cells(gpus[2], width=4)[0] == "▁▁▁ "
+
+
+def test_claims_show_the_run_and_rank(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpukit.launch._gpus import DevicePlan
+
+    _spec(monkeypatch, "shared-4gpu")
+    from gpukit.devices import claim_gpus
+
+    with claim_gpus(gpus=[2, 1]) as claim:
+        DevicePlan(claim=claim).label_claim("gpukit-3f2a9c1b2c4d", nproc=2, node_rank=1)
+        main(["ls", "--json"])
+        claims = {c["uuid"]: c for c in json.loads(capsys.readouterr().out)["claims"]}
+        assert claims[claim.gpus[0].uuid] == {"uuid": claim.gpus[0].uuid, "pid": os.getpid(),
+                                              "run": "gpukit-3f2a9c1b2c4d", "rank": 2}
+        assert claims[claim.gpus[1].uuid]["rank"] == 3
+        main(["ls"])
+        assert f"3f2a9c rank 2 · pid {os.getpid()}" in capsys.readouterr().out
+
+
+def _read_pty(fd: int, until: Callable[[str], bool], timeout_s: float = 60.0) -> str:
+    import re
+    import select
+
+    text = ""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                text += os.read(fd, 65536).decode(errors="replace")
+            except OSError:  # the child closed the terminal
+                break
+            plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+            if until(plain):
+                return plain
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+
+
+@pytest.mark.slow
+def test_watch_in_a_terminal_follows_a_resize_and_stops_on_ctrl_c() -> None:
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    def set_size(fd: int, columns: int) -> None:
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+
+    master, slave = pty.openpty()
+    set_size(slave, 160)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TTY_COMPATIBLE")}
+    env.update(GPUKIT_FAKE_GPUS=str(EXAMPLES / "shared-4gpu.json"), TERM="xterm")
+    # a long interval: only the resize itself can bring the next frame in time
+    proc = subprocess.Popen([sys.executable, "-m", "gpukit", "ls", "--watch", "30"], env=env,
+                            stdin=slave, stdout=slave, stderr=subprocess.PIPE, text=True)
+    os.close(slave)
+    try:
+        wide = _read_pty(master, lambda t: "Util history" in t and "GPU memory" in t)
+        assert "Util history" in wide and "Memory history" in wide, wide
+        set_size(master, 70)
+        proc.send_signal(signal.SIGWINCH)
+        started = time.monotonic()
+        after = _read_pty(master, lambda t: t.count("GPU memory") >= 1, timeout_s=20)
+        assert time.monotonic() - started < 20 and "GPU memory" in after, after
+        frame = after[after.rindex("4 GPUs"):]
+        assert "Util history" not in frame
+        assert max(len(line) for line in frame.replace("\r", "\n").splitlines()) <= 70
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and "Traceback" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+@pytest.mark.parametrize("json_lines", [False, True], ids=["tables", "json-lines"])
+def test_watch_into_a_closed_pipe_exits_quietly(json_lines: bool) -> None:
+    env = {**os.environ, "GPUKIT_FAKE_GPUS": str(EXAMPLES / "shared-4gpu.json")}
+    extra = " --json" if json_lines else ""
+    shell = f"'{sys.executable}' -m gpukit ls --watch 0.1{extra} | head -1; echo \"status ${{PIPESTATUS[0]}}\""
+    result = subprocess.run(["bash", "-c", shell], env=env, capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip().endswith("status 0"), result
+    assert result.stderr == "", result.stderr

@@ -7,15 +7,60 @@ they fit; ``--json`` always has everything. The process table shortens long comm
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Union
 
 from gpukit._units import format_bytes
 from gpukit.devices import GpuSnapshot
 
-__all__ = ["render_gpus", "gpu_table", "process_table"]
+__all__ = ["GpuHistory", "render_gpus", "gpu_table", "process_table", "sparkline"]
 
 _GAP = 2  # characters between two columns (one of padding, one of divider)
+_BLOCKS = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 16  # samples a sparkline shows
+
+# a claim as `claim_holders` gives it (owner pid) or as `claim_owners` does (the owner's note)
+Claim = Union[int, None, Mapping[str, Any]]
+
+
+def sparkline(values: list[float | None], top: float = 100.0) -> str:
+    """Unicode blocks, one per value in ``[0, top]`` (a gap for ``None``): ``▁▃▇█``."""
+    out = []
+    for value in values:
+        if value is None:
+            out.append(" ")
+            continue
+        level = min(len(_BLOCKS) - 1, max(0, int(value / top * len(_BLOCKS)))) if top > 0 else 0
+        out.append(_BLOCKS[level])
+    return "".join(out)
+
+
+class GpuHistory:
+    """The last ``length`` utilization and memory-use percentages of each GPU (``ls --watch``)."""
+
+    def __init__(self, length: int = 120) -> None:
+        self._util: dict[str, deque[float | None]] = {}
+        self._mem: dict[str, deque[float | None]] = {}
+        self._length = length
+
+    @staticmethod
+    def _key(gpu: GpuSnapshot) -> str:
+        return gpu.uuid or str(gpu.index)
+
+    def add(self, gpus: list[GpuSnapshot]) -> None:
+        """Append one sample per GPU (and MIG device)."""
+        for gpu in (u for g in gpus for u in (g, *g.mig_devices)):
+            used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
+            mem = None if used is None or not total else 100.0 * used / total
+            for store, value in ((self._util, gpu.utilization_gpu_pct), (self._mem, mem)):
+                store.setdefault(self._key(gpu), deque(maxlen=self._length)).append(value)
+
+    def cells(self, gpu: GpuSnapshot, width: int = SPARK_WIDTH) -> tuple[str, str]:
+        """The utilization and memory sparklines of ``gpu`` (its last ``width`` samples)."""
+        key = self._key(gpu)
+        return (sparkline(list(self._util.get(key, ()))[-width:]).ljust(width),
+                sparkline(list(self._mem.get(key, ()))[-width:]).ljust(width))
 
 
 def _pct(value: int | None) -> str:
@@ -42,11 +87,21 @@ def _free(num_bytes: int | None) -> str:
     return f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.0f} MiB"
 
 
-def _claim(gpu: GpuSnapshot, claims: Mapping[str, int | None]) -> str:
+def _claim(gpu: GpuSnapshot, claims: Mapping[str, Claim]) -> str:
+    """``pid 4242``, or under ``gpukit run`` the run and rank: ``3f2a9c rank 1 · pid 4242``."""
     if gpu.uuid is None or gpu.uuid not in claims:
         return ""
-    pid = claims[gpu.uuid]
-    return f"pid {pid}" if pid is not None else "yes"
+    owner = claims[gpu.uuid]
+    if owner is None:
+        return "yes"
+    if not isinstance(owner, Mapping):
+        return f"pid {owner}"
+    text = f"pid {owner.get('pid')}"
+    if owner.get("rank") is not None:
+        text = f"rank {owner['rank']} · {text}"
+    if owner.get("run"):
+        text = f"{str(owner['run']).removeprefix('gpukit-')[:6]} {text}"
+    return text
 
 
 def _util_style(util: int | None) -> str:
@@ -67,14 +122,15 @@ class _Column:
 
 
 # Display order, and the order in which columns are kept when the terminal is narrow.
-_ORDER = ["GPU", "Name", "Bus-Id", "Memory used/total", "Free", "Util", "Mem-Util", "Temp", "Power",
-          "Mode", "Procs", "Claimed by"]
-_PRIORITY = ["GPU", "Name", "Memory used/total", "Free", "Util", "Claimed by", "Temp", "Power", "Procs",
-             "Mem-Util", "Bus-Id", "Mode"]
-_LEFT = {"Name", "Bus-Id", "Mode", "Claimed by"}
+_ORDER = ["GPU", "Name", "Bus-Id", "Memory used/total", "Free", "Util", "Util history", "Memory history",
+          "Mem-Util", "Temp", "Power", "Mode", "Procs", "Claimed by"]
+_PRIORITY = ["GPU", "Name", "Memory used/total", "Free", "Util", "Claimed by", "Util history", "Memory history",
+             "Temp", "Power", "Procs", "Mem-Util", "Bus-Id", "Mode"]
+_LEFT = {"Name", "Bus-Id", "Mode", "Claimed by", "Util history", "Memory history"}
 
 
-def _rows(gpus: list[GpuSnapshot], claims: Mapping[str, int | None]) -> list[dict[str, tuple[str, str]]]:
+def _rows(gpus: list[GpuSnapshot], claims: Mapping[str, Claim],
+          history: GpuHistory | None = None) -> list[dict[str, tuple[str, str]]]:
     rows: list[dict[str, tuple[str, str]]] = []
     for gpu in gpus:
         if not gpu.usable:
@@ -97,6 +153,9 @@ def _rows(gpus: list[GpuSnapshot], claims: Mapping[str, int | None]) -> list[dic
             "Procs": (str(len(gpu.processes)), ""),
             "Claimed by": (_claim(gpu, claims), "bold"),
         })
+        if history is not None:
+            util, mem = history.cells(gpu)
+            rows[-1].update({"Util history": (util, "cyan"), "Memory history": (mem, "magenta")})
         for mig in gpu.mig_devices:
             profile = (mig.name or "").rsplit(" MIG ", 1)[-1]
             rows.append({
@@ -145,14 +204,16 @@ def _table(columns: list[_Column], name_width: int | None = None) -> Any:
     return table
 
 
-def gpu_table(gpus: list[GpuSnapshot], claims: Mapping[str, int | None], *, width: int = 200) -> Any:
+def gpu_table(gpus: list[GpuSnapshot], claims: Mapping[str, Claim], *, width: int = 200,
+              history: GpuHistory | None = None) -> Any:
     """The GPU half: one row per GPU, MIG devices indented beneath their GPU.
 
     Columns that do not fit in ``width`` characters are left out, least useful first (mode,
     bus id, memory utilization, process count, power, temperature); ``--json`` has them all.
     """
-    rows = _rows(gpus, claims)
-    names = [n for n in _ORDER if n != "Claimed by" or any(r.get(n, ("", ""))[0] for r in rows)]
+    rows = _rows(gpus, claims, history)
+    names = [n for n in _ORDER if n not in ("Claimed by", "Util history", "Memory history")
+             or any(r.get(n, ("", ""))[0] for r in rows)]
     columns = {n: _Column(n, "left" if n in _LEFT else "right", [r.get(n, ("", "")) for r in rows])
                for n in names}
     required = [n for n in ("GPU", "Name", "Memory used/total", "Free", "Util", "Claimed by") if n in columns]
@@ -183,10 +244,14 @@ def process_table(gpus: list[GpuSnapshot], *, width: int = 200) -> Any:
     return _table(list(columns.values()), name_width=max(12, width - others))
 
 
-def render_gpus(gpus: list[GpuSnapshot], claims: Mapping[str, int | None], header: str, *, width: int) -> Any:
-    """Header line, GPU table, process table, as one renderable (for print or rich Live)."""
+def render_gpus(gpus: list[GpuSnapshot], claims: Mapping[str, Claim], header: str, *, width: int,
+                history: GpuHistory | None = None) -> Any:
+    """Header line, GPU table, process table, as one renderable (for print or rich Live).
+
+    With ``history`` (``ls --watch``) the GPU table adds utilization and memory sparklines.
+    """
     from rich.console import Group
     from rich.text import Text
 
     return Group(Text(header, style="bold", overflow="ellipsis", no_wrap=True), Text(""),
-                 gpu_table(gpus, claims, width=width), Text(""), process_table(gpus, width=width))
+                 gpu_table(gpus, claims, width=width, history=history), Text(""), process_table(gpus, width=width))

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -12,7 +15,7 @@ import click
 
 from gpukit.cli._common import FiniteFloatRange
 from gpukit.devices import _nvml
-from gpukit.devices import claim_holders, driver_version, list_gpus, selectable_units, unavailable_reason
+from gpukit.devices import claim_owners, driver_version, list_gpus, selectable_units, unavailable_reason
 
 __all__ = ["ls"]
 
@@ -20,7 +23,7 @@ __all__ = ["ls"]
 def _collect() -> dict[str, Any]:
     gpus = list_gpus()
     uuids = [u.uuid for g in gpus for u in (g, *g.mig_devices) if u.uuid]
-    return {"gpus": gpus, "claims": claim_holders(uuids) if uuids else {}}
+    return {"gpus": gpus, "claims": claim_owners(uuids) if uuids else {}}
 
 
 def _header(state: dict[str, Any]) -> str:
@@ -36,7 +39,9 @@ def _as_json(state: dict[str, Any]) -> str:
         "driver_version": driver_version(),
         "notice": unavailable_reason(),
         "gpus": [g.to_dict() for g in state["gpus"]],
-        "claims": [{"uuid": u, "pid": pid} for u, pid in state["claims"].items()],
+        "claims": [{"uuid": u, "pid": None if owner is None else owner["pid"],
+                    **{k: owner[k] for k in ("run", "rank") if owner is not None and k in owner}}
+                   for u, owner in state["claims"].items()],
         "selectable": [u.uuid for u in selectable_units(state["gpus"]) if u.usable],
     })
 
@@ -75,6 +80,8 @@ def ls(as_json: bool, watch: float | None) -> None:
             _watch(as_json, watch)
     except KeyboardInterrupt:  # Ctrl-C ends --watch; that is success, not an error
         pass
+    except BrokenPipeError:  # `gpukit ls --watch | head -1`: the reader left; leave quietly
+        _quiet_stdout()
 
 
 def _show_once(as_json: bool) -> None:
@@ -93,6 +100,22 @@ def _show_once(as_json: bool) -> None:
     console.print(render_gpus(state["gpus"], state["claims"], _header(state), width=console.width))
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _reader_left() -> None:
+    raise BrokenPipeError
+
+
+def _terminal_width() -> int:
+    """The terminal's width now: follows resizes (and COLUMNS, when set)."""
+    return shutil.get_terminal_size(fallback=(80, 24)).columns
+
+
 def _watch(as_json: bool, interval_s: float) -> None:
     if as_json:  # one JSON document per line, for piping into other tools
         while True:
@@ -103,24 +126,37 @@ def _watch(as_json: bool, interval_s: float) -> None:
     from rich.live import Live
     from rich.text import Text
 
-    from gpukit.cli._gpu_table import render_gpus
+    from gpukit.cli._gpu_table import GpuHistory, render_gpus
 
     console = Console()
+    console.on_broken_pipe = _reader_left  # type: ignore[method-assign]  # rich would exit 1
+    history = GpuHistory()
+    # a terminal resize (SIGWINCH) redraws at once instead of at the next tick
+    redraw = threading.Event()
+    if hasattr(signal, "SIGWINCH") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGWINCH, lambda *_: redraw.set())
 
     def frame() -> Any:
         state = _collect()
         if not state["gpus"] and unavailable_reason():
             return Text(_no_gpu_message())
+        history.add(state["gpus"])
+        console.width = _terminal_width()  # rich fixes its width at start; follow the terminal
         stop = " · Ctrl-C to stop" if console.is_terminal else ""
-        return render_gpus(state["gpus"], state["claims"], _header(state) + stop, width=console.width)
+        return render_gpus(state["gpus"], state["claims"], _header(state) + stop, width=console.width,
+                           history=history)
+
+    def wait() -> None:
+        redraw.wait(interval_s)
+        redraw.clear()
 
     if not console.is_terminal:  # piped or logged: one frame after another, not redrawn in place
         while True:
             console.print(frame())
             console.print()
             sys.stdout.flush()
-            time.sleep(interval_s)
+            wait()
     with Live(frame(), console=console, auto_refresh=False, transient=False) as live:
         while True:
-            time.sleep(interval_s)
+            wait()
             live.update(frame(), refresh=True)

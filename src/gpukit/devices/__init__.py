@@ -18,7 +18,7 @@ _LAZY: dict[str, str] = {
     "GpuSnapshot": "_snapshot", "GpuProcess": "_snapshot", "list_gpus": "_snapshot",
     "selectable_units": "_snapshot",
     "select_gpus": "_select", "ORDERS": "_select",
-    "claim_gpus": "_claims", "claim_holders": "_claims", "GpuClaim": "_claims",
+    "claim_gpus": "_claims", "claim_holders": "_claims", "claim_owners": "_claims", "GpuClaim": "_claims",
     "default_claim_dir": "_claims", "CLAIM_DIR_ENV": "_claims",
     "use_gpus": "_env", "cuda_initialized": "_env",
     "parse_visible_devices": "_visible", "resolve_visible": "_visible", "VisibleEntry": "_visible",
@@ -36,6 +36,7 @@ __all__ = [
     "ORDERS",
     "claim_gpus",
     "claim_holders",
+    "claim_owners",
     "GpuClaim",
     "default_claim_dir",
     "CLAIM_DIR_ENV",
@@ -60,7 +61,9 @@ __getattr__, __dir__ = lazy_exports(
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from gpukit.devices._claims import CLAIM_DIR_ENV, GpuClaim, claim_gpus, claim_holders, default_claim_dir
+    from gpukit.devices._claims import (
+        CLAIM_DIR_ENV, GpuClaim, claim_gpus, claim_holders, claim_owners, default_claim_dir,
+    )
     from gpukit.devices._env import cuda_initialized, use_gpus
     from gpukit.devices._fake import FakeNvml
     from gpukit.devices._nvml import FAKE_ENV, driver_version, unavailable_reason

@@ -24,7 +24,7 @@ from gpukit.errors import ConfigurationError, DeviceError, GpuSelectionError
 if TYPE_CHECKING:
     from filelock import FileLock
 
-__all__ = ["CLAIM_DIR_ENV", "GpuClaim", "claim_gpus", "claim_holders", "default_claim_dir"]
+__all__ = ["CLAIM_DIR_ENV", "GpuClaim", "claim_gpus", "claim_holders", "claim_owners", "default_claim_dir"]
 
 CLAIM_DIR_ENV = "GPUKIT_CLAIM_DIR"
 # A selection probe may hold a lock for microseconds; a claimer retries this long before
@@ -76,19 +76,27 @@ def _lock(directory: Path, uuid: str) -> FileLock:
     return FileLock(str(directory / f"{_stem(uuid)}.lock"), mode=0o666, thread_local=False)
 
 
-def _read_owner(directory: Path, uuid: str) -> int | None:
+def _read_owner_info(directory: Path, uuid: str) -> dict[str, Any] | None:
+    """The owner note: pid, host, since, command, and (under gpukit run) run and rank."""
     try:
         data = json.loads((directory / f"{_stem(uuid)}.owner").read_text())
-        return int(data["pid"])
+        data["pid"] = int(data["pid"])
+        return data if isinstance(data, dict) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def _write_owner(directory: Path, uuid: str) -> None:
+def _read_owner(directory: Path, uuid: str) -> int | None:
+    info = _read_owner_info(directory, uuid)
+    return None if info is None else info["pid"]
+
+
+def _write_owner(directory: Path, uuid: str, **extra: Any) -> None:
     import socket
 
     target = directory / f"{_stem(uuid)}.owner"
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "command": " ".join(sys.argv)}
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "command": " ".join(sys.argv),
+            **extra}
     try:
         tmp = directory / f".{target.name}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(info))
@@ -118,8 +126,15 @@ def claim_holders(uuids: Iterable[str], claim_dir: str | os.PathLike[str] | None
 
     Owner pids are ``None`` when unknown. GPUs never claimed (no lock file) cost one ``stat``.
     """
+    return {uuid: None if info is None else info["pid"] for uuid, info in claim_owners(uuids, claim_dir).items()}
+
+
+def claim_owners(uuids: Iterable[str], claim_dir: str | os.PathLike[str] | None = None) -> dict[str, dict[str, Any] | None]:
+    """Like :func:`claim_holders`, with the owner's note: UUID -> ``{"pid", "host", "since",
+    "command"}`` plus ``"run"`` and ``"rank"`` for GPUs claimed by ``gpukit run`` (``None``: unknown).
+    """
     directory = default_claim_dir(claim_dir)
-    held: dict[str, int | None] = {}
+    held: dict[str, dict[str, Any] | None] = {}
     for uuid in uuids:
         if not (directory / f"{_stem(uuid)}.lock").exists():
             continue
@@ -129,9 +144,9 @@ def claim_holders(uuids: Iterable[str], claim_dir: str | os.PathLike[str] | None
         try:
             probe.acquire(blocking=False)
         except Timeout:
-            held[uuid] = _read_owner(directory, uuid)
+            held[uuid] = _read_owner_info(directory, uuid)
         except OSError:  # unreadable lock file (permissions): treat as held, safest
-            held[uuid] = _read_owner(directory, uuid)
+            held[uuid] = _read_owner_info(directory, uuid)
         else:
             probe.release()
     return held
@@ -181,6 +196,17 @@ class GpuClaim:
             except OSError:
                 pass
             lock.release(force=True)
+
+    def label(self, run: str, ranks: Sequence[int | None]) -> None:
+        """Note which run and rank use each claimed GPU (``gpukit ls`` shows them).
+
+        Args:
+            run: the run's id (``GPUKIT_RUN_ID``).
+            ranks: the rank using each GPU of :attr:`gpus`, in order (``None``: not one rank).
+        """
+        for gpu, rank in zip(self.gpus, ranks):
+            if gpu.uuid is not None and not self.released:
+                _write_owner(self.claim_dir, gpu.uuid, run=run, **({} if rank is None else {"rank": rank}))
 
     def __enter__(self) -> GpuClaim:
         return self

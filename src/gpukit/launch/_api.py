@@ -208,6 +208,7 @@ def launch_function(
     try:
         _announce(echo, plan, nproc, topology)
         run_id = f"gpukit-{uuid.uuid4().hex[:12]}"
+        plan.label_claim(run_id, nproc, topology.node_rank)
         values = run_workers(
             run_function, (fn, *args), nproc=nproc, topology=topology,
             env=_worker_env(plan, nproc=nproc, grace_s=grace_s, run_id=run_id), run_id=run_id,
@@ -263,6 +264,7 @@ def launch_script(
         workers = nproc or max(1, plan.gpu_count)
         _announce(echo, plan, workers, topology)
         run_id = f"gpukit-{uuid.uuid4().hex[:12]}" if topology.single_machine else f"gpukit-{topology.master_port}"
+        plan.label_claim(run_id, workers, topology.node_rank)
         command = ("-u", "-m", "gpukit.launch._bootstrap", *(("-m",) if module else ()), target, *script_args)
         run_workers(
             sys.executable, command, nproc=workers, topology=topology,

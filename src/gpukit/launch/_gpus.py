@@ -69,6 +69,15 @@ class DevicePlan:
     mapping: str = ""
     claim: Any = None  # gpukit.devices.GpuClaim, held until release()
 
+    def label_claim(self, run_id: str, nproc: int, node_rank: int = 0) -> None:
+        """Note in the claim the run and the rank on each GPU (local rank i uses GPU i)."""
+        if self.claim is None:
+            return
+        count = len(self.claim.gpus)
+        first = node_rank * nproc
+        ranks = [first + i if nproc == count else first if nproc == 1 else None for i in range(count)]
+        self.claim.label(run_id, ranks)
+
     def release(self) -> None:
         """Give the claimed GPUs back (idempotent)."""
         if self.claim is not None:
