@@ -103,10 +103,10 @@ def _gpu_request(text: str | None, cpu: bool) -> Any:
 @click.option("--cpu", is_flag=True, help="Run on the CPU with gloo (how DDP is tried without GPUs).")
 @click.option("--max-restarts", type=int, default=0, show_default=True, help="Restart the workers after a failure.")
 @click.option("--grace", type=FiniteFloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS", help="Seconds from SIGTERM to SIGKILL when stopping.")
-@click.option("--nnodes", type=int, default=1, show_default=True, help="Machines taking part.")
-@click.option("--node-rank", type=int, default=0, show_default=True, help="This machine's number; node 0 hosts the rendezvous.")
-@click.option("--master-addr", metavar="ADDR", help="Address of node 0 (several machines).")
-@click.option("--master-port", type=int, default=29500, show_default=True, help="Rendezvous port on node 0 (several machines).")
+@click.option("--nnodes", type=int, help="Machines taking part [default: from SLURM/Kubernetes, else 1].")
+@click.option("--node-rank", type=int, help="This machine's number; node 0 hosts the rendezvous [default: from SLURM/Kubernetes, else 0].")
+@click.option("--master-addr", metavar="ADDR", help="Address of node 0 (several machines) [default: SLURM's first node].")
+@click.option("--master-port", type=int, help="Rendezvous port on node 0 [default: 15000 + SLURM job id % 20000, else 29500].")
 @click.option("--local-addr", metavar="ADDR", help="This node's address as others reach it [default: the route to the master].")
 @click.option("--rdzv-timeout", type=FiniteFloatRange(min=0, min_open=True), default=300.0, show_default=True, metavar="SECONDS", help="Wait this long for the master and the other nodes.")
 @click.option("-m", "--module", metavar="MODULE", help="Run a module (python -m MODULE) instead of a script.")
@@ -123,10 +123,10 @@ def run(
     cpu: bool,
     max_restarts: int,
     grace: float,
-    nnodes: int,
-    node_rank: int,
+    nnodes: int | None,
+    node_rank: int | None,
     master_addr: str | None,
-    master_port: int,
+    master_port: int | None,
     local_addr: str | None,
     rdzv_timeout: float,
     module: str | None,
@@ -145,7 +145,7 @@ def run(
     SIGTERM and every worker exited cleanly: requeue); 128+N killed by signal N;
     2 bad input.
     """
-    from gpukit.launch import RunInterruptedError, Topology, WorkerFailedError, launch_script
+    from gpukit.launch import RunInterruptedError, WorkerFailedError, launch_script, node_topology
 
     args = list(command)
     if args and args[0] == "--":
@@ -164,8 +164,8 @@ def run(
         "gpus": _gpu_request(gpus, cpu),
         "max_restarts": max_restarts,
         "grace_s": grace,
-        "topology": Topology(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                             master_port=master_port, local_addr=local_addr, rdzv_timeout_s=rdzv_timeout),
+        "topology": node_topology(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                                  master_port=master_port, local_addr=local_addr, rdzv_timeout_s=rdzv_timeout),
         "min_free_memory": parse_size_option("--min-free", min_free),
         "max_utilization": max_util,
         "wait": waiting,

@@ -18,7 +18,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gpukit.cluster import announce, environment
 from gpukit.errors import ConfigurationError
+from gpukit.launch._cluster import node_topology, scheduler_gpu_count
 from gpukit.launch._worker import run_function
 from gpukit.launch._elastic import Topology, run_workers
 from gpukit.launch._gpus import DevicePlan, GpuRequest, plan_devices
@@ -244,7 +246,7 @@ def launch_script(
         script_args: The script's own arguments.
         module: Run ``target`` as ``python -m target``.
         nproc: Workers on this node; default the number of GPUs claimed, or 1.
-        topology: Nodes and rendezvous (default: this machine only).
+        topology: Nodes and rendezvous (default: from SLURM/Kubernetes, else this machine only).
         Other args: as for :func:`launch_function`.
 
     Raises:
@@ -254,10 +256,15 @@ def launch_script(
         RunInterruptedError: Ctrl-C/SIGTERM; ``exit_code`` is 75 when preempted cleanly.
         LaunchError: the rendezvous failed (unreachable master, nodes missing).
     """
-    topology = topology or Topology()
+    topology = topology or node_topology()
     _check_run_settings(nproc, max_restarts, grace_s)
     _check_topology(topology)
     _check_target(target, module)
+    cluster = environment()
+    if echo is not None:
+        announce(cluster)
+    if gpus is None and nproc is None and not cpu:
+        gpus = scheduler_gpu_count(cluster)  # every GPU SLURM gave this node, and no other
     plan = plan_devices(gpus, cpu=cpu, nproc=nproc, min_free_memory=min_free_memory,
                         max_utilization=max_utilization, wait=wait, wait_timeout_s=wait_timeout_s)
     try:

@@ -1,0 +1,73 @@
+"""The SLURM tests' job: DDP with a Session, resumable, stopping cleanly when asked.
+
+    python train.py OUT [--ckpt DIR] [--hold-at STEP]
+
+Trains a small regression model for a fixed number of steps over a fixed global batch
+(split over however many processes run it), and rank 0 writes ``OUT/result.json`` with the
+final weights. ``--hold-at STEP`` (first attempt of the job only): after STEP, write
+``OUT/held`` and wait until the Session says stop -- the test then signals the job, so the
+signal always arrives at a known step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import gpukit
+from gpukit.cluster import environment
+
+STEPS = 6
+GLOBAL_BATCH = 8
+HOLD_TIMEOUT_S = 120
+
+parser = argparse.ArgumentParser()
+parser.add_argument("out")
+parser.add_argument("--ckpt")
+parser.add_argument("--hold-at", type=int)
+args = parser.parse_args()
+out = Path(args.out)
+
+session = gpukit.Session(accelerator="cpu", seed=0)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+model, optimizer = session.setup(model, optimizer)
+generator = torch.Generator().manual_seed(1)
+x = torch.randn(GLOBAL_BATCH * STEPS, 8, generator=generator)
+data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
+loader = session.setup_dataloader(data, batch_size=GLOBAL_BATCH // session.world_size, shuffle=False)
+
+step = (session.resume(args.ckpt, model=model, optimizer=optimizer, loader=loader) or 0) if args.ckpt else 0
+cluster = environment()
+(out / f"rank-{session.rank}-attempt-{cluster.restart_count}").write_text(
+    json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "start_step": step, "kind": cluster.kind})
+)
+for xb, yb in loader:
+    loss = nn.functional.mse_loss(model(xb), yb)
+    session.backward(loss)
+    session.step(optimizer)
+    step += 1
+    if args.hold_at == step and cluster.restart_count == 0:
+        if session.is_main:
+            (out / "held").write_text(str(step))
+        deadline = time.monotonic() + HOLD_TIMEOUT_S
+        while not session.should_stop:  # every rank polls together (one all-reduce each)
+            if time.monotonic() > deadline:
+                sys.exit(f"no stop request within {HOLD_TIMEOUT_S} s")
+            time.sleep(0.05)
+    if session.should_stop:
+        session.save_checkpoint(args.ckpt, step, model=model, optimizer=optimizer, loader=loader)
+        (out / f"stopped-rank-{session.rank}").write_text(str(step))
+        sys.exit(0)
+
+if session.is_main:
+    params = [p.detach().flatten().tolist() for p in gpukit.unwrap_model(model).parameters()]
+    (out / "result.json").write_text(json.dumps({"world": session.world_size, "steps": step, "params": params}))

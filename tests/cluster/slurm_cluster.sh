@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# A real 2-node SLURM cluster inside one machine, for gpukit's tests (and for trying
+# `srun gpukit run` by hand).
+#
+#   tests/cluster/slurm_cluster.sh start DIR   install if missing, configure, start, wait idle
+#   tests/cluster/slurm_cluster.sh stop DIR    stop every daemon and job, remove what it added
+#
+# `start` writes DIR/env: `source DIR/env` points sinfo/srun/sbatch at the cluster (SLURM_CONF).
+# Nodes node1 and node2 are two `slurmd -N` daemons on 127.0.0.1 with their own ports
+# (proctrack/linuxproc, task/none: no cgroups needed), one munged with its own key and socket,
+# everything (config, state, logs) under DIR. node1/node2 are added to /etc/hosts as
+# 127.0.0.1 when they do not resolve (jobs use the first node's name as their master address)
+# and removed again by `stop`.
+#
+# Exit codes of `start`: 0 running; 3 slurm is not installed and cannot be (not root, no
+# apt-get, no network) -- the reason is on stderr; 4 installed but did not come up (logs in DIR).
+set -uo pipefail
+
+ACTION="${1:-}"
+DIR="${2:-}"
+HOSTS_TAG="# gpukit-test-slurm"
+PACKAGES=(slurmctld slurmd slurm-client munge)
+START_TIMEOUT_S="${GPUKIT_SLURM_START_TIMEOUT_S:-60}"
+
+die() { echo "slurm_cluster: $2" >&2; exit "$1"; }
+[[ "$ACTION" == start || "$ACTION" == stop ]] && [[ -n "$DIR" ]] || die 2 "usage: $0 start|stop DIR"
+
+install_slurm() {
+  local missing=()
+  for cmd in slurmctld slurmd munged sinfo srun sbatch scontrol scancel squeue; do
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  [[ "$(id -u)" == 0 ]] || die 3 "SLURM is not installed (${missing[*]} missing) and installing needs root"
+  command -v apt-get >/dev/null 2>&1 || die 3 "SLURM is not installed (${missing[*]} missing) and there is no apt-get"
+  echo "slurm_cluster: installing ${PACKAGES[*]} with apt-get" >&2
+  local log="$DIR/apt.log"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends "${PACKAGES[@]}"; } >"$log" 2>&1; then
+    die 3 "apt-get could not install ${PACKAGES[*]}: $(tail -n 2 "$log" | tr '\n' ' ')"
+  fi
+}
+
+free_ports() {  # N free TCP ports on 127.0.0.1
+  python3 - "$1" <<'EOF'
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+write_config() {
+  local host ctl_port n1_port n2_port cpus
+  host="$(hostname -s)"
+  read -r ctl_port n1_port n2_port < <(free_ports 3)
+  cpus="${GPUKIT_SLURM_CPUS:-4}"  # per node; more than the machine has is fine (config_overrides)
+  mkdir -p "$DIR/state" "$DIR/spool" "$DIR/munge"
+  chmod 700 "$DIR/munge"
+  cat >"$DIR/slurm.conf" <<EOF
+ClusterName=gpukit-test
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$ctl_port
+SlurmdPort=$n1_port
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$DIR/munge/munge.sock
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmdPidFile=$DIR/slurmd-%n.pid
+SlurmctldLogFile=$DIR/slurmctld.log
+SlurmdLogFile=$DIR/slurmd-%n.log
+SlurmdParameters=config_overrides
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/builtin
+MpiDefault=none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+ReturnToService=2
+JobRequeue=1
+KillWait=10
+MinJobAge=60
+InactiveLimit=0
+MessageTimeout=20
+SlurmdTimeout=300
+SlurmctldTimeout=300
+PropagateResourceLimits=NONE
+NodeName=node1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$n1_port CPUs=$cpus RealMemory=1000 State=UNKNOWN
+NodeName=node2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$n2_port CPUs=$cpus RealMemory=1000 State=UNKNOWN
+PartitionName=test Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP
+EOF
+  echo "export SLURM_CONF=$DIR/slurm.conf" >"$DIR/env"
+}
+
+map_hosts() {
+  local name
+  for name in node1 node2; do
+    getent hosts "$name" >/dev/null 2>&1 && continue
+    [[ -w /etc/hosts ]] || die 3 "host name $name does not resolve and /etc/hosts is not writable"
+    echo "127.0.0.1 $name $HOSTS_TAG" >>/etc/hosts
+  done
+}
+
+start_daemons() {
+  local key="$DIR/munge/munge.key"
+  dd if=/dev/urandom of="$key" bs=1024 count=1 status=none && chmod 400 "$key"
+  munged --force --key-file="$key" --socket="$DIR/munge/munge.sock" --pid-file="$DIR/munge/munged.pid" \
+    --log-file="$DIR/munge/munged.log" --seed-file="$DIR/munge/munged.seed" \
+    || die 4 "munged did not start: $(tail -n 3 "$DIR/munge/munged.log" 2>/dev/null | tr '\n' ' ')"
+  export SLURM_CONF="$DIR/slurm.conf"
+  slurmctld -i || die 4 "slurmctld did not start: $(tail -n 3 "$DIR/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+  slurmd -N node1 || die 4 "slurmd node1 did not start: $(tail -n 3 "$DIR/slurmd-node1.log" | tr '\n' ' ')"
+  slurmd -N node2 || die 4 "slurmd node2 did not start: $(tail -n 3 "$DIR/slurmd-node2.log" | tr '\n' ' ')"
+}
+
+wait_idle() {
+  local deadline=$((SECONDS + START_TIMEOUT_S)) states=""
+  while ((SECONDS < deadline)); do
+    states="$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u | tr '\n' ' ')"
+    [[ "$states" == "node1 idle node2 idle " ]] && return 0
+    sleep 0.5
+  done
+  die 4 "nodes not idle after ${START_TIMEOUT_S}s (sinfo: ${states:-no answer}); logs in $DIR"
+}
+
+stop_cluster() {
+  export SLURM_CONF="$DIR/slurm.conf"
+  if [[ -f "$SLURM_CONF" ]]; then
+    scancel --full --quiet --partition=test >/dev/null 2>&1 || true
+    local pidfile
+    for pidfile in "$DIR"/slurmd-node*.pid "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
+      [[ -f "$pidfile" ]] || continue
+      local pid; pid="$(cat "$pidfile")"
+      kill "$pid" 2>/dev/null || continue
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+    done
+  fi
+  if grep -q "$HOSTS_TAG" /etc/hosts 2>/dev/null; then
+    # /etc/hosts is often a bind mount: rewrite it in place rather than replace it
+    local kept; kept="$(grep -v "$HOSTS_TAG" /etc/hosts)"
+    printf '%s\n' "$kept" >/etc/hosts
+  fi
+}
+
+case "$ACTION" in
+  start)
+    mkdir -p "$DIR"
+    install_slurm
+    write_config
+    map_hosts
+    start_daemons
+    wait_idle
+    echo "slurm_cluster: node1 and node2 idle; source $DIR/env" >&2
+    ;;
+  stop)
+    stop_cluster
+    ;;
+esac

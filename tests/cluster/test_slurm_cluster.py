@@ -1,0 +1,98 @@
+"""gpukit on a real SLURM cluster (2 nodes in one machine, see conftest.py): no gpukit flags,
+DDP across nodes equal to one process, preemption with requeue, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import SRC, TRAIN, SlurmCluster
+from launch_helpers import assert_none_survive, poll
+
+pytestmark = pytest.mark.slow
+
+PYTHON = sys.executable
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The same training in one plain process: what every cluster run must end with."""
+    out = tmp_path_factory.mktemp("reference")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    subprocess.run([PYTHON, str(TRAIN), str(out)], env={**env, "PYTHONPATH": str(SRC)}, check=True,
+                   capture_output=True, timeout=120)
+    return json.loads((out / "result.json").read_text())
+
+
+def _same_weights(got: dict, want: dict) -> None:
+    assert got["steps"] == want["steps"]
+    for mine, theirs in zip(got["params"], want["params"]):
+        assert mine == pytest.approx(theirs, abs=1e-5)
+
+
+def _sbatch(cluster: SlurmCluster, tmp_path: Path, body: str, *options: str, marker: str) -> tuple[str, Path]:
+    script = tmp_path / "job.sbatch"
+    script.write_text(f"#!/bin/bash\n{body}\n")
+    log = tmp_path / "job.out"
+    result = cluster.run("sbatch", "--parsable", "--export=ALL", "--open-mode=append", "-o", str(log),
+                         *options, str(script), check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().split(";")[0], log
+
+
+def _job_env(cluster: SlurmCluster, marker: str) -> SlurmCluster:
+    return SlurmCluster(cluster.directory, cluster.job_env(marker))
+
+
+def test_sbatch_srun_gpukit_run_needs_no_flags(slurm_cluster: SlurmCluster, reference: dict, tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    cluster = _job_env(slurm_cluster, marker)
+    out = tmp_path / "out"
+    out.mkdir()
+    body = f"exec srun {PYTHON} -m gpukit run --cpu --nproc 2 {TRAIN} {out}"
+    job_id, log = _sbatch(cluster, tmp_path, body, "-N2", marker=marker)
+    cluster.wait_gone(job_id, 180)
+    output = log.read_text()
+    assert (out / "result.json").exists(), output
+    result = json.loads((out / "result.json").read_text())
+    assert result["world"] == 4
+    _same_weights(result, reference)
+    assert f"SLURM job {job_id}" in output and "master node1:" in output
+    assert "node 0 of 2" in output and "node 1 of 2" in output
+    assert sorted(p.name for p in out.glob("rank-*")) == [f"rank-{r}-attempt-0" for r in range(4)]
+    assert_none_survive(marker)
+
+
+def test_srun_python_with_a_session_needs_no_launcher(slurm_cluster: SlurmCluster, reference: dict,
+                                                      tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    cluster = _job_env(slurm_cluster, marker)
+    result = cluster.run("srun", "-N2", "--ntasks-per-node=2", PYTHON, str(TRAIN), str(tmp_path),
+                         timeout_s=180, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trained = json.loads((tmp_path / "result.json").read_text())
+    assert trained["world"] == 4
+    _same_weights(trained, reference)
+    starts = [json.loads((tmp_path / f"rank-{r}-attempt-0").read_text()) for r in range(4)]
+    assert {s["kind"] for s in starts} == {"slurm"}
+    assert result.stderr.count("gpukit: SLURM job") == 1  # detected, said once, by rank 0
+    assert_none_survive(marker)
+
+
+def test_scancel_leaves_no_process_on_either_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    cluster = _job_env(slurm_cluster, marker)
+    out = tmp_path / "out"
+    out.mkdir()
+    body = f"exec srun {PYTHON} -m gpukit run --cpu --nproc 2 {TRAIN} {out} --ckpt {tmp_path / 'ckpt'} --hold-at 2"
+    job_id, log = _sbatch(cluster, tmp_path, body, "-N2", marker=marker)
+    poll(lambda: (out / "held").exists() or cluster.state(job_id) == "", 120, "the job to reach step 2")
+    assert (out / "held").exists(), log.read_text()
+    cluster.run("scancel", job_id)
+    cluster.wait_gone(job_id, 60)
+    assert_none_survive(marker, timeout_s=30)
