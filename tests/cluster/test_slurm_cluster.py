@@ -11,8 +11,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import SRC, TRAIN, SlurmCluster
 from launch_helpers import assert_none_survive, poll
+from slurm_helpers import SRC, TRAIN, SlurmCluster
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,42 @@
+"""Helpers for the SLURM tests: the running cluster and the paths its jobs use.
+
+Named slurm_helpers (not conftest/_helpers) so it cannot clash with another test folder's module.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "launch"))
+from launch_helpers import MARKER_ENV, poll  # noqa: E402
+
+SCRIPT = HERE / "slurm_cluster.sh"
+TRAIN = HERE / "scripts" / "train.py"
+SRC = HERE.parent.parent / "src"
+
+
+@dataclass
+class SlurmCluster:
+    """The running cluster: ``env`` points sinfo/srun/sbatch at it."""
+
+    directory: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def run(self, *args: str, timeout_s: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout_s,
+                              check=check)
+
+    def job_env(self, marker: str) -> dict[str, str]:
+        """Environment for a job: the venv's python, gpukit's source, a marker to find its processes."""
+        return {**self.env, "PYTHONPATH": str(SRC), MARKER_ENV: marker}
+
+    def state(self, job_id: str) -> str:
+        """The job's state (``""`` once it has left the queue)."""
+        return self.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout.strip()
+
+    def wait_gone(self, job_id: str, timeout_s: float) -> None:
+        poll(lambda: self.state(job_id) == "", timeout_s, f"SLURM job {job_id} to finish")
