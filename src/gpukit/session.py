@@ -55,8 +55,10 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             GPU indices, or one device ("cpu", "cuda:1", a torch.device). On the CPU,
             ``accelerator="cpu", devices=N`` means N processes (DDP on gloo).
         precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true" or "auto".
-        strategy: "auto", "single", "dp", "ddp" or "pipeline" (layers split over ``devices``
-            in one process; ``PipelineStrategy(devices, chunks=4)`` for micro-batches), or a Strategy.
+        strategy: "auto", "single", "dp", "ddp", "fsdp" (sharded over processes;
+            ``FSDPStrategy(auto_wrap=..., cpu_offload=True)`` for other settings) or "pipeline"
+            (layers split over ``devices`` in one process; ``PipelineStrategy(devices, chunks=4)``
+            for micro-batches), or a Strategy.
         seed: seeds Python, NumPy, torch, every GPU, shuffling and loader workers.
         accumulate_grad_batches: micro-batches per optimizer step.
         sync_batchnorm: under DDP, compute BatchNorm statistics over the global batch.
@@ -192,6 +194,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         self._memory_track_model(model)  # inference guard; run_step's default model
         if optimizer is None:
             return model
+        optimizer = self.strategy.setup_optimizer(model, optimizer)  # FSDP: the sharded params
         if optimizer.state:
             # the optimizer's own loader casts state to each parameter's device and dtype
             # (and keeps Adam's "step" counters where they belong)
@@ -269,8 +272,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         if self._micro_step % self.accumulate_grad_batches == 0:
             if clip_grad_norm is not None:
                 self.precision.unscale_(optimizer)
-                params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-                torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
+                self.strategy.clip_gradients(optimizer, clip_grad_norm)
             stepped = self.precision.optimizer_step(optimizer)
             optimizer.zero_grad(set_to_none=True)
             self._optimizer_steps += int(stepped)

@@ -5,6 +5,7 @@
 - ``"ddp"``: :class:`~torch.nn.parallel.DistributedDataParallel`, one process per device.
 - ``"pipeline"``: the model's layers split over several devices in one process
   (:func:`gpukit.parallel.split`).
+- ``"fsdp"``: FSDP2 ``fully_shard``, parameters/gradients/optimizer state sharded over processes.
 - ``"auto"``: ddp when several processes are launched or asked for, else single.
 """
 
@@ -16,6 +17,7 @@ from gpukit.strategies._syncbn import HostSyncBatchNorm, convert_sync_batchnorm
 from gpukit.strategies.base import REDUCE_OPS, Strategy
 from gpukit.strategies.ddp import DDPStrategy
 from gpukit.strategies.dp import DataParallelStrategy, ModelWithLoss
+from gpukit.strategies.fsdp import FSDPStrategy
 from gpukit.strategies.pipeline import PipelineStrategy
 from gpukit.strategies.single import SingleDeviceStrategy
 
@@ -24,6 +26,7 @@ __all__ = [
     "DDPStrategy",
     "DataParallelStrategy",
     "DistEnv",
+    "FSDPStrategy",
     "HostSyncBatchNorm",
     "ModelWithLoss",
     "PipelineStrategy",

@@ -9,7 +9,9 @@ Rules (documented in docs/readme/session.md):
 - ``strategy="pipeline"``: one process, the model's layers split over ``devices`` (a list of
   stage devices, or N / "auto" / -1 for the first N / every visible GPU).
 - ``strategy="auto"``: several processes (launched, or to be launched) -> "ddp"; otherwise
-  "single". "dp" is never chosen automatically: DDP is faster; ask for it by name.
+  "single". "dp" is never chosen automatically: DDP is faster; ask for it by name. "fsdp"
+  (sharded, one process per device) is placed as "ddp"; an unbound ``FSDPStrategy(...)``
+  object carries its settings and is placed the same way.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ from gpukit.strategies._env import DistEnv
 from gpukit.strategies.base import Strategy
 from gpukit.strategies.ddp import DDPStrategy
 from gpukit.strategies.dp import DataParallelStrategy
+from gpukit.strategies.fsdp import FSDPStrategy
 from gpukit.strategies.pipeline import PipelineStrategy
 from gpukit.strategies.single import SingleDeviceStrategy
 
 __all__ = ["select_strategy", "STRATEGIES", "ACCELERATORS"]
 
-STRATEGIES = ("auto", "single", "dp", "ddp", "pipeline")
+STRATEGIES = ("auto", "single", "dp", "ddp", "fsdp", "pipeline")
 ACCELERATORS = ("auto", *DEVICE_TYPES)
 _DEVICES_HELP = (
     'devices="auto", an int N (-1 = all visible GPUs), a list of GPU indices, or one device '
@@ -56,6 +59,9 @@ def select_strategy(
         DeviceError: more devices than visible, or a device type that is not available.
         DistributedError: a malformed launch environment.
     """
+    template: FSDPStrategy | None = None
+    if isinstance(strategy, FSDPStrategy) and not strategy.bound:
+        template, strategy = strategy, "fsdp"  # settings given, placement still to choose
     if isinstance(strategy, Strategy):
         return strategy
     name = str(strategy).strip().lower()
@@ -98,6 +104,8 @@ def select_strategy(
             )
         return DataParallelStrategy(acc, [_device(acc, i) for i in indices])
     local = indices[env.local_rank] if env is not None else indices[0]
+    if name == "fsdp":
+        return (template or FSDPStrategy()).bind(acc, _device(acc, local), env, len(indices))
     return DDPStrategy(
         acc, _device(acc, local), env, num_processes=len(indices), sync_batchnorm=sync_batchnorm
     )

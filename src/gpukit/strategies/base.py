@@ -72,6 +72,19 @@ class Strategy:
         """Move ``module`` to the device and wrap it as the strategy needs."""
         return module.to(self.root_device)
 
+    def setup_optimizer(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Fit ``optimizer`` to the set-up ``module`` (FSDP swaps in sharded parameters); no-op here."""
+        return optimizer
+
+    def clip_gradients(self, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+        """Clip the gradients of ``optimizer``'s parameters to total 2-norm ``max_norm``.
+
+        Returns:
+            The total norm before clipping.
+        """
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
     def no_backward_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """A context in which ``backward`` does not synchronise gradients across processes."""
         return contextlib.nullcontext()

@@ -1,0 +1,192 @@
+"""Fully sharded data parallel (FSDP2, ``torch.distributed.fsdp.fully_shard``).
+
+Each process keeps 1/world_size of every parameter, gradient and optimizer state; a unit's
+full parameters are all-gathered just before it runs and freed after, and gradients are
+reduce-scattered. Which sub-modules are units is the wrapping policy of
+:mod:`gpukit.strategies._wrap` (transformer blocks, stacks of blocks and large layers by
+default; the root last). Works with nccl on GPUs and gloo on CPU processes.
+
+Precision names map onto FSDP's ``MixedPrecisionPolicy``: "bf16-mixed" gathers parameters
+in bf16 and reduces gradients in fp32 (sharded weights and optimizer state stay fp32);
+"bf16-true"/"16-true" keep the weights in 16 bits (norm layers, kept in fp32, become units of
+their own so each unit has one dtype). "16-mixed" is refused: its GradScaler would decide
+"skip this step" per shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpukit.accelerators import Accelerator
+from gpukit.errors import ConfigurationError
+from gpukit.placement import unwrap_model
+from gpukit.precision import NORM_LAYERS, MixedPrecision
+from gpukit.strategies._env import DistEnv
+from gpukit.strategies._wrap import DEFAULT_MIN_UNIT_PARAMS, AutoWrap, units_to_shard
+from gpukit.strategies.ddp import DDPStrategy
+
+__all__ = ["FSDPStrategy", "is_sharded_module"]
+
+
+def is_sharded_module(module: Any) -> bool:
+    """Whether ``module`` holds FSDP2-sharded (DTensor) parameters."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(module, nn.Module) and any(isinstance(p, DTensor) for p in module.parameters())
+
+
+class FSDPStrategy(DDPStrategy):
+    """Shard parameters, gradients and optimizer state over the processes with ``fully_shard``.
+
+    ``Session(strategy="fsdp")`` uses the defaults; pass an object for other settings::
+
+        Session(strategy=FSDPStrategy(auto_wrap={MyBlock}, cpu_offload=True))
+
+    Args:
+        accelerator, device, env, num_processes: filled in by the session (leave them out).
+        auto_wrap: the wrapping policy: ``None`` (default policy, see
+            :mod:`gpukit.strategies._wrap`), a set of module classes, or a callable
+            ``(module, qualified_name) -> bool``.
+        min_unit_params: own parameters from which the default policy makes a layer a unit.
+        cpu_offload: keep sharded parameters, gradients and optimizer state in host memory
+            (``OffloadPolicy``); the optimizer step then runs on the CPU.
+        reshard_after_forward: free gathered parameters after each unit's forward (less
+            memory; backward gathers them again). False keeps them until backward.
+        timeout_s: collective timeout.
+
+    Raises:
+        ConfigurationError: a bad ``auto_wrap`` or ``min_unit_params``.
+    """
+
+    name = "fsdp"
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        device: torch.device | None = None,
+        env: DistEnv | None = None,
+        num_processes: int = 1,
+        *,
+        auto_wrap: AutoWrap = None,
+        min_unit_params: int = DEFAULT_MIN_UNIT_PARAMS,
+        cpu_offload: bool = False,
+        reshard_after_forward: bool = True,
+        timeout_s: float = 1800.0,
+    ) -> None:
+        if isinstance(min_unit_params, bool) or not isinstance(min_unit_params, int) or min_unit_params < 1:
+            raise ConfigurationError(f"min_unit_params={min_unit_params!r}; use an int >= 1.")
+        super().__init__(
+            accelerator, device if device is not None else torch.device("cpu"), env,  # type: ignore[arg-type]
+            num_processes=num_processes, timeout_s=timeout_s,
+        )
+        self.auto_wrap = auto_wrap
+        self.min_unit_params = min_unit_params
+        self.cpu_offload = bool(cpu_offload)
+        self.reshard_after_forward = bool(reshard_after_forward)
+        self.units: list[str] = []  # qualified names of the units, after setup_module
+        self._param_names: dict[int, str] = {}
+
+    @property
+    def bound(self) -> bool:
+        """Whether the session has filled in the accelerator and device yet."""
+        return self.accelerator is not None
+
+    def bind(
+        self, accelerator: Accelerator, device: torch.device, env: DistEnv | None, num_processes: int
+    ) -> FSDPStrategy:
+        """A copy of this strategy's settings for this process (used by the session)."""
+        return FSDPStrategy(
+            accelerator, device, env, num_processes, auto_wrap=self.auto_wrap,
+            min_unit_params=self.min_unit_params, cpu_offload=self.cpu_offload,
+            reshard_after_forward=self.reshard_after_forward, timeout_s=self.timeout_s,
+        )
+
+    def _policies(self) -> dict[str, Any]:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+
+        precision = self.precision
+        if isinstance(precision, MixedPrecision):
+            if precision.scaler is not None:
+                raise ConfigurationError(
+                    "precision='16-mixed' is not supported with strategy='fsdp': its GradScaler "
+                    "would decide per shard whether to skip a step. Use 'bf16-mixed' (no loss "
+                    "scaling needed), '32-true', or strategy='ddp' for fp16 mixed precision."
+                )
+            mp = MixedPrecisionPolicy(param_dtype=precision.autocast_dtype, reduce_dtype=torch.float32)
+        else:
+            mp = MixedPrecisionPolicy()  # fp32, or weights already converted ("-true")
+        offload = CPUOffloadPolicy(pin_memory=not self.accelerator.is_host) if self.cpu_offload else OffloadPolicy()
+        return {"mp_policy": mp, "offload_policy": offload, "reshard_after_forward": self.reshard_after_forward}
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        policies = self._policies()  # refuses what cannot work before anything moves
+        module = unwrap_model(module).to(self.root_device)
+        self._param_names = {id(p): n for n, p in module.named_parameters()}
+        mesh = init_device_mesh(self.root_device.type, (self.world_size,))
+        # "-true" precisions keep norm layers in fp32; a unit must hold one dtype
+        always = NORM_LAYERS if self.precision.param_dtype != torch.float32 else ()
+        units = units_to_shard(module, self.auto_wrap, self.min_unit_params, always=always)
+        for _name, unit in units:
+            fully_shard(unit, mesh=mesh, **policies)
+        fully_shard(module, mesh=mesh, **policies)
+        self.units = [name for name, _ in units]
+        return module
+
+    def setup_optimizer(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Point ``optimizer`` at the sharded parameters that replaced the ones it was built with."""
+        if optimizer.state:
+            raise ConfigurationError(
+                "The optimizer given to session.setup already holds state (it stepped or was "
+                "loaded); under strategy='fsdp' that state would not match the shards. Build the "
+                "optimizer fresh, call session.setup, then restore with session.resume(...)."
+            )
+        sharded = dict(module.named_parameters())
+        for group in optimizer.param_groups:
+            group["params"] = [sharded[self._param_names[id(p)]] for p in group["params"]]
+        return optimizer
+
+    def no_backward_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return _accumulating(module)
+
+    def clip_gradients(self, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+        """Clip by the norm of the whole (global) gradient, not of this rank's shard."""
+        from torch.distributed.tensor import DTensor
+
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()  # the per-shard partial norms, reduced over the ranks
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
+
+    def describe(self) -> str:
+        offload = ", CPU offload" if self.cpu_offload else ""
+        return (
+            f"fsdp rank {self.rank}/{self.world_size} on {self.root_device} with "
+            f"{self.accelerator.distributed_backend}, {len(self.units) + 1} unit(s){offload}"
+        )
+
+
+@contextlib.contextmanager
+def _accumulating(module: nn.Module) -> Iterator[None]:
+    """Backward accumulates unsharded local gradients: no reduce-scatter, no resharding."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule):
+        yield
+        return
+    module.set_requires_gradient_sync(False)
+    module.set_reshard_after_backward(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
+        module.set_reshard_after_backward(True)

@@ -1,0 +1,71 @@
+"""FSDP wrapping policy and strategy selection, in one process (no process group needed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from gpukit.errors import ConfigurationError
+from gpukit.strategies import FSDPStrategy, select_strategy
+from gpukit.strategies._wrap import units_to_shard
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(4)
+        self.fc = nn.Linear(4, 4)
+
+
+class GPTish(nn.Module):
+    def __init__(self, vocab: int = 1000) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 8)  # 8000 own parameters
+        self.h = nn.ModuleList(Block() for _ in range(3))
+        self.enc = nn.TransformerEncoderLayer(4, 1, 8)
+        self.out = nn.Linear(4, 2)
+
+
+def names(model: nn.Module, **kwargs: object) -> list[str]:
+    return [n for n, _ in units_to_shard(model, **kwargs)]  # type: ignore[arg-type]
+
+
+def test_default_policy_blocks_stacks_and_large_layers_innermost_first() -> None:
+    model = GPTish()
+    assert names(model, min_unit_params=5000) == ["enc", "h.2", "h.1", "h.0", "embed"]
+    assert names(model) == ["enc", "h.2", "h.1", "h.0"]  # the embedding is below 1M parameters
+
+
+def test_policy_overrides_and_fp32_norm_units() -> None:
+    model = GPTish()
+    assert names(model, auto_wrap={nn.Linear}) == ["out", "enc.linear2", "enc.linear1",
+                                                    "enc.self_attn.out_proj", "h.2.fc", "h.1.fc", "h.0.fc"]
+    assert names(model, auto_wrap=lambda m, n: n == "out") == ["out"]
+    # a "-true" precision keeps norm layers fp32: they become units inside their block's unit
+    with_norms = names(model, always=(nn.LayerNorm,))
+    assert with_norms.index("h.0.norm") < with_norms.index("h.0")
+    with pytest.raises(ConfigurationError, match="auto_wrap=3"):
+        units_to_shard(model, auto_wrap=3)  # type: ignore[arg-type]
+
+
+def test_selection_by_name_and_by_configured_object() -> None:
+    env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    by_name = select_strategy(strategy="fsdp", accelerator="cpu", environ=env)
+    assert isinstance(by_name, FSDPStrategy) and (by_name.rank, by_name.world_size) == (1, 2)
+    configured = FSDPStrategy(auto_wrap={Block}, cpu_offload=True)
+    placed = select_strategy(strategy=configured, accelerator="cpu", environ=env)
+    assert placed.bound and placed.auto_wrap == {Block} and placed.cpu_offload
+    assert placed.root_device == torch.device("cpu") and placed.rank == 1
+    with pytest.raises(ConfigurationError, match="min_unit_params=0"):
+        FSDPStrategy(min_unit_params=0)
+
+
+def test_fp16_mixed_is_refused_with_a_way_out() -> None:
+    from gpukit.precision import MixedPrecision
+
+    strategy = select_strategy(strategy="fsdp", accelerator="cpu", environ={})
+    strategy.precision = MixedPrecision("16-mixed", torch.device("cpu"))
+    with pytest.raises(ConfigurationError, match="bf16-mixed"):
+        strategy.setup_module(nn.Linear(2, 2))
