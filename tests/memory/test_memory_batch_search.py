@@ -78,3 +78,29 @@ def test_real_gpu_limit_is_found() -> None:
     result = find_batch_size(step, start=8, margin=0, device="cuda")
     assert 0.95 * 256 <= result.max_fitting_batch_size <= 256
     assert all(t.peak_allocated_bytes is not None for t in result.trials if t.fits)
+
+
+def test_cpu_search_stops_before_the_ram_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU nothing raises out-of-memory: the OS kills the process. The search must bound
+    itself by the RAM available (here pretended to be 200 MiB) instead of doubling forever."""
+    from gpukit.memory import _host_ram
+
+    class Memory:
+        available = 200 * 2**20
+
+    monkeypatch.setattr(_host_ram.psutil, "virtual_memory", lambda: Memory())
+    per_sample = 2 * 2**20
+    ran: list[int] = []
+
+    def step(batch_size: int) -> None:
+        ran.append(batch_size)
+        if batch_size * per_sample > 400 * 2**20:  # a regression fails here, not by the OOM killer
+            raise AssertionError(f"batch size {batch_size} would take {batch_size * 2} MiB: the RAM bound failed")
+        activations = torch.ones(batch_size * per_sample // 4)  # touched: resident
+        assert float(activations[::4096].sum()) > 0
+
+    result = find_batch_size(step, start=1, margin=0, device="cpu")
+    assert max(ran) * per_sample <= 150 * 2**20 * 1.1  # 75% of 200 MiB, with room for RSS noise
+    assert result.trials[-1].ram_limited or any(t.ram_limited for t in result.trials)
+    assert 40 <= result.max_fitting_batch_size <= 80, result.trials
+    assert all(t.duration_s == 0 and not t.fits for t in result.trials if t.ram_limited)

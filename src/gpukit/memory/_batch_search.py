@@ -19,8 +19,10 @@ from typing import Any
 
 import torch
 
+from gpukit._units import format_bytes
 from gpukit.accelerators import Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError, MemoryPlanError
+from gpukit.memory._host_ram import RAM_HEADROOM, HostRamBudget
 
 __all__ = ["BatchSizeTrial", "BatchSizeResult", "find_batch_size"]
 
@@ -29,12 +31,17 @@ log = logging.getLogger("gpukit.memory")
 
 @dataclass(frozen=True)
 class BatchSizeTrial:
-    """One trial: ``batch_size`` ran (``fits``) or ran out of memory."""
+    """One trial: ``batch_size`` ran (``fits``) or ran out of memory.
+
+    ``ram_limited`` trials (CPU only) were not run: the RAM they were predicted to need, scaled
+    from the trials before, is more than was available (less a 25% margin).
+    """
 
     batch_size: int
     fits: bool
     duration_s: float
     peak_allocated_bytes: int | None
+    ram_limited: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,12 @@ def find_batch_size(
     Args:
         step_fn: runs one step at a batch size.
         start: first size tried.
-        max: largest size worth trying (e.g. the data set size); ``None`` for no bound.
+        max: largest size worth trying (e.g. the data set size); ``None`` for no bound other
+            than memory. On the CPU, where running out of memory means the OS kills the
+            process rather than an exception, the search also never runs a size predicted
+            (from the resident memory of the trials before) to need more than 75% of the RAM
+            available when it began; give ``max`` as well when the step's memory does not grow
+            with the batch size in proportion.
         margin: fraction taken off the largest fitting size for headroom (fragmentation,
             longer sequences later): ``batch_size = floor(max_fitting * (1 - margin))``.
         tolerance: stop bisecting once ``max_fitting >= (1 - tolerance) * (smallest_failing - 1)``,
@@ -107,11 +119,23 @@ def find_batch_size(
     target = torch.device(device) if device is not None else None
     trials: list[BatchSizeTrial] = []
 
+    ram = HostRamBudget() if accelerator.is_host else None
+
     def run(size: int) -> bool:
-        fits = _trial(step_fn, size, accelerator, target)
-        trial = BatchSizeTrial(size, fits[0], fits[1], fits[2])
+        predicted = ram.too_big(size) if ram is not None else None
+        if ram is not None and predicted is not None:
+            trial = BatchSizeTrial(size, False, 0.0, None, ram_limited=True)
+            log.info("batch size %d: not run, predicted to need %s more RAM; the search allows %s "
+                     "(available RAM less %d%%)", size, format_bytes(predicted), format_bytes(ram.budget_bytes),
+                     round(RAM_HEADROOM * 100))
+        else:
+            def attempt() -> tuple[bool, float, int | None]:
+                return _trial(step_fn, size, accelerator, target)
+
+            fits = attempt() if ram is None else ram.measure(size, attempt)
+            trial = BatchSizeTrial(size, fits[0], fits[1], fits[2])
+            log.info("batch size %d: %s (%.2f s)", size, "fits" if trial.fits else "out of memory", trial.duration_s)
         trials.append(trial)
-        log.info("batch size %d: %s (%.2f s)", size, "fits" if trial.fits else "out of memory", trial.duration_s)
         if on_trial is not None:
             on_trial(trial)
         return trial.fits
