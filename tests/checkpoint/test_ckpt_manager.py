@@ -86,8 +86,16 @@ def test_rotation_keeps_last_n_complete_and_ignores_incomplete(tmp_path: Path) -
     state = tmp_path / "step_00000004" / "state.pt"
     state.write_bytes(state.read_bytes()[:100])
     assert manager.latest() == tmp_path / "step_00000003"
-    with pytest.raises(CheckpointError, match="no valid complete.json"):
+    with pytest.raises(CheckpointError, match="not a complete gpukit checkpoint: its complete.json is missing"):
         manager.resume(tmp_path / "step_00000009", model=model)
+    # resuming from the latest passes over the damaged steps, but says so, naming file and fallback
+    with pytest.warns(UserWarning) as caught:
+        assert manager.resume(model=model) == 3
+    messages = [str(w.message) for w in caught]
+    assert any("step_00000004 is damaged: state.pt has 100 bytes where complete.json says" in m
+               and "resuming from step_00000003 instead" in m for m in messages), messages
+    assert any("step_00000009 is damaged: its complete.json is missing" in m for m in messages), messages
+    assert all(w.filename == __file__ for w in caught)  # attributed to the caller's line
 
 
 def test_debris_of_killed_saves_is_cleaned_on_next_save(tmp_path: Path) -> None:
@@ -175,3 +183,38 @@ def test_resuming_a_mid_epoch_loader_under_another_world_size_says_how_to_fix(tm
     message = str(info.value)
     assert "Cannot resume 'loader' from" in message
     assert "same number of processes as the checkpoint (2)" in message and "new checkpoint directory" in message
+
+
+def _resume_as_rank_1_of_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpukit.checkpoint import _manager
+    from gpukit.checkpoint._dist import DistContext
+
+    monkeypatch.setattr(_manager, "current_dist", lambda: DistContext(rank=1, world_size=2))
+
+
+def test_another_world_size_resumes_from_an_epoch_boundary_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, opt, _ = _objects(0)
+    boundary, mid = Position(), Position()
+    boundary.epoch, mid.epoch, mid.batches_consumed = 3, 2, 5
+    CheckpointManager(tmp_path / "boundary").save(7, model=model, optimizer=opt, loader=boundary)
+    CheckpointManager(tmp_path / "mid").save(5, model=model, optimizer=opt, loader=mid)
+    CheckpointManager(tmp_path / "own").save(5, model=model, optimizer=opt, per_rank=["optimizer"])
+    _resume_as_rank_1_of_2(monkeypatch)  # this run has 2 processes; the checkpoints were saved by 1
+
+    fresh, fresh_opt, _ = _objects(1)
+    position = Position()
+    with pytest.warns(UserWarning, match="saved by 1 process.*resuming with 2: it was saved at an epoch boundary"):
+        assert CheckpointManager(tmp_path / "boundary").resume(model=fresh, optimizer=fresh_opt, loader=position) == 7
+    assert position.epoch == 3 and torch.equal(fresh.fc1.weight, model.fc1.weight)
+
+    for name, why in (("mid", "'loader' holds a data position saved mid-epoch (5 batches into epoch 2)"),
+                      ("own", "'optimizer' holds per-process state")):
+        untouched, untouched_opt, _ = _objects(2)
+        before = untouched.fc1.weight.clone()
+        with pytest.raises(CheckpointError) as info:
+            CheckpointManager(tmp_path / name).resume(model=untouched, optimizer=untouched_opt, loader=Position())
+        message = str(info.value)
+        assert why in message and "was saved by 1 process(es) and this run has 2" in message
+        assert "Resume with 1 process(es) (e.g. gpukit run --nproc 1 ...)" in message
+        assert "start from another checkpoint directory" in message
+        assert torch.equal(untouched.fc1.weight, before)  # refused before anything was restored

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from gpukit.checkpoint._dist import DistContext, current_dist
 from gpukit.checkpoint._formats import MARKER_NAME, metadata_entry
 from gpukit.checkpoint._io import load, save, to_saveable
 from gpukit.checkpoint._prefixes import load_state_dict
+from gpukit.checkpoint._resume_checks import check_world_size, read_marker, warn_damaged_newer
 from gpukit.checkpoint._rng import capture_rng_state, restore_rng_state
 from gpukit.errors import CheckpointError, ConfigurationError
 from gpukit.monitor._events import emit
@@ -105,14 +105,7 @@ class CheckpointManager:
 
     @staticmethod
     def _read_marker(path: Path) -> dict[str, Any] | None:
-        try:
-            marker = json.loads((path / MARKER_NAME).read_text())
-            for name, size in marker["files"].items():
-                if (path / name).stat().st_size != size:
-                    return None
-            return dict(marker)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
+        return read_marker(path)[0]
 
     def checkpoints(self) -> list[Path]:
         """Complete checkpoints, oldest step first. Incomplete ones are never listed."""
@@ -264,29 +257,30 @@ class CheckpointManager:
             The step of the checkpoint resumed from, or ``None`` when there is none (start fresh).
 
         Raises:
-            CheckpointError: the checkpoint is incomplete or unreadable, or lacks one of ``objects``.
+            CheckpointError: the checkpoint is incomplete or unreadable, or lacks one of ``objects``,
+                or was saved mid-epoch by another number of processes (nothing is restored then;
+                one saved at an epoch boundary resumes, with a warning). A damaged newer step is
+                passed over with a warning naming it.
             StateDictMismatchError: a model does not fit its saved state.
         """
         directory = Path(path) if path is not None else self.latest()
+        if path is None:
+            warn_damaged_newer(self.directory, directory)
         if directory is None:
             return None
-        marker = self._read_marker(directory)
+        marker, problem = read_marker(directory)
         if marker is None:
-            raise CheckpointError(f"{directory} is not a complete gpukit checkpoint (no valid {MARKER_NAME}).")
+            raise CheckpointError(f"{directory} is not a complete gpukit checkpoint: {problem}.")
         dist = current_dist()
         saved_world = int(marker["world_size"])
-        rank = dist.rank
-        if dist.world_size != saved_world:
-            warnings.warn(
-                f"{directory} was saved by {saved_world} process(es), resuming with {dist.world_size}: "
-                "per-rank state (RNG, data position) of rank 0 is used where a rank has none. "
-                "A data position saved mid-epoch needs the same number of processes "
-                f"({saved_world}); one saved at an epoch boundary carries over.",
-                stacklevel=2,
-            )
-            rank = rank if rank < saved_world else 0
-        shared_file = load(directory / SHARED_FILE, map_location="cpu")
-        rank_file = load(directory / rank_file_name(rank), map_location="cpu")
+        rank = dist.rank if dist.rank < saved_world else 0  # another world size: checked below
+        try:
+            shared_file = load(directory / SHARED_FILE, map_location="cpu")
+            rank_file = load(directory / rank_file_name(rank), map_location="cpu")
+        except CheckpointError as exc:  # damaged although its sizes are right: say how to go on
+            raise CheckpointError(f"{exc} To resume from the checkpoint before it, move {directory} "
+                                  "out of the checkpoint directory.") from None
+        check_world_size(directory, saved_world, dist.world_size, rank_file["objects"], list(objects))
         available = {**shared_file["objects"], **rank_file["objects"]}
         for name, obj in objects.items():
             if name not in available:
