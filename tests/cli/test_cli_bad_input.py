@@ -179,3 +179,31 @@ def test_inspect_step_directory_without_its_parts(tmp_path: Path, capsys: pytest
         assert "incomplete checkpoint: state.pt and rank_00000.pt missing" in err
     torch.save({"w": torch.zeros(1)}, step / "state.pt")
     assert "rank_00000.pt missing" in one_line_error(capsys, "ckpt", "inspect", str(step))
+
+
+# -- gpukit ckpt convert on gpukit's own checkpoints ---------------------------------------
+
+def test_convert_select_model_from_gpukit_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gpukit
+    from gpukit.checkpoint import CheckpointManager
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    manager = CheckpointManager(tmp_path / "ckpt")
+    manager.save(1, model=model, optimizer=optimizer)
+    with torch.no_grad():
+        model[0].weight.add_(1)
+    newest = manager.save(2, model=model, optimizer=optimizer)
+    expected = model.state_dict()
+    for source in (newest / "state.pt", newest, tmp_path / "ckpt"):  # the file, the step, the root (latest)
+        for select in ("model", "objects.model"):  # the old spelling keeps working
+            out = tmp_path / "weights.safetensors"
+            code, stdout, err = run_gpukit(capsys, "ckpt", "convert", str(source), str(out), "--select", select)
+            assert code == 0, err
+            loaded = gpukit.load(out)
+            assert loaded.keys() == expected.keys() and all(torch.equal(loaded[k], expected[k]) for k in loaded)
+    err = one_line_error(capsys, "ckpt", "convert", str(newest), str(tmp_path / "x.pt"), "--select", "modle")
+    assert "no key 'modle' here; available: model, optimizer" in err
+    (tmp_path / "empty").mkdir()
+    assert "without a complete gpukit checkpoint" in one_line_error(
+        capsys, "ckpt", "convert", str(tmp_path / "empty"), str(tmp_path / "x.pt"))

@@ -237,6 +237,12 @@ def _strip_all(obj: Any) -> Any:
     return obj
 
 
+def _is_manager_file(state: Any) -> bool:
+    """A CheckpointManager step file: ``{"objects", "gpukit"}`` (shared) or ``{"objects", "rng", "rank"}``."""
+    return isinstance(state, dict) and isinstance(state.get("objects"), dict) and (
+        "gpukit" in state or {"rng", "rank"} <= set(state))
+
+
 def convert_checkpoint(
     source: str | os.PathLike[str],
     target: str | os.PathLike[str],
@@ -251,7 +257,9 @@ def convert_checkpoint(
     """Read ``source``, transform it, and write ``target`` atomically.
 
     Args:
-        source: a checkpoint file, or a CheckpointManager step directory (its shared state).
+        source: a checkpoint file, a CheckpointManager step directory (its shared state), or
+            the directory holding the steps (its latest complete step). In gpukit's own step
+            files ``select`` names a saved object (``"model"``), as in ``save(step, model=...)``.
         target: the file to write.
         strip_prefix: remove ``module.`` / ``_orig_mod.`` from every state dict inside.
         to_cpu: load everything onto the CPU (otherwise devices are kept where available).
@@ -270,11 +278,19 @@ def convert_checkpoint(
     src = Path(source)
     if dtype is not None and dtype not in DTYPES:
         raise ConfigurationError(f"Unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
-    if src.is_dir() and (src / MARKER_NAME).exists():
-        state: Any = load(src / SHARED_FILE, map_location="cpu" if to_cpu else "auto", trust=trust)["objects"]
-    else:
-        state = load(src, map_location="cpu" if to_cpu else "auto", trust=trust)
-    for part in select.split(".") if select else []:
+    if src.is_dir() and not (src / MARKER_NAME).exists():  # a CheckpointManager directory: its latest step
+        latest = CheckpointManager(src).latest()
+        if latest is None:
+            raise CheckpointError(f"{src} is a directory without a complete gpukit checkpoint; give a checkpoint "
+                                  "file, a step_NNNNNNNN directory or the directory holding them.")
+        src = latest
+    state: Any = load(src / SHARED_FILE if src.is_dir() else src, map_location="cpu" if to_cpu else "auto",
+                      trust=trust)
+    parts = select.split(".") if select else []
+    if _is_manager_file(state):  # gpukit's own step files: select among the saved objects
+        state = state["objects"]
+        parts = parts[1:] if parts[:1] == ["objects"] and "objects" not in state else parts
+    for part in parts:
         if not isinstance(state, dict) or part not in state:
             have = ", ".join(map(str, state)) if isinstance(state, dict) else type(state).__name__
             raise ConfigurationError(f"--select {select!r}: no key {part!r} here; available: {have}.")

@@ -78,11 +78,15 @@ def inspect(path: str, as_json: bool) -> None:
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), help="Cast floating-point tensors.")
 @click.option("--format", "fmt", type=click.Choice(["torch", "safetensors"]),
               help="Output format (default: from TARGET's extension).")
-@click.option("--select", help="Convert only this (dotted) key, e.g. 'model'.")
+@click.option("--select", help="Convert only this (dotted) key, e.g. 'model' (in gpukit checkpoints: a saved object).")
 @click.option("--trust", is_flag=True, help="Allow full unpickling of SOURCE (can run code; trusted files only).")
 def convert(source: str, target: str, strip_prefix: bool, to_cpu: bool, dtype: str | None,
             fmt: str | None, select: str | None, trust: bool) -> None:
-    """Convert SOURCE into TARGET (written atomically)."""
+    """Convert SOURCE into TARGET (written atomically).
+
+    SOURCE is a checkpoint file, a gpukit step directory, or a gpukit checkpoint directory
+    (its latest complete step is used).
+    """
     from gpukit._units import format_bytes
     from gpukit.checkpoint._inspect import convert_checkpoint
 
