@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import gpukit
+from gpukit.strategies import PipelineStrategy
 from gpukit.parallel import SplitModel, split
 
 from parallel_models import TinyTransformer, mlp
@@ -92,7 +93,7 @@ def test_state_dict_has_plain_keys_and_round_trips(tmp_path) -> None:
 
 def test_session_pipeline_strategy_trains_like_a_plain_loop() -> None:
     plain, model = mlp(), mlp()
-    session = gpukit.Session(strategy=gpukit.strategies.PipelineStrategy(["cpu", "cpu"], chunks=2, verbose=False),
+    session = gpukit.Session(strategy=PipelineStrategy(["cpu", "cpu"], chunks=2, verbose=False),
                              verbose=False)
     assert session.strategy.name == "pipeline"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -118,3 +119,16 @@ def test_placement_is_printed_with_planned_memory(capsys: pytest.CaptureFixture[
     lines = [line.split() for line in err.splitlines() if line.strip().startswith(("0 ", "1 "))]
     assert [line[1] for line in lines] == ["cpu", "cpu"]
     assert all(line[-1].endswith("iB") for line in lines)  # a planned size per stage
+
+
+def test_true_precision_hooks_run_around_the_pipeline() -> None:
+    """bf16-true casts the input in and the output back with hooks on the plain model."""
+    x = torch.randn(8, 12)
+    outs = []
+    for strategy in ("single", PipelineStrategy(["cpu", "cpu"], chunks=2, verbose=False)):
+        session = gpukit.Session(devices="cpu", strategy=strategy, precision="bf16-true", verbose=False)
+        model = session.setup(mlp())
+        outs.append(model(x))
+        assert next(model.parameters()).dtype == torch.bfloat16
+    assert outs[1].dtype == outs[0].dtype == torch.float32
+    torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2)

@@ -83,12 +83,24 @@ class SplitModel(nn.Module):
     def forward(self, x: Any) -> Any:
         """Run the layers in order over ``chunks`` micro-batches; the output is on the last device.
 
+        Hooks on the plain model (e.g. the input/output casts of a "-true" precision) run around
+        the whole pipeline, as they ran around the plain model's forward.
+
         Args:
             x: the first layer's input (a tensor, or a tuple/list/dict of them), on any device.
 
         Raises:
             ConfigurationError: the batch has fewer samples than ``chunks``.
         """
+        # nn.Module.__call__ runs the model's hooks around self.forward: point that at the
+        # pipeline for the length of this call (an instance attribute shadows the method)
+        self.module.forward = self._pipeline
+        try:
+            return self.module(x)
+        finally:
+            del self.module.forward
+
+    def _pipeline(self, x: Any) -> Any:
         if self.chunks == 1:
             out = x
             for stage in self.stages:
