@@ -9,7 +9,9 @@ Comparisons:
   parallelism: one stage idles while the other works) and ``chunks=4`` (GPipe micro-batches).
   With 2+ GPUs the stages are cuda:0 and cuda:1 and the chunks=4 / chunks=1 ratio is the
   pipelining gain. Without them the stages are "cpu", "cpu": nothing can overlap, so the
-  figures are the overhead of splitting and micro-batching only.
+  figures are the overhead of splitting and micro-batching only; the ``unsplit/4`` row (the
+  unsplit model run on 4 micro-batches in a plain loop) separates the cost of smaller matrix
+  products from the pipeline's own.
 
 To add a comparison: write ``compare_<name>(args)`` that prints its rows, and register it in
 ``COMPARISONS``; shared options live in ``main``'s parser.
@@ -56,11 +58,16 @@ def _deep_mlp(width: int, depth: int) -> nn.Sequential:
     return nn.Sequential(*layers, nn.Linear(width, 10))
 
 
-def _train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+def _train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, by_hand: int = 1) -> Callable[[], None]:
+    """One SGD step; ``by_hand=K``: the batch run as K micro-batches in a plain loop (the cost
+    of smaller matrix products alone, without any pipeline)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 
+    def forward() -> torch.Tensor:
+        return model(x) if by_hand == 1 else torch.cat([model(part) for part in x.tensor_split(by_hand)])
+
     def step() -> None:
-        loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(forward(), y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -80,7 +87,10 @@ def compare_split(args: argparse.Namespace) -> None:
     model = _deep_mlp(width, depth)
     x = torch.randn(batch, width, device=devices[0])
     y = torch.randint(0, 10, (batch,), device=devices[-1])
-    steps = {"unsplit": _train_step(copy.deepcopy(model).to(devices[0]), x, y.to(devices[0]))}
+    steps = {
+        "unsplit": _train_step(copy.deepcopy(model).to(devices[0]), x, y.to(devices[0])),
+        "unsplit/4": _train_step(copy.deepcopy(model).to(devices[0]), x, y.to(devices[0]), by_hand=4),
+    }
     for chunks in (1, 4):
         split_model = split(copy.deepcopy(model), devices, chunks=chunks, verbose=False)
         steps[f"chunks={chunks}"] = _train_step(split_model, x, y)
@@ -94,7 +104,9 @@ def compare_split(args: argparse.Namespace) -> None:
     for name, seconds in median.items():
         print(f"  {name:<10} {seconds * 1e3:9.3f} ms   vs unsplit {seconds / median['unsplit']:6.3f}")
     print(f"  chunks=4 / chunks=1: {median['chunks=4'] / median['chunks=1']:.3f}"
-          + ("  (< 1: the pipelining gain)" if gpus >= 2 else ""), flush=True)
+          + ("  (< 1: the pipelining gain)" if gpus >= 2 else "")
+          + f";  chunks=4 / unsplit/4 (4 micro-batches by hand, one device): "
+          f"{median['chunks=4'] / median['unsplit/4']:.3f}", flush=True)
 
 
 COMPARISONS: dict[str, Callable[[argparse.Namespace], None]] = {
