@@ -21,6 +21,7 @@ __all__ = [
     "UnsafeCheckpointError",
     "StateDictMismatchError",
     "MemoryPlanError",
+    "DataStallError",
 ]
 
 
@@ -74,3 +75,8 @@ class StateDictMismatchError(CheckpointError):
 
 class MemoryPlanError(GpukitError, RuntimeError):
     """Memory estimation or batch-size search could not complete."""
+
+
+class DataStallError(GpukitError, RuntimeError):
+    """The data loader stopped producing batches: a worker died, the dataset hung, or the
+    shared memory that carries batches from workers ran out; the message names which."""

@@ -216,9 +216,12 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             batch_size: per process; default the loader's, or 1 for a dataset (as torch).
             shuffle: default the loader's, or False for a dataset (as torch).
             num_workers: "auto" (default for a dataset): 0 for in-memory TensorDatasets and
-                on the CPU, else usable CPUs per process - 1, at most 8.
+                on the CPU, else usable CPUs per process - 1, at most 8; "tune": measured
+                here (``gpukit.data.tune_loader``, cached), the same on every rank.
             **kwargs: ``drop_last``, ``pin_memory`` (default: on for GPUs),
-                ``move_to_device`` (default True) and any other DataLoader argument.
+                ``move_to_device`` (default True), ``data_timeout_s`` (longest wait for one
+                batch before :class:`~gpukit.errors.DataStallError`, default 600) and any
+                other DataLoader argument.
 
         Returns:
             A :class:`~gpukit.data.DeviceLoader`; each ``for`` over it is one epoch, with
@@ -232,7 +235,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             data, device=self.device, accelerator=self.accelerator, rank=self.rank,
             world_size=self.world_size, local_world_size=self.strategy.num_processes,
             seed=int(seed), batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
-            timings=self.timings, **kwargs,
+            timings=self.timings, broadcast=self.broadcast, **kwargs,
         )
 
     def to_device(self, obj: T) -> T:

@@ -10,6 +10,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import gpukit
 from gpukit.data import StepTiming, StepTimings
+from gpukit.data._advice import LoaderFacts, diagnose
+from gpukit.data._timing import PassTotals
 from gpukit.errors import ConfigurationError
 
 DATA_SLEEP_S = 0.03
@@ -142,3 +144,75 @@ def test_gpu_copy_timed_lazily_without_sync_and_exactly_when_asked() -> None:
     for _ in s.setup_dataloader(data, batch_size=16, pin_memory=True):
         pass
     assert all(r.exact and r.h2d_s is not None and r.h2d_s > 0 for r in records)
+
+
+# -- the end-of-epoch diagnosis ------------------------------------------------------------------
+def totals(wait_share: float, h2d_share: float | None = None, first_wait_share: float = 0.1,
+           steps: int = 10, step_s: float = 0.1) -> PassTotals:
+    t = PassTotals(epoch=3)
+    for i in range(steps):
+        wait = step_s * wait_share
+        if i == 0:  # the first batch of the epoch carries this share of the epoch's wait
+            wait = first_wait_share * step_s * wait_share * steps
+        elif first_wait_share > 0.5:
+            wait = step_s * wait_share * (1 - first_wait_share) * steps / (steps - 1)
+        t.add(32, step_s, wait, None if h2d_share is None else step_s * h2d_share)
+    return t
+
+
+def facts(**kw: object) -> LoaderFacts:
+    base = dict(num_workers=0, pin_memory=False, persistent_workers=False, start_method="fork",
+                pinning_helps=False, auto_workers=6, spare_workers=6)
+    base.update(kw)
+    return LoaderFacts(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "loader", "cause", "text"),
+    [
+        ([totals(0.41)], facts(), "workers",
+         'data loading is 41% of step time: num_workers=0 -> try num_workers="auto" (6)'),
+        ([totals(0.41)], facts(auto_workers=0, spare_workers=1), "workers",
+         'num_workers=0 -> try num_workers="tune" (up to 1)'),
+        ([totals(0.3, first_wait_share=0.8)],
+         facts(num_workers=4, start_method="spawn"), "restarts",
+         "workers re-import the training script at each epoch (spawn): persistent_workers=True"),
+        ([totals(0.3)], facts(num_workers=2, persistent_workers=True), "more_workers",
+         'num_workers=2 -> try num_workers="tune"'),
+        ([totals(0.3)], facts(num_workers=6, persistent_workers=True), "dataset",
+         "num_workers=6 already uses the spare cores -> make __getitem__ cheaper"),
+        ([totals(0.02, h2d_share=0.18)], facts(pinning_helps=True), "pinning",
+         "host-to-device copy 18%: pin_memory is off -> pin_memory=True"),
+        ([totals(0.02, h2d_share=0.18)], facts(pinning_helps=True, pin_memory=True), "copy_size",
+         "host-to-device copy 18%: batches are large on the wire"),
+        ([totals(0.2), totals(0.6)], facts(), "workers",
+         "data loading is 40% of step time (rank 1 worst: 60%)"),
+    ],
+)
+def test_the_epoch_line_names_the_cause_and_the_fix(
+    ranks: list[PassTotals], loader: LoaderFacts, cause: str, text: str
+) -> None:
+    report = diagnose(ranks, loader)
+    assert report.causes[0] == cause
+    assert text in report.line
+    assert report.line.startswith("gpukit: epoch 3: ")
+    assert report.worst_rank == len(ranks) - 1
+
+
+def test_a_loader_that_keeps_up_says_so() -> None:
+    report = diagnose([totals(0.03, h2d_share=0.01)], facts(pinning_helps=True))
+    assert report.causes == () and "the loader keeps up" in report.line
+    assert "320 samples/s" in report.line  # 32 samples per 0.1 s step
+
+
+def test_session_prints_the_epoch_line_on_rank_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    s = gpukit.Session(devices="cpu", verbose=True)
+    for _ in s.setup_dataloader(SleepyDataset(4, 0.02), batch_size=2, num_workers=0):
+        pass
+    err = capsys.readouterr().err
+    assert "gpukit: epoch 0:" in err and "data loading is" in err and "num_workers=0 -> try" in err
+    assert s.timings.epoch_reports[-1].causes == ("workers",)
+    quiet = session()
+    for _ in quiet.setup_dataloader(SleepyDataset(2, 0.0), batch_size=2):
+        pass
+    assert "gpukit: epoch" not in capsys.readouterr().err and len(quiet.timings.epoch_reports) == 1

@@ -1,23 +1,34 @@
 """Data loading: per-process sharding, pinned memory, seeded workers, resumable epochs,
-and the step-time breakdown (data wait, host-to-device copy, compute) of every step.
+the step-time breakdown (data wait, host-to-device copy, compute) of every step with an
+end-of-epoch diagnosis, loader tuning (``tune_loader``) and stalled-loader errors.
 
 ``Session.setup_dataloader`` is the usual entry point; it returns a :class:`DeviceLoader`.
 """
 
 from __future__ import annotations
 
+from gpukit.data._advice import EpochReport
 from gpukit.data._loader import DeviceLoader, build_loader
 from gpukit.data._sampler import ResumableBatchSampler
+from gpukit.data._stall import DEFAULT_DATA_TIMEOUT_S, SharedMemoryWarning
 from gpukit.data._timing import StepTiming, StepTimings, TimingSummary
+from gpukit.data._tune import LoaderSettings, Trial, TuneResult, tune_loader
 from gpukit.data._workers import auto_num_workers, seed_worker
 
 __all__ = [
+    "DEFAULT_DATA_TIMEOUT_S",
     "DeviceLoader",
+    "EpochReport",
+    "LoaderSettings",
     "ResumableBatchSampler",
+    "SharedMemoryWarning",
     "StepTiming",
     "StepTimings",
     "TimingSummary",
+    "Trial",
+    "TuneResult",
     "auto_num_workers",
     "build_loader",
     "seed_worker",
+    "tune_loader",
 ]

@@ -9,7 +9,7 @@ batch sampler.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -27,8 +27,11 @@ from torch.utils.data import (
 from gpukit.accelerators import Accelerator
 from gpukit.errors import CheckpointError, ConfigurationError
 from gpukit.placement import to_device
+from gpukit.data._advice import diagnose, loader_facts
 from gpukit.data._sampler import ResumableBatchSampler
-from gpukit.data._timing import StepTimings
+from gpukit.data._stall import StallGuard, resolve_data_timeout
+from gpukit.data._timing import PassTotals, StepTimings
+from gpukit.data._tune import tune_for_ranks
 from gpukit.data._workers import auto_num_workers, chain_worker_init
 
 __all__ = ["DeviceLoader", "build_loader"]
@@ -47,7 +50,10 @@ class DeviceLoader:
     the epoch when the next one begins. ``set_epoch`` overrides the count.
     ``state_dict``/``load_state_dict`` carry (epoch, batches consumed, seed): a fresh process
     that loads them continues with exactly the next batch. Every step is timed into
-    ``timings`` (the session's :class:`~gpukit.data.StepTimings`, or the loader's own).
+    ``timings`` (the session's :class:`~gpukit.data.StepTimings`, or the loader's own), and
+    each epoch ends with an :class:`~gpukit.data.EpochReport` there (gathered from every rank
+    under DDP: iterate a sharded loader on every rank). A wait for a batch longer than
+    ``data_timeout_s`` raises :class:`~gpukit.errors.DataStallError`.
     """
 
     def __init__(
@@ -59,9 +65,13 @@ class DeviceLoader:
         world_size: int = 1,
         resumable: bool = True,
         timings: StepTimings | None = None,
+        data_timeout_s: float | None = None,
+        local_world_size: int = 1,
     ) -> None:
         self.loader = loader
         self.timings = timings if timings is not None else StepTimings()
+        self.local_world_size = local_world_size
+        self._guard = StallGuard(loader, resolve_data_timeout(data_timeout_s))
         self.device = device
         self.seed = seed
         self.world_size = world_size
@@ -110,10 +120,26 @@ class DeviceLoader:
             batches = itertools.islice(iter(self.loader), skip, None)
         device = self.device
         move = None if device is None else (lambda batch: to_device(batch, device))
-        for batch in self.timings.iterate(batches, epoch=self._epoch, move=move):
-            self._consumed += 1
-            yield batch
+        guard = self._guard
+        guard.begin()
+        try:
+            for batch in self.timings.iterate(
+                batches, epoch=self._epoch, move=move, fetch=guard.fetch, on_pass_end=self._pass_end
+            ):
+                self._consumed += 1
+                yield batch
+        finally:
+            guard.end()
         self._epoch, self._consumed, self._in_progress = self._epoch + 1, 0, False
+
+    def _pass_end(self, totals: PassTotals) -> None:
+        # only gpukit's sharding gives every rank the same number of batches, so only then do
+        # all ranks reach this collective together
+        sharded = isinstance(self._batch_sampler, ResumableBatchSampler)
+        per_rank = self.timings.gather_pass(totals, self.world_size if sharded else 1)
+        copies = self.device is not None and not self.timings.accelerator.is_host
+        facts = loader_facts(self.loader, self.timings.accelerator, self.local_world_size, copies)
+        self.timings.record_epoch(diagnose(per_rank, facts))
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the data: ``{"epoch", "batches_consumed", "seed", "batch_size",
@@ -192,6 +218,8 @@ def build_loader(
     pin_memory: bool | None = None,
     move_to_device: bool = True,
     timings: StepTimings | None = None,
+    data_timeout_s: float | None = None,
+    broadcast: Callable[[Any], Any] | None = None,
     **loader_kwargs: Any,
 ) -> DeviceLoader:
     """Build the session's loader; see ``Session.setup_dataloader`` for the arguments.
@@ -216,8 +244,23 @@ def build_loader(
         num_workers = given.num_workers if given is not None else "auto"
     if num_workers == "auto":
         num_workers = auto_num_workers(dataset, accelerator, local_world_size)
+    elif num_workers == "tune":
+        tuned = tune_for_ranks(
+            dataset, batch_size, device=device if move_to_device else None, rank=rank,
+            world_size=world_size, local_world_size=local_world_size, broadcast=broadcast,
+            verbose=timings is not None and timings.report,
+        )
+        num_workers = tuned.num_workers
+        pin_memory = tuned.pin_memory if pin_memory is None else pin_memory
+        if num_workers:
+            loader_kwargs["prefetch_factor"] = tuned.prefetch_factor
+            if explicit_persistent is None:
+                explicit_persistent = tuned.persistent_workers
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
-        raise ConfigurationError(f"num_workers={num_workers!r}; use 'auto' or an int >= 0.")
+        raise ConfigurationError(
+            f"num_workers={num_workers!r}; use 'auto', 'tune' (measure on this machine) or an "
+            "int >= 0."
+        )
     if pin_memory is None:
         # pinning a tensor already on the GPU raises "cannot pin 'torch.cuda.FloatTensor' only
         # dense CPU tensors can be pinned": a TensorDataset preloaded on the device gets none
@@ -225,7 +268,10 @@ def build_loader(
     if num_workers == 0:
         loader_kwargs.pop("prefetch_factor", None)
         loader_kwargs["persistent_workers"] = False
+        loader_kwargs.pop("timeout", None)  # torch refuses a timeout without workers
     else:
+        if not loader_kwargs.get("timeout"):  # a stuck worker ends in an error, not a hang
+            loader_kwargs["timeout"] = resolve_data_timeout(data_timeout_s)
         # workers that outlive an epoch skip re-forking and re-importing every epoch
         loader_kwargs["persistent_workers"] = explicit_persistent is not False
     common = dict(
@@ -236,6 +282,8 @@ def build_loader(
         **loader_kwargs,
     )
     target = device if move_to_device else None
+    wrap = dict(seed=seed, world_size=world_size, timings=timings, data_timeout_s=data_timeout_s,
+                local_world_size=local_world_size)
 
     custom = given is not None and not _plain_sampling(given)
     if isinstance(dataset, IterableDataset) or custom:
@@ -250,8 +298,7 @@ def build_loader(
             return DeviceLoader(given, target, seed=seed, world_size=world_size, resumable=False,
                                 timings=timings)
         loader = DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, **common)
-        return DeviceLoader(loader, target, seed=seed, world_size=world_size, resumable=False,
-                            timings=timings)
+        return DeviceLoader(loader, target, resumable=False, **wrap)
 
     if shuffle is None:
         old = given.sampler if given is not None else None
@@ -263,7 +310,7 @@ def build_loader(
     )
     batch_sampler = ResumableBatchSampler(sampler, batch_size, drop_last)
     loader = DataLoader(dataset, batch_sampler=batch_sampler, **common)
-    return DeviceLoader(loader, target, seed=seed, world_size=world_size, timings=timings)
+    return DeviceLoader(loader, target, **wrap)
 
 
 def _holds_device_tensors(dataset: Any) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -345,6 +346,13 @@ class StepTimings:
             return [totals]
         rows = self._gather(totals.as_tensor())
         return [PassTotals.from_tensor(row.cpu(), totals.epoch) for row in rows]
+
+    def record_epoch(self, report: Any) -> None:
+        """Keep an :class:`~gpukit.data.EpochReport`; print its line on rank 0 when reporting."""
+        self.epoch_reports.append(report)
+        del self.epoch_reports[:-100]
+        if self.report and self.rank == 0:
+            print(report.line, file=sys.stderr, flush=True)
 
     def __repr__(self) -> str:
         return f"StepTimings(steps={self._next_step}, exact={self.exact}, rank={self.rank})"

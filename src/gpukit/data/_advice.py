@@ -1,0 +1,158 @@
+"""The end-of-epoch diagnosis: one line saying where step time went and what to change.
+
+Built from every rank's :class:`~gpukit.data._timing.PassTotals` of the epoch (gathered under
+DDP) and the loader's settings. Each cause has one rule and one fix:
+
+* data loading with ``num_workers=0`` -> ``num_workers="auto"`` (the number it would pick);
+* workers started afresh each epoch (``persistent_workers=False``), whose first batch carries
+  the start-up (``spawn`` re-imports the training script) -> ``persistent_workers=True``;
+* data loading with fewer workers than spare cores -> ``num_workers="tune"``;
+* data loading with every spare core already working -> a cheaper ``__getitem__``;
+* host-to-device copy with ``pin_memory`` off on a GPU -> ``pin_memory=True``;
+* host-to-device copy with pinned memory -> smaller batches on the wire.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from dataclasses import dataclass
+from typing import Any
+
+from gpukit.data._timing import PassTotals, TimingSummary
+from gpukit.accelerators import Accelerator
+from gpukit.data._workers import MAX_AUTO_WORKERS, auto_num_workers, usable_cpu_count
+
+__all__ = ["EpochReport", "LoaderFacts", "diagnose", "loader_facts", "ADVICE_SHARE"]
+
+#: a stage taking at least this share of step time gets advice
+ADVICE_SHARE = 0.10
+#: the first batch of an epoch carrying this share of the epoch's data wait means restarts
+_RESTART_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class LoaderFacts:
+    """The loader settings the advice depends on."""
+
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    start_method: str | None
+    pinning_helps: bool
+    auto_workers: int  # what num_workers="auto" picks for this dataset and device
+    spare_workers: int  # CPUs per process - 1 (at most 8): workers that would not slow the loop
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """One epoch's breakdown over all ranks, with the diagnosis.
+
+    Attributes:
+        epoch: the loader's epoch.
+        ranks: one :class:`TimingSummary` per rank, in rank order.
+        data_share: data wait / step time, mean over ranks.
+        h2d_share: copy / step time, mean over ranks (``None``: no copy measured).
+        worst_rank: the rank with the largest data share.
+        causes: what was found: ``"workers"``, ``"restarts"``, ``"more_workers"``,
+            ``"dataset"``, ``"pinning"``, ``"copy_size"``; empty when the loader keeps up.
+        line: the one-line diagnosis printed on rank 0.
+    """
+
+    epoch: int
+    ranks: tuple[TimingSummary, ...]
+    data_share: float
+    h2d_share: float | None
+    worst_rank: int
+    causes: tuple[str, ...]
+    line: str
+
+
+def loader_facts(
+    loader: Any, accelerator: Accelerator, local_world_size: int, copies: bool
+) -> LoaderFacts:
+    """The :class:`LoaderFacts` of a torch DataLoader (``copies``: batches go to a device)."""
+    context = getattr(loader, "multiprocessing_context", None)
+    if isinstance(context, str):
+        method: str | None = context
+    elif context is not None:
+        method = context.get_start_method()
+    else:  # the platform default, without fixing it as a side effect
+        method = multiprocessing.get_start_method(allow_none=True) or (
+            multiprocessing.get_all_start_methods()[0]
+        )
+    per_process = usable_cpu_count() // max(1, local_world_size)
+    return LoaderFacts(
+        num_workers=int(loader.num_workers), pin_memory=bool(loader.pin_memory),
+        persistent_workers=bool(getattr(loader, "persistent_workers", False)),
+        start_method=method, pinning_helps=copies and accelerator.benefits_from_pinned_memory,
+        auto_workers=auto_num_workers(loader.dataset, accelerator, local_world_size),
+        spare_workers=max(0, min(MAX_AUTO_WORKERS, per_process - 1)),
+    )
+
+
+def diagnose(per_rank: list[PassTotals], facts: LoaderFacts) -> EpochReport:
+    """Where the epoch's step time went, and what to change (see the module docstring)."""
+    summaries = tuple(t.summary() for t in per_rank)
+    n = len(summaries)
+    data = sum(s.data_share for s in summaries) / n
+    copies = [s.h2d_share for s in summaries if s.h2d_share is not None]
+    h2d = sum(copies) / len(copies) if copies else None
+    worst = max(range(n), key=lambda r: summaries[r].data_share)
+    samples = sum(s.samples for s in summaries)
+    busy_s = max(s.step_time_s for s in summaries)
+    steps = max(s.steps for s in summaries)
+    head = f"epoch {per_rank[0].epoch}:"
+    if busy_s > 0:
+        head += f" {samples / busy_s:,.0f} samples/s"
+        head += f" over {n} ranks" if n > 1 else ""
+        head += f", {1e3 * busy_s / max(steps, 1):.1f} ms/step;"
+    where = f" (rank {worst} worst: {summaries[worst].data_share:.0%})" if n > 1 else ""
+    causes: list[str] = []
+    advice: list[str] = []
+    if data >= ADVICE_SHARE:
+        cause, fix = _data_advice(per_rank[worst], facts)
+        causes.append(cause)
+        advice.append(f"data loading is {data:.0%} of step time{where}: {fix}")
+    if h2d is not None and h2d >= ADVICE_SHARE:
+        if facts.pinning_helps and not facts.pin_memory:
+            causes.append("pinning")
+            advice.append(f"host-to-device copy {h2d:.0%}: pin_memory is off -> pin_memory=True")
+        else:
+            causes.append("copy_size")
+            advice.append(
+                f"host-to-device copy {h2d:.0%}: batches are large on the wire -> send uint8 or "
+                "half tensors and convert on the device, or keep the dataset on the device"
+            )
+    if not advice:
+        copy = f", copy {h2d:.0%}" if h2d is not None else ""
+        advice.append(f"data loading {data:.0%}{where}{copy}: the loader keeps up")
+    line = f"gpukit: {head} " + "; ".join(advice)
+    return EpochReport(per_rank[0].epoch, summaries, data, h2d, worst, tuple(causes), line)
+
+
+def _data_advice(totals: PassTotals, facts: LoaderFacts) -> tuple[str, str]:
+    workers = facts.num_workers
+    if workers and not facts.persistent_workers and totals.steps > 1 and (
+        totals.first_wait_s >= _RESTART_SHARE * totals.wait_s
+    ):
+        why = (
+            "workers re-import the training script at each epoch (spawn)"
+            if facts.start_method in ("spawn", "forkserver")
+            else "workers restart at each epoch"
+        )
+        return "restarts", f"{why}: persistent_workers=True"
+    if workers == 0:
+        if facts.auto_workers:
+            return "workers", f'num_workers=0 -> try num_workers="auto" ({facts.auto_workers})'
+        if facts.spare_workers:  # "auto" keeps 0 here (the host trains, or a TensorDataset)
+            return "workers", f'num_workers=0 -> try num_workers="tune" (up to {facts.spare_workers})'
+        return "dataset", (
+            "num_workers=0 and no spare core for workers -> make __getitem__ cheaper (decode "
+            "once and cache, smaller inputs) or augment on the device"
+        )
+    if workers < facts.spare_workers:
+        return "more_workers", f'num_workers={workers} -> try num_workers="tune"'
+    return "dataset", (
+        f"num_workers={workers} already uses the spare cores -> make __getitem__ cheaper "
+        "(decode once and cache, smaller inputs) or augment on the device"
+    )

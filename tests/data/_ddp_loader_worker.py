@@ -1,0 +1,56 @@
+"""Worker for test_tune.py's DDP check, started by torchrun with 2 processes (gloo, CPU).
+
+Rank 1's items are slow (it alone would tune to workers); rank 0's are free (0 workers).
+Each rank records the settings ``num_workers="tune"`` gave it, what it would have chosen
+alone, and the end-of-epoch report. Writes <out>/rank<R>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+from torch.utils.data import Dataset
+
+import gpukit
+from gpukit.data import tune_loader
+
+
+class RankSkewed(Dataset):
+    def __init__(self, slow: bool) -> None:
+        self.slow = slow
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.slow:
+            time.sleep(0.01)
+        return torch.tensor([float(i)])
+
+
+def main(out: str) -> None:
+    session = gpukit.Session(verbose=False)
+    rank = session.rank
+    data = RankSkewed(slow=rank == 1)
+    alone = tune_loader(data, 4, step_fn=lambda b: time.sleep(0.03), cache=False, verbose=False,
+                        local_world_size=2)
+    loader = session.setup_dataloader(data, batch_size=4, num_workers="tune")
+    for _ in loader:
+        pass
+    report = session.timings.epoch_reports[-1]
+    record = {
+        "rank": rank, "tuned": [loader.num_workers, loader.persistent_workers],
+        "alone": alone.settings.num_workers, "line": report.line, "worst": report.worst_rank,
+        "ranks": len(report.ranks), "shares": [r.data_share for r in report.ranks],
+    }
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(record, f)
+    session.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
