@@ -127,11 +127,11 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             seed_everything(seed, self.accelerator)
         if self.strategy.launched:
             self.strategy.setup_environment()
-        if os.environ.get("GPUKIT_LAUNCHER_PID"):
-            # started by gpukit run / session.launch: SIGTERM becomes `session.should_stop`
-            from gpukit.launch import install_preemption_handler
+        from gpukit.launch._preemption import install_preemption_handler, session_stop_signals
+        from gpukit.launch._requeue import requeue_at_exit
 
-            install_preemption_handler()
+        install_preemption_handler(session_stop_signals())  # SIGTERM becomes `should_stop`
+        requeue_at_exit()  # `srun python`: rank 0 requeues a job stopped by --signal, at exit
         if verbose:
             from gpukit.cluster import announce
 

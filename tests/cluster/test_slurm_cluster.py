@@ -96,3 +96,41 @@ def test_scancel_leaves_no_process_on_either_node(slurm_cluster: SlurmCluster, t
     cluster.run("scancel", job_id)
     cluster.wait_gone(job_id, 60)
     assert_none_survive(marker, timeout_s=30)
+
+
+def _restarts(cluster: SlurmCluster, job_id: str) -> int:
+    shown = cluster.run("scontrol", "show", "job", job_id, check=False).stdout
+    return int(shown.split("Restarts=")[1].split()[0]) if "Restarts=" in shown else -1
+
+
+def test_preempted_job_saves_requeues_and_resumes_to_the_same_weights(
+    slurm_cluster: SlurmCluster, reference: dict, tmp_path: Path
+) -> None:
+    marker = uuid.uuid4().hex
+    cluster = _job_env(slurm_cluster, marker)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    # `exec`: the batch shell becomes srun, which forwards --signal=B:USR2 to every gpukit run
+    body = f"exec srun {PYTHON} -m gpukit run --cpu --nproc 1 {TRAIN} {out} --ckpt {ckpt} --hold-at 2"
+    job_id, log = _sbatch(cluster, tmp_path, body, "-N2", "--requeue", marker=marker)
+    poll(lambda: (out / "held").exists() or cluster.state(job_id) == "", 120, "the job to reach step 2")
+    assert (out / "held").exists(), log.read_text()
+    cluster.run("scancel", "--signal=USR2", "--batch", job_id)  # what --signal=B:USR2@90 sends
+    poll(lambda: _restarts(cluster, job_id) == 1 and cluster.state(job_id) == "PENDING", 60,
+         "the job to be requeued")
+    # SLURM keeps a requeued job from starting for ~2 minutes; the test need not wait for that
+    cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    cluster.wait_gone(job_id, 180)
+
+    output = log.read_text()
+    assert output.count("SIGUSR2 received, stopping at the next step boundary") == 2, output
+    assert f"SLURM job {job_id} requeued (requeue 1 of at most 10)" in output
+    assert [int((out / f"stopped-rank-{r}").read_text()) for r in (0, 1)] == [2, 2]  # saved at the next step
+    assert (ckpt / "step_00000002").is_dir()
+    resumed = [json.loads((out / f"rank-{r}-attempt-1").read_text()) for r in (0, 1)]
+    assert [r["start_step"] for r in resumed] == [2, 2]
+    assert "requeued 1x" in output  # the second attempt saw SLURM_RESTART_COUNT
+    result = json.loads((out / "result.json").read_text())
+    assert result["world"] == 2
+    _same_weights(result, reference)
+    assert_none_survive(marker)

@@ -109,6 +109,11 @@ def _gpu_request(text: str | None, cpu: bool) -> Any:
 @click.option("--master-port", type=int, help="Rendezvous port on node 0 [default: 15000 + SLURM job id % 20000, else 29500].")
 @click.option("--local-addr", metavar="ADDR", help="This node's address as others reach it [default: the route to the master].")
 @click.option("--rdzv-timeout", type=FiniteFloatRange(min=0, min_open=True), default=300.0, show_default=True, metavar="SECONDS", help="Wait this long for the master and the other nodes.")
+@click.option("--signal", "preempt_signal", metavar="USR2|USR1|TERM", envvar="GPUKIT_PREEMPT_SIGNAL",
+              help="The scheduler's preemption warning (#SBATCH --signal=B:USR2@90): workers save and stop, "
+                   "then the SLURM job is requeued [default: USR2].")
+@click.option("--max-requeues", type=int, envvar="GPUKIT_MAX_REQUEUES", metavar="N",
+              help="Requeue a preempted SLURM job only while SLURM_RESTART_COUNT < N [default: 10].")
 @click.option("-m", "--module", metavar="MODULE", help="Run a module (python -m MODULE) instead of a script.")
 @click.option("-v", "--verbose", is_flag=True, help="Show torch elastic's own log lines.")
 @click.option("--record", "record", metavar="DIR", type=click.Path(file_okay=False),
@@ -129,6 +134,8 @@ def run(
     master_port: int | None,
     local_addr: str | None,
     rdzv_timeout: float,
+    preempt_signal: str | None,
+    max_requeues: int | None,
     module: str | None,
     verbose: bool,
     record: str | None,
@@ -171,6 +178,8 @@ def run(
         "wait": waiting,
         "wait_timeout_s": wait_timeout_s,
         "verbose": verbose,
+        "preempt_signal": preempt_signal,
+        "max_requeues": max_requeues,
         "echo": lambda line: click.echo(line, err=True),
     }
     if record is not None:  # every worker's Session records there (GPUKIT_RECORD_DIR)

@@ -2,7 +2,8 @@
 
 :func:`environment` is the one detector; everything that needs ranks, nodes, the master
 address or the scheduler's GPUs asks it (the Session's strategies, ``gpukit run``,
-``gpukit doctor``). SLURM's host-list grammar is parsed by :func:`parse_nodelist`.
+``gpukit doctor``). SLURM's host-list grammar is parsed by :func:`parse_nodelist`;
+:func:`requeue_job` puts a preempted job back in the queue.
 Never imports torch.
 """
 
@@ -10,6 +11,13 @@ from __future__ import annotations
 
 from gpukit.cluster._detect import KINDS, ClusterEnvironment, announce, environment
 from gpukit.cluster._nodelist import parse_nodelist
+from gpukit.cluster._requeue import (
+    DEFAULT_MAX_REQUEUES,
+    MAX_REQUEUES_ENV,
+    RequeueOutcome,
+    check_max_requeues,
+    requeue_job,
+)
 from gpukit.cluster._slurm import PORT_BASE, PORT_SPAN, agent_tasks_problem, gpu_mismatch, slurm_port
 
 __all__ = [
@@ -23,4 +31,9 @@ __all__ = [
     "PORT_SPAN",
     "gpu_mismatch",
     "agent_tasks_problem",
+    "requeue_job",
+    "RequeueOutcome",
+    "check_max_requeues",
+    "DEFAULT_MAX_REQUEUES",
+    "MAX_REQUEUES_ENV",
 ]

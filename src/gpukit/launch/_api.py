@@ -18,13 +18,17 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpukit.cluster import announce, environment
+from gpukit.cluster import MAX_REQUEUES_ENV, announce, check_max_requeues, environment
 from gpukit.errors import ConfigurationError
 from gpukit.launch._cluster import node_topology, scheduler_gpu_count
 from gpukit.launch._worker import run_function
 from gpukit.launch._elastic import Topology, run_workers
 from gpukit.launch._gpus import DevicePlan, GpuRequest, plan_devices
 from gpukit.launch._orphans import LAUNCHER_PID_ENV
+from gpukit.launch._preemption import PREEMPT_SIGNAL_ENV, parse_preempt_signal
+from gpukit.launch._preemption import preempt_signal as default_preempt_signal
+from gpukit.launch._requeue import max_requeues_from_env, requeue_after_preemption
+from gpukit.launch._signals import RunInterruptedError
 
 __all__ = ["launch_function", "launch_script", "GRACE_ENV", "RUN_ID_ENV", "MAX_NPROC_ENV", "DEFAULT_GRACE_S"]
 
@@ -238,6 +242,8 @@ def launch_script(
     wait_timeout_s: float | None = None,
     verbose: bool = False,
     echo: Echo | None = _stderr,
+    preempt_signal: str | None = None,
+    max_requeues: int | None = None,
 ) -> None:
     """Run a script (or ``-m`` module) in worker processes -- what ``gpukit run`` does.
 
@@ -247,6 +253,11 @@ def launch_script(
         module: Run ``target`` as ``python -m target``.
         nproc: Workers on this node; default the number of GPUs claimed, or 1.
         topology: Nodes and rendezvous (default: from SLURM/Kubernetes, else this machine only).
+        preempt_signal: The scheduler's preemption warning, ``"USR2"`` (default, or
+            ``GPUKIT_PREEMPT_SIGNAL``), ``"USR1"`` or ``"TERM"``: it stops the run like SIGTERM,
+            and under SLURM node 0 then requeues the job (``scontrol requeue``).
+        max_requeues: Requeue only while ``SLURM_RESTART_COUNT`` is below this (default 10,
+            or ``GPUKIT_MAX_REQUEUES``).
         Other args: as for :func:`launch_function`.
 
     Raises:
@@ -260,6 +271,8 @@ def launch_script(
     _check_run_settings(nproc, max_restarts, grace_s)
     _check_topology(topology)
     _check_target(target, module)
+    preempt = parse_preempt_signal(preempt_signal) if preempt_signal else default_preempt_signal()
+    limit = max_requeues_from_env() if max_requeues is None else check_max_requeues(max_requeues)
     cluster = environment()
     if echo is not None:
         announce(cluster)
@@ -273,10 +286,16 @@ def launch_script(
         run_id = f"gpukit-{uuid.uuid4().hex[:12]}" if topology.single_machine else f"gpukit-{topology.master_port}"
         plan.label_claim(run_id, workers, topology.node_rank)
         command = ("-u", "-m", "gpukit.launch._bootstrap", *(("-m",) if module else ()), target, *script_args)
-        run_workers(
-            sys.executable, command, nproc=workers, topology=topology,
-            env=_worker_env(plan, nproc=workers, grace_s=grace_s, run_id=run_id), run_id=run_id,
-            max_restarts=max_restarts, grace_s=grace_s, verbose=verbose,
-        )
+        env = {**_worker_env(plan, nproc=workers, grace_s=grace_s, run_id=run_id),
+               PREEMPT_SIGNAL_ENV: preempt.name[3:], MAX_REQUEUES_ENV: str(limit)}
+        try:
+            run_workers(
+                sys.executable, command, nproc=workers, topology=topology, env=env, run_id=run_id,
+                max_restarts=max_restarts, grace_s=grace_s, verbose=verbose, preempt_signal=preempt,
+            )
+        except RunInterruptedError as exc:
+            if exc.preempted:  # every rank saved: node 0 puts the job back in the queue
+                requeue_after_preemption(exc.signal_name, preempt, max_requeues=limit, env=cluster, echo=echo)
+            raise
     finally:
         plan.release()

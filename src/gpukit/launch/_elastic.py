@@ -206,9 +206,10 @@ def _make_agent_class() -> type:
     class GpukitAgent(LocalElasticAgent):  # type: ignore[misc]
         """LocalElasticAgent whose every stop is SIGTERM, ``grace_s``, SIGKILL."""
 
-        def __init__(self, spec: Any, logs_specs: Any, grace_s: float) -> None:
+        def __init__(self, spec: Any, logs_specs: Any, grace_s: float, preempt_signal: int | None) -> None:
             super().__init__(spec, logs_specs=logs_specs, start_method="spawn")
             self.grace_s = grace_s
+            self.preempt_signal = preempt_signal
             self.attempts = 0
             self.exit_codes: dict[int, int | None] = {}
 
@@ -222,7 +223,7 @@ def _make_agent_class() -> type:
             # The agent closes the workers from several places (a failed worker, a signal,
             # a restart), some with a fixed 30 s timeout; all go through here instead.
             def graceful_close(death_sig: Any = None, timeout: float = 30) -> None:
-                with escalate_on_signal(lambda: kill_now(pcontext.pids().values())):
+                with escalate_on_signal(lambda: kill_now(pcontext.pids().values()), self.preempt_signal):
                     close(signal.SIGTERM, self.grace_s)
                 self.exit_codes = _exit_codes(pcontext)
 
@@ -265,6 +266,7 @@ def run_workers(
     max_restarts: int = 0,
     grace_s: float = 10.0,
     verbose: bool = False,
+    preempt_signal: int | None = None,
 ) -> dict[int, Any]:
     """Start ``nproc`` workers on this node under the elastic agent and supervise them.
 
@@ -278,6 +280,8 @@ def run_workers(
         max_restarts: Restarts of the whole worker group after a failure.
         grace_s: Seconds between SIGTERM and SIGKILL whenever workers are stopped.
         verbose: Keep torch elastic's own log lines.
+        preempt_signal: The scheduler's preemption warning (e.g. SIGUSR2): stops the run
+            like SIGTERM (workers get SIGTERM, save, exit); repeated, it changes nothing.
 
     Returns:
         Return values by global rank (``None`` for script workers).
@@ -295,7 +299,7 @@ def run_workers(
 
     log_dir = tempfile.mkdtemp(prefix="gpukit-run-")
     try:
-        with _environ(env), _quiet_torch_logs(verbose), launcher_signals():
+        with _environ(env), _quiet_torch_logs(verbose), launcher_signals(preempt_signal):
             try:
                 handler = registry.get_rendezvous_handler(_rendezvous_parameters(topology, run_id))
             except (RendezvousError, RuntimeError, ValueError, TimeoutError) as exc:
@@ -309,7 +313,7 @@ def run_workers(
                 max_restarts=max_restarts,
                 monitor_interval=_MONITOR_INTERVAL_S,
             )
-            agent = _make_agent_class()(spec, DefaultLogsSpecs(log_dir=log_dir), grace_s)
+            agent = _make_agent_class()(spec, DefaultLogsSpecs(log_dir=log_dir), grace_s, preempt_signal)
             close_rendezvous = True
             try:
                 result = agent.run()

@@ -4,8 +4,13 @@ A cluster that preempts a job sends SIGTERM and, a grace period later, SIGKILL. 
 handler installed, the first SIGTERM (or SIGINT) only sets a flag; the training loop sees
 it at its next step boundary (a Session all-reduces it so every rank stops at the same
 step), saves a checkpoint and exits 0. ``gpukit run`` then exits with
-:data:`PREEMPTED_EXIT_CODE`. A second signal falls through to the previous handler, so an
-impatient user can still stop a worker that never checks the flag.
+:data:`PREEMPTED_EXIT_CODE`. A second terminating signal (SIGTERM, SIGINT) falls through to
+the previous handler, so an impatient user can still stop a worker that never checks the flag.
+
+A scheduler that warns before it stops a job (SLURM's ``--signal=B:USR2@90``) sends the
+preemption signal -- :func:`preempt_signal`: SIGUSR2 by default, ``GPUKIT_PREEMPT_SIGNAL``
+to choose USR1 or TERM -- which sets the same flag and never escalates (it may come twice,
+and the launcher's SIGTERM follows it); ``gpukit.launch._requeue`` then requeues the job.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
 from typing import Union
 
@@ -26,6 +31,13 @@ __all__ = [
     "stop_requested",
     "request_stop",
     "clear_stop_request",
+    "PREEMPT_SIGNAL_ENV",
+    "DEFAULT_PREEMPT_SIGNAL",
+    "PREEMPT_SIGNAL_CHOICES",
+    "parse_preempt_signal",
+    "preempt_signal",
+    "stop_signal_name",
+    "session_stop_signals",
 ]
 
 #: Exit code of ``gpukit run`` (and what a worker may exit with) when a run stopped
@@ -38,19 +50,30 @@ _Handler = Union[Callable[[int, Union[FrameType, None]], object], int, None]
 
 _stop = threading.Event()
 _previous: dict[int, _Handler] = {}
+_received: list[str] = []  # name of the signal that set the flag
+_terminations: set[int] = set()  # terminating signals received; another one escalates
+_WARNING_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    if not _stop.is_set():
-        _stop.set()
-        # os.write, not print: a signal handler may run in the middle of another print.
-        name = signal.Signals(signum).name
-        rank = os.environ.get("RANK")
-        who = f"rank {rank}: " if rank else ""  # no rank outside a launched job
-        os.write(2, f"gpukit: {who}{name} received, stopping at the next step boundary\n".encode())
-        emit("preemption", signal=name)
+    # A scheduler's warning (SIGUSR1/2) may come more than once, and the launcher's SIGTERM
+    # follows it: neither means "stop now". Only a second terminating signal does.
+    warning = signum in _WARNING_SIGNALS
+    escalate = not warning and bool(_terminations)
+    if not warning:
+        _terminations.add(signum)
+    if not escalate:
+        if not _stop.is_set():
+            _stop.set()
+            _received[:] = [signal.Signals(signum).name]
+            # os.write, not print: a signal handler may run in the middle of another print.
+            name = signal.Signals(signum).name
+            rank = os.environ.get("RANK")
+            who = f"rank {rank}: " if rank else ""  # no rank outside a launched job
+            os.write(2, f"gpukit: {who}{name} received, stopping at the next step boundary\n".encode())
+            emit("preemption", signal=name)
         return
-    # Second signal: behave as if we had never been installed.
+    # Second terminating signal: behave as if we had never been installed.
     previous = _previous.get(signum, signal.SIG_DFL)
     signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
     if callable(previous):
@@ -101,3 +124,69 @@ def request_stop() -> None:
 def clear_stop_request() -> None:
     """Clear the stop flag (after a stop was handled, or between tests)."""
     _stop.clear()
+    _received.clear()
+    _terminations.clear()
+
+
+def stop_signal_name() -> str | None:
+    """The signal that set the stop flag (``"SIGUSR2"``), ``None`` if none did."""
+    return _received[0] if _received else None
+
+
+#: The signal that means "preempted soon: save and requeue" -- SLURM's ``--signal``. Set by
+#: ``gpukit run --signal`` for its workers; set it yourself for ``srun python train.py``.
+PREEMPT_SIGNAL_ENV = "GPUKIT_PREEMPT_SIGNAL"
+#: SIGUSR2 by default: NCCL and some MPI stacks use SIGUSR1 themselves (submitit's choice too).
+DEFAULT_PREEMPT_SIGNAL = "USR2"
+PREEMPT_SIGNAL_CHOICES = ("USR2", "USR1", "TERM")
+
+
+def parse_preempt_signal(text: str, source: str = "--signal") -> signal.Signals:
+    """``"USR2"``/``"SIGUSR2"``/``"usr1"``/``"TERM"`` -> the signal.
+
+    Raises:
+        ConfigurationError: any other name.
+    """
+    from gpukit.errors import ConfigurationError
+
+    name = str(text).strip().upper()
+    name = name[3:] if name.startswith("SIG") else name
+    if name not in PREEMPT_SIGNAL_CHOICES:
+        raise ConfigurationError(
+            f"{source} {text!r} is not a preemption signal gpukit handles; use one of "
+            f"{', '.join(PREEMPT_SIGNAL_CHOICES)} (the signal named in `#SBATCH --signal=B:USR2@90`)."
+        )
+    return signal.Signals[f"SIG{name}"]
+
+
+def preempt_signal(environ: Mapping[str, str] | None = None) -> signal.Signals:
+    """The preemption signal of this process: ``GPUKIT_PREEMPT_SIGNAL``, else SIGUSR2.
+
+    Raises:
+        ConfigurationError: the variable names a signal other than USR2, USR1 or TERM.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(PREEMPT_SIGNAL_ENV)
+    return parse_preempt_signal(value, PREEMPT_SIGNAL_ENV) if value else signal.Signals[f"SIG{DEFAULT_PREEMPT_SIGNAL}"]
+
+
+def session_stop_signals() -> tuple[int, ...]:
+    """The signals a Session turns into a stop request in this process.
+
+    SIGTERM and SIGINT under a launcher (``gpukit run`` sets ``GPUKIT_LAUNCHER_PID``, torchrun
+    ``TORCHELASTIC_RUN_ID``; torchrun forwards Ctrl-C as SIGINT); SIGTERM alone under plain
+    ``python``, where Ctrl-C should still interrupt at once. Plus the preemption signal
+    (:func:`preempt_signal`) under ``gpukit run``, in an ``srun`` task, or when
+    ``GPUKIT_PREEMPT_SIGNAL`` is set: SLURM may send it to every process of the job.
+    """
+    from gpukit.cluster import environment
+    from gpukit.launch._orphans import LAUNCHER_PID_ENV
+
+    launched = bool(os.environ.get(LAUNCHER_PID_ENV) or os.environ.get("TORCHELASTIC_RUN_ID"))
+    signals = [signal.SIGTERM, signal.SIGINT] if launched else [signal.SIGTERM]
+    cluster = environment()
+    if launched or os.environ.get(PREEMPT_SIGNAL_ENV) or (cluster.kind == "slurm" and cluster.in_step):
+        warning = preempt_signal()
+        if warning not in signals:
+            signals.append(warning)
+    return tuple(signals)

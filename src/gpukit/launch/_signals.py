@@ -83,18 +83,27 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 
 @contextmanager
-def _stop_signals_handled_by(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+def _stop_signals_handled_by(
+    handler: Callable[[int, FrameType | None], None],
+    preempt: int | None = None,
+    preempt_handler: Callable[[int, FrameType | None], None] | None = None,
+) -> Iterator[None]:
     """Install ``handler`` for the stop signals inside the block, then restore the old ones.
 
-    Off the main thread Python cannot install handlers, so this does nothing there.
+    ``preempt`` (the scheduler's warning signal, e.g. SIGUSR2) gets ``preempt_handler``, or
+    ``handler`` when none is given. Off the main thread Python cannot install handlers, so
+    this does nothing there.
     """
     if not _in_main_thread():
         yield
         return
-    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    handlers: dict[int, Callable[[int, FrameType | None], None]] = {sig: handler for sig in STOP_SIGNALS}
+    if preempt is not None and preempt not in handlers:
+        handlers[preempt] = preempt_handler or handler
+    saved = {sig: signal.getsignal(sig) for sig in handlers}
     try:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, handler)
+        for sig, function in handlers.items():
+            signal.signal(sig, function)
         yield
     finally:
         for sig, previous in saved.items():
@@ -102,28 +111,34 @@ def _stop_signals_handled_by(handler: Callable[[int, FrameType | None], None]) -
 
 
 @contextmanager
-def launcher_signals() -> Iterator[None]:
-    """Stop signals raise :class:`StopSignal` inside the block; old handlers come back after.
+def launcher_signals(preempt: int | None = None) -> Iterator[None]:
+    """Stop signals (and the preemption signal ``preempt``, e.g. SIGUSR2) raise
+    :class:`StopSignal` inside the block; old handlers come back after.
 
     Off the main thread Python cannot install handlers, so this does nothing there.
     """
     # Restoring also undoes the handlers the elastic agent installs at every worker start.
-    with _stop_signals_handled_by(_raise_stop):
+    with _stop_signals_handled_by(_raise_stop, preempt):
         yield
 
 
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    pass
+
+
 @contextmanager
-def escalate_on_signal(on_signal: Callable[[], None]) -> Iterator[None]:
+def escalate_on_signal(on_signal: Callable[[], None], preempt: int | None = None) -> Iterator[None]:
     """During a graceful shutdown, a further stop signal calls ``on_signal`` (kill now).
 
     Without this a second Ctrl-C would raise in the middle of the agent's shutdown and
-    leave workers without their SIGKILL.
+    leave workers without their SIGKILL. A repeated preemption signal (``preempt``: the
+    scheduler may send its warning to every process of the job) changes nothing.
     """
     def handler(signum: int, frame: FrameType | None) -> None:
         os.write(2, f"gpukit: {signal.Signals(signum).name} again: killing workers now\n".encode())
         on_signal()
 
-    with _stop_signals_handled_by(handler):
+    with _stop_signals_handled_by(handler, preempt, _ignore):
         yield
 
 

@@ -1,0 +1,150 @@
+"""The scheduler's preemption signal (SLURM --signal, default SIGUSR2): sets the stop flag like
+SIGTERM, never escalates, stops `gpukit run` cleanly, and requeues the SLURM job once.
+(The real cluster runs it end to end in tests/cluster/test_slurm_cluster.py.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from launch_helpers import assert_none_survive, gpukit_command
+
+from gpukit.cluster import environment, requeue_job
+from gpukit.errors import ConfigurationError
+from gpukit.launch import PREEMPTED_EXIT_CODE, clear_stop_request, install_preemption_handler
+from gpukit.launch import stop_requested, uninstall_preemption_handler
+from gpukit.launch._preemption import parse_preempt_signal, preempt_signal, session_stop_signals
+from gpukit.launch._preemption import stop_signal_name
+from gpukit.launch._requeue import max_requeues_from_env, requeue_after_preemption
+
+SESSION_STOP = str(Path(__file__).parent / "scripts" / "session_stop.py")
+SLURM_JOB = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+             "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "2",
+             "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+
+
+@pytest.fixture(autouse=True)
+def _clean_flag():
+    clear_stop_request()
+    yield
+    uninstall_preemption_handler()
+    clear_stop_request()
+
+
+@pytest.mark.parametrize("text", ["USR2", "SIGUSR2", "usr2", " sigusr1 ", "TERM"])
+def test_signal_names(text: str) -> None:
+    assert parse_preempt_signal(text).name == "SIG" + text.strip().upper().removeprefix("SIG")
+
+
+def test_unknown_signal_names_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigurationError, match="USR2, USR1, TERM"):
+        parse_preempt_signal("HUP")
+    monkeypatch.setenv("GPUKIT_PREEMPT_SIGNAL", "KILL")
+    with pytest.raises(ConfigurationError, match="GPUKIT_PREEMPT_SIGNAL"):
+        preempt_signal()
+    monkeypatch.setenv("GPUKIT_PREEMPT_SIGNAL", "usr1")
+    assert preempt_signal() == signal.SIGUSR1
+    monkeypatch.delenv("GPUKIT_PREEMPT_SIGNAL")
+    assert preempt_signal() == signal.SIGUSR2
+
+
+def test_warning_then_sigterm_does_not_kill() -> None:
+    # SLURM signals every process of the step, then gpukit run sends SIGTERM: still one stop.
+    install_preemption_handler((signal.SIGTERM, signal.SIGUSR2))
+    os.kill(os.getpid(), signal.SIGUSR2)
+    os.kill(os.getpid(), signal.SIGUSR2)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop_requested() and stop_signal_name() == "SIGUSR2"  # we are alive to check
+
+
+def test_sessions_catch_the_warning_only_where_a_scheduler_or_launcher_sends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for key in ("GPUKIT_LAUNCHER_PID", "TORCHELASTIC_RUN_ID", "GPUKIT_PREEMPT_SIGNAL", *SLURM_JOB):
+        monkeypatch.delenv(key, raising=False)
+    assert signal.SIGUSR2 not in session_stop_signals()  # plain python: USR2 stays the user's
+    for key, value in SLURM_JOB.items():
+        monkeypatch.setenv(key, value)
+    assert signal.SIGUSR2 in session_stop_signals()
+    monkeypatch.setenv("GPUKIT_PREEMPT_SIGNAL", "USR1")
+    assert signal.SIGUSR1 in session_stop_signals() and signal.SIGUSR2 not in session_stop_signals()
+
+
+def _fake_scontrol(tmp_path: Path, exit_code: int = 0) -> Path:
+    script = tmp_path / "scontrol"
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'calls'}\necho 'slurm_requeue error: Requested "
+                      f"operation is presently disabled' >&2\nexit {exit_code}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def test_requeue_calls_scontrol_and_is_bounded(tmp_path: Path) -> None:
+    env = environment(SLURM_JOB)
+    done = requeue_job(env, 3, scontrol=str(_fake_scontrol(tmp_path)))
+    assert done.requeued and (tmp_path / "calls").read_text() == "requeue 77\n"
+    assert "requeue 1 of at most 3" in done.message
+    tired = requeue_job(environment({**SLURM_JOB, "SLURM_RESTART_COUNT": "3"}), 3,
+                        scontrol=str(_fake_scontrol(tmp_path)))
+    assert not tired.requeued and "requeued 3 time(s)" in tired.message and "submit the job again" in tired.message
+    assert (tmp_path / "calls").read_text() == "requeue 77\n"  # not called again
+
+
+def test_requeue_failures_are_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = environment(SLURM_JOB)
+    refused = requeue_job(env, 3, scontrol=str(_fake_scontrol(tmp_path, exit_code=1)))
+    assert not refused.requeued and "presently disabled" in refused.message and "--requeue" in refused.message
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    missing = requeue_job(env, 3)
+    assert not missing.requeued and "scontrol` is not on PATH" in missing.message
+    assert not requeue_job(environment({}), 3).requeued  # not a SLURM job
+
+
+def test_only_the_preemption_signal_on_rank_0_requeues(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    _fake_scontrol(tmp_path)
+    lines: list[str] = []
+    usr2 = signal.SIGUSR2
+    assert requeue_after_preemption("SIGTERM", usr2, max_requeues=3, env=environment(SLURM_JOB), echo=lines.append) is None
+    rank1 = environment({**SLURM_JOB, "SLURM_PROCID": "1", "SLURM_NODEID": "1"})
+    assert requeue_after_preemption("SIGUSR2", usr2, max_requeues=3, env=rank1, echo=lines.append) is None
+    done = requeue_after_preemption("SIGUSR2", usr2, max_requeues=3, env=environment(SLURM_JOB), echo=lines.append)
+    assert done is not None and done.requeued and lines == [f"gpukit: {done.message}"]
+
+
+def test_max_requeues_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUKIT_MAX_REQUEUES", raising=False)
+    assert max_requeues_from_env() == 10
+    monkeypatch.setenv("GPUKIT_MAX_REQUEUES", "0")
+    assert max_requeues_from_env() == 0
+    monkeypatch.setenv("GPUKIT_MAX_REQUEUES", "-2")
+    with pytest.raises(ConfigurationError, match="whole number >= 0"):
+        max_requeues_from_env()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--signal", "HUP"), "USR2, USR1, TERM"),
+    (("--max-requeues", "-1"), "whole number >= 0"),
+])
+def test_bad_options_are_one_line(args: tuple[str, ...], message: str) -> None:
+    import subprocess
+
+    result = subprocess.run([*gpukit_command("run", *args, "--cpu", SESSION_STOP, "x")], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_sigusr2_to_gpukit_run_stops_the_workers_cleanly(start_run) -> None:
+    run = start_run("--cpu", "--nproc", "1", "--grace", "20", SESSION_STOP, "{out}")
+    run.files("pid-0")
+    run.proc.send_signal(signal.SIGUSR2)
+    assert run.wait(60) == PREEMPTED_EXIT_CODE, run.output()
+    assert "run preempted: SIGUSR2 received" in run.output()
+    assert int((run.out / "stopped-0").read_text()) >= 1  # the worker left its loop, not killed
+    assert "requeue" not in run.output()  # not a SLURM job: nothing to requeue
+    assert_none_survive(run.marker)
