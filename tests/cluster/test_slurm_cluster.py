@@ -56,7 +56,7 @@ def test_sbatch_srun_gpukit_run_needs_no_flags(slurm_cluster: SlurmCluster, refe
     out.mkdir()
     body = f"exec srun {PYTHON} -m gpukit run --cpu --nproc 2 {TRAIN} {out}"
     job_id, log = _sbatch(cluster, tmp_path, body, "-N2", marker=marker)
-    cluster.wait_gone(job_id, 180)
+    cluster.wait_gone(job_id, 240)
     output = log.read_text()
     assert (out / "result.json").exists(), output
     result = json.loads((out / "result.json").read_text())
@@ -89,9 +89,9 @@ def test_scancel_leaves_no_process_on_either_node(slurm_cluster: SlurmCluster, t
     cluster = _job_env(slurm_cluster, marker)
     out = tmp_path / "out"
     out.mkdir()
-    body = f"exec srun {PYTHON} -m gpukit run --cpu --nproc 2 {TRAIN} {out} --ckpt {tmp_path / 'ckpt'} --hold-at 2"
+    body = f"exec srun {PYTHON} -m gpukit run --cpu --nproc 1 {TRAIN} {out} --ckpt {tmp_path / 'ckpt'} --hold-at 2"
     job_id, log = _sbatch(cluster, tmp_path, body, "-N2", marker=marker)
-    poll(lambda: (out / "held").exists() or cluster.state(job_id) == "", 120, "the job to reach step 2")
+    poll(lambda: (out / "held").exists() or cluster.state(job_id) == "", 240, "the job to reach step 2")
     assert (out / "held").exists(), log.read_text()
     cluster.run("scancel", job_id)
     cluster.wait_gone(job_id, 60)
@@ -113,14 +113,14 @@ def test_preempted_job_saves_requeues_and_resumes_to_the_same_weights(
     # `exec`: the batch shell becomes srun, which forwards --signal=B:USR2 to every gpukit run
     body = f"exec srun {PYTHON} -m gpukit run --cpu --nproc 1 {TRAIN} {out} --ckpt {ckpt} --hold-at 2"
     job_id, log = _sbatch(cluster, tmp_path, body, "-N2", "--requeue", marker=marker)
-    poll(lambda: (out / "held").exists() or cluster.state(job_id) == "", 120, "the job to reach step 2")
+    poll(lambda: (out / "held").exists() or cluster.state(job_id) == "", 240, "the job to reach step 2")
     assert (out / "held").exists(), log.read_text()
     cluster.run("scancel", "--signal=USR2", "--batch", job_id)  # what --signal=B:USR2@90 sends
-    poll(lambda: _restarts(cluster, job_id) == 1 and cluster.state(job_id) == "PENDING", 60,
+    poll(lambda: _restarts(cluster, job_id) == 1 and cluster.state(job_id) == "PENDING", 180,
          "the job to be requeued")
     # SLURM keeps a requeued job from starting for ~2 minutes; the test need not wait for that
     cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-    cluster.wait_gone(job_id, 180)
+    cluster.wait_gone(job_id, 240)
 
     output = log.read_text()
     assert output.count("SIGUSR2 received, stopping at the next step boundary") == 2, output
