@@ -35,15 +35,17 @@ class SessionRunStateMixin:
         Check it once per step, after ``session.step``; every rank gets the same answer at the
         same step (one small all-reduce), so all ranks can save a checkpoint and leave the loop
         together. ``gpukit run`` then exits with ``gpukit.launch.PREEMPTED_EXIT_CODE`` (75).
-        Outside ``gpukit run``, call ``gpukit.launch.install_preemption_handler()`` to opt in.
+        A Session catches SIGTERM everywhere (and SIGINT under a launcher: gpukit run, torchrun).
         """
-        from gpukit.launch import stop_requested
+        from gpukit.launch._preemption import mark_stop_agreed, stop_requested
 
-        local = stop_requested()
-        if self.world_size == 1 or not self.strategy.launched:
-            return local
-        flag = torch.tensor(1.0 if local else 0.0, device=self.device)
-        return bool(self.strategy.all_reduce(flag, op="max") > 0)
+        stop = stop_requested()
+        if self.world_size > 1 and self.strategy.launched:
+            flag = torch.tensor(1.0 if stop else 0.0, device=self.device)
+            stop = bool(self.strategy.all_reduce(flag, op="max") > 0)
+        if stop:
+            mark_stop_agreed(self.strategy.rank)  # gpukit run exits 75 even if only one rank got it
+        return stop
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(

@@ -20,6 +20,7 @@ from gpukit.launch import (
 
 @pytest.fixture(autouse=True)
 def _clean_flag():
+    uninstall_preemption_handler()  # a Session made by an earlier test installed it
     clear_stop_request()
     yield
     uninstall_preemption_handler()

@@ -32,7 +32,7 @@ from gpukit.data._sampler import ResumableBatchSampler
 from gpukit.data._stall import StallGuard, resolve_data_timeout
 from gpukit.data._timing import PassTotals, StepTimings
 from gpukit.data._tune import tune_for_ranks
-from gpukit.data._workers import auto_num_workers, chain_worker_init
+from gpukit.data._workers import auto_num_workers, chain_worker_init, track_worker_pool
 
 __all__ = ["DeviceLoader", "build_loader"]
 
@@ -298,6 +298,7 @@ def build_loader(
             return DeviceLoader(given, target, seed=seed, world_size=world_size, resumable=False,
                                 timings=timings)
         loader = DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, **common)
+        track_worker_pool(loader)
         return DeviceLoader(loader, target, resumable=False, **wrap)
 
     if shuffle is None:
@@ -310,6 +311,7 @@ def build_loader(
     )
     batch_sampler = ResumableBatchSampler(sampler, batch_size, drop_last)
     loader = DataLoader(dataset, batch_sampler=batch_sampler, **common)
+    track_worker_pool(loader)
     return DeviceLoader(loader, target, **wrap)
 
 

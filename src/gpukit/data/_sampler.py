@@ -5,16 +5,47 @@ Shuffling comes from :class:`~torch.utils.data.DistributedSampler`, whose order 
 world_size). In one process it is used with ``num_replicas=1`` (same order as a seeded
 RandomSampler would give, but reproducible per epoch). Resuming re-creates that order and skips
 the batches already consumed as lists of indices: no sample is loaded to be thrown away.
+
+Each batch also carries a seed derived from (seed, rank, epoch, batch index): a loader worker
+re-seeds its generators with it before loading the batch (see ``_workers.seed_batch``), so
+random augmentations depend on which batch is loaded, not on which worker loads it or on how
+many batches that worker loaded before -- the only way a resumed run, whose workers start
+fresh, can draw the same augmentations as the uninterrupted one.
 """
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 from collections.abc import Iterator
+from typing import Any
 
 from torch.utils.data import BatchSampler, DistributedSampler
 
-__all__ = ["ResumableBatchSampler"]
+__all__ = ["ResumableBatchSampler", "SeededBatch", "batch_seed"]
+
+
+class SeededBatch(list):  # type: ignore[type-arg]
+    """A batch of indices (a plain list to every consumer) that knows its augmentation seed."""
+
+    def __init__(self, indices: list[int], seed: int) -> None:
+        super().__init__(indices)
+        self.seed = seed
+
+    def __iter__(self) -> Iterator[Any]:
+        # the fetcher iterates the batch right before it loads the samples (in a worker)
+        from gpukit.data._workers import seed_batch
+
+        seed_batch(self.seed)
+        return super().__iter__()
+
+    def __reduce__(self) -> tuple[Any, ...]:  # sent to workers through a queue
+        return (SeededBatch, (list(list.__iter__(self)), self.seed))
+
+
+def batch_seed(seed: int, rank: int, epoch: int, index: int) -> int:
+    """A 63-bit seed that is a pure function of (seed, rank, epoch, batch index)."""
+    digest = hashlib.blake2b(f"{seed}/{rank}/{epoch}/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 class ResumableBatchSampler(BatchSampler):
@@ -30,7 +61,11 @@ class ResumableBatchSampler(BatchSampler):
         self.sampler.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
-        # read and clear eagerly: DataLoader calls iter() (and prefetches) before the first batch
+        # A generator: the skip is read and cleared when the first batch is drawn, not when
+        # iter() is called -- torch's multi-worker iterator calls iter() twice (in __init__ and
+        # in _reset) and draws only from the second; clearing on the first call lost the skip.
         skip, self.skip_batches = self.skip_batches, 0
-        batches = super().__iter__()
-        return itertools.islice(batches, skip, None) if skip else batches
+        s = self.sampler
+        for index, batch in enumerate(super().__iter__()):
+            if index >= skip:
+                yield SeededBatch(batch, batch_seed(s.seed, s.rank, s.epoch, index))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpukit.errors import LaunchError
-from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
+from gpukit.launch._preemption import PREEMPTED_EXIT_CODE, RUN_DIR_ENV, stop_markers
 from gpukit.launch._signals import (
     RunInterruptedError,
     StopSignal,
@@ -289,7 +289,8 @@ def run_workers(
     Raises:
         WorkerFailedError: a worker failed (after all restarts); names the rank and error.
         RunInterruptedError: the launcher got Ctrl-C/SIGTERM; its ``preempted`` says
-            whether the workers stopped cleanly.
+            whether the workers stopped cleanly. Also (``preempted`` true) when script workers
+            all exited cleanly after their Sessions agreed to stop on a signal one of them got.
         LaunchError: the rendezvous could not be reached or completed.
     """
     _import_torch_quietly(verbose)
@@ -298,6 +299,9 @@ def run_workers(
     from torch.distributed.elastic.rendezvous import RendezvousError, registry
 
     log_dir = tempfile.mkdtemp(prefix="gpukit-run-")
+    run_dir = os.path.join(log_dir, "run")  # GPUKIT_RUN_DIR: the workers' stop markers
+    os.mkdir(run_dir)
+    env = {**env, RUN_DIR_ENV: run_dir}
     try:
         with _environ(env), _quiet_torch_logs(verbose), launcher_signals(preempt_signal):
             try:
@@ -340,6 +344,11 @@ def run_workers(
                     for sequence, (rank, failure) in enumerate(result.failures.items())
                 ]
                 raise WorkerFailedError(failures, attempts=agent.attempts)
+            markers = stop_markers(run_dir)
+            if markers and isinstance(entrypoint, str):
+                # a worker was told to stop (not the launcher) and the ranks agreed: preempted
+                signum = getattr(signal, next(iter(markers.values())), signal.SIGTERM)
+                raise RunInterruptedError(signum, preempted=True, grace_s=grace_s)
             return dict(result.return_values)
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)

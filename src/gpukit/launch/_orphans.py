@@ -9,27 +9,16 @@ The launcher puts its pid in ``GPUKIT_LAUNCHER_PID`` so a worker whose launcher 
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import sys
 import threading
+
+from gpukit._process import set_parent_death_signal
 
 __all__ = ["LAUNCHER_PID_ENV", "die_with_launcher"]
 
 LAUNCHER_PID_ENV = "GPUKIT_LAUNCHER_PID"
-_PR_SET_PDEATHSIG = 1
 _POLL_INTERVAL_S = 0.5
-
-
-def _set_parent_death_signal(signum: int) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -48,7 +37,7 @@ def die_with_launcher() -> None:
     """
     expected = os.environ.get(LAUNCHER_PID_ENV)
     parent_pid = int(expected) if expected and expected.isdigit() else os.getppid()
-    armed = _set_parent_death_signal(signal.SIGKILL)
+    armed = set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:
         # The launcher died between starting us and the prctl call: nobody supervises us.
         os._exit(1)

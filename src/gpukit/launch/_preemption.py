@@ -6,6 +6,11 @@ it at its next step boundary (a Session all-reduces it so every rank stops at th
 step), saves a checkpoint and exits 0. ``gpukit run`` then exits with
 :data:`PREEMPTED_EXIT_CODE`. A second terminating signal (SIGTERM, SIGINT) falls through to
 the previous handler, so an impatient user can still stop a worker that never checks the flag.
+``gpukit run`` exits 75 also when only one worker was signalled: the Session leaves a
+marker in the run's directory (``GPUKIT_RUN_DIR``) when its ranks agreed to stop, and the
+launcher reads it. DataLoader workers ignore SIGTERM/SIGINT (``gpukit.data``), so a stop
+sent to whole process groups -- as schedulers and terminals do -- reaches the training
+process, not its loaders' deaths first.
 
 A scheduler that warns before it stops a job (SLURM's ``--signal=B:USR2@90``) sends the
 preemption signal -- :func:`preempt_signal`: SIGUSR2 by default, ``GPUKIT_PREEMPT_SIGNAL``
@@ -19,6 +24,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from types import FrameType
 from typing import Union
 
@@ -38,7 +44,15 @@ __all__ = [
     "preempt_signal",
     "stop_signal_name",
     "session_stop_signals",
+    "mark_stop_agreed",
+    "stop_markers",
+    "RUN_DIR_ENV",
 ]
+
+#: Directory ``gpukit run`` creates for one run; workers leave stop markers (and heartbeats)
+#: there for the launcher to read.
+RUN_DIR_ENV = "GPUKIT_RUN_DIR"
+_MARKER_PREFIX = "stopped-rank"
 
 #: Exit code of ``gpukit run`` (and what a worker may exit with) when a run stopped
 #: because it was asked to -- preempted -- and its workers stopped cleanly. It is
@@ -168,6 +182,7 @@ def preempt_signal(environ: Mapping[str, str] | None = None) -> signal.Signals:
     env = os.environ if environ is None else environ
     value = env.get(PREEMPT_SIGNAL_ENV)
     return parse_preempt_signal(value, PREEMPT_SIGNAL_ENV) if value else signal.Signals[f"SIG{DEFAULT_PREEMPT_SIGNAL}"]
+from pathlib import Path
 
 
 def session_stop_signals() -> tuple[int, ...]:
@@ -190,3 +205,32 @@ def session_stop_signals() -> tuple[int, ...]:
         if warning not in signals:
             signals.append(warning)
     return tuple(signals)
+
+
+def mark_stop_agreed(rank: int) -> None:
+    """Tell the launcher (through ``GPUKIT_RUN_DIR``) that this rank stopped because asked to.
+
+    ``gpukit run`` then exits with :data:`PREEMPTED_EXIT_CODE` even when the workers exit 0
+    and the launcher itself received no signal (a stop sent to one worker). No-op outside
+    ``gpukit run``.
+    """
+    directory = os.environ.get(RUN_DIR_ENV)
+    if not directory:
+        return
+    try:
+        (Path(directory) / f"{_MARKER_PREFIX}{rank}").write_text(stop_signal_name() or "SIGTERM")
+    except OSError:  # the launcher's directory is gone: it is not waiting for the answer
+        pass
+
+
+def stop_markers(directory: str | os.PathLike[str]) -> dict[int, str]:
+    """Ranks that left a stop marker in ``directory``, with the signal each received."""
+    found: dict[int, str] = {}
+    for path in Path(directory).glob(f"{_MARKER_PREFIX}*"):
+        suffix = path.name[len(_MARKER_PREFIX):]
+        if suffix.isdigit():
+            try:
+                found[int(suffix)] = path.read_text().strip() or "SIGTERM"
+            except OSError:
+                continue
+    return found
