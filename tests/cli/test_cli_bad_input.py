@@ -207,3 +207,27 @@ def test_convert_select_model_from_gpukit_checkpoints(tmp_path: Path, capsys: py
     (tmp_path / "empty").mkdir()
     assert "without a complete gpukit checkpoint" in one_line_error(
         capsys, "ckpt", "convert", str(tmp_path / "empty"), str(tmp_path / "x.pt"))
+
+
+def test_torch_file_declaring_an_absurd_storage_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A torch zip whose pickle declares a 400 GB tensor over a 16-byte record: an error, no allocation."""
+    import resource
+    import zipfile
+
+    good = tmp_path / "t.pt"
+    torch.save({"w": torch.zeros(4)}, good)
+    with zipfile.ZipFile(good) as archive:
+        entries = {name: archive.read(name) for name in archive.namelist()}
+    name = next(n for n in entries if n.endswith("data.pkl"))
+    huge = b"\x8a\x05" + (10**11).to_bytes(5, "little")  # LONG1: 100e9 elements, in place of BININT1 4
+    pickled = entries[name].replace(b"X\x03\x00\x00\x00cpuq\x06K\x04", b"X\x03\x00\x00\x00cpuq\x06" + huge)
+    entries[name] = pickled.replace(b"K\x00K\x04\x85", b"K\x00" + huge + b"\x85")  # and the shape (100e9,)
+    assert entries[name].count(huge) == 2
+    bad = tmp_path / "absurd.pt"
+    with zipfile.ZipFile(bad, "w") as archive:
+        for entry, data in entries.items():
+            archive.writestr(entry, data)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    err = one_line_error(capsys, "ckpt", "inspect", str(bad))
+    assert "record size (16 bytes) does not match expected size (400000000000 bytes" in err
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # KiB: nothing was allocated
