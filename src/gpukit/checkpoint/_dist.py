@@ -2,17 +2,61 @@
 
 Read from ``torch.distributed`` directly (not from a Session) so plain DDP scripts get
 rank-0-only writes too. Without an initialised process group this is one process, rank 0.
+
+Checkpoint collectives run on a gloo group of their own with a short timeout
+(``GPUKIT_CKPT_TIMEOUT_S``, default 300 s) instead of the training group's (30 minutes under
+DDP): a rank that dies or cannot finish its part of a save makes every other rank fail within
+the timeout with a :class:`~gpukit.errors.CheckpointError` naming the ranks that never
+arrived (each rank marks its arrival in the job's key-value store), never wait forever.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import Any, TypeVar
 
-import torch
 import torch.distributed as dist
 
-__all__ = ["DistContext", "current_dist"]
+from gpukit.errors import CheckpointError
+
+__all__ = ["DistContext", "current_dist", "TIMEOUT_ENV", "checkpoint_group", "timeout_s"]
+
+T = TypeVar("T")
+TIMEOUT_ENV = "GPUKIT_CKPT_TIMEOUT_S"
+_DEFAULT_TIMEOUT_S = 300.0
+_groups: dict[Any, Any] = {}  # the training group -> its checkpoint group
+_rounds = itertools.count()  # every rank runs the same checkpoint collectives in the same order
+
+
+def timeout_s() -> float:
+    """Seconds a rank waits for the others during a checkpoint (``GPUKIT_CKPT_TIMEOUT_S``)."""
+    raw = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        value = float(raw) if raw else _DEFAULT_TIMEOUT_S
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise CheckpointError(f"{TIMEOUT_ENV}={raw!r}: give the checkpoint timeout in seconds (> 0), e.g. 300.")
+    return value
+
+
+def checkpoint_group() -> Any:
+    """The gloo group with the checkpoint timeout (created on first use: call on every rank)."""
+    world = dist.group.WORLD
+    if world not in _groups:
+        _groups[world] = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s()))
+    return _groups[world]
+
+
+def _store() -> Any:
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (RuntimeError, ValueError, AttributeError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -26,22 +70,58 @@ class DistContext:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def run_collective(self, what: str, fn: Callable[[Any], T]) -> T:
+        """``fn(group)`` on every rank, failing within the timeout when a rank never arrives.
+
+        Raises:
+            CheckpointError: ``fn`` failed for want of another rank; names the missing ranks.
+        """
+        tag = f"gpukit/ckpt/{next(_rounds)}"
+        store = _store()
+        if store is not None:
+            store.set(f"{tag}/{self.rank}", "arrived")
+        try:
+            result = fn(checkpoint_group())
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            missing = self._missing(store, tag, f"{tag}/{self.rank}/done")
+            who = f"rank(s) {', '.join(map(str, missing))}" if missing else "another rank"
+            raise CheckpointError(
+                f"rank {self.rank}: the checkpoint's {what} failed after waiting up to "
+                f"{timeout_s():g} s ({TIMEOUT_ENV}) because {who} did not take part "
+                f"(killed, out of disk space, or stuck): {type(exc).__name__}: {exc}"
+            ) from exc
+        if store is not None:
+            store.set(f"{tag}/{self.rank}/done", "1")
+        return result
+
+    def _missing(self, store: Any, tag: str, own_done: str) -> list[int]:
+        if store is None:
+            return []
+        missing = []
+        try:
+            store.set(own_done, "1")
+            for rank in range(self.world_size):
+                try:  # a live rank that failed too marks itself done moments later
+                    store.wait([f"{tag}/{rank}/done"], timedelta(seconds=2))
+                except (RuntimeError, dist.DistStoreError):
+                    missing.append(rank)
+        except (RuntimeError, dist.DistStoreError):
+            return []  # the store itself is gone (it lived in a rank that died)
+        return missing
+
     def barrier(self) -> None:
         if self.world_size == 1:
             return
-        if dist.get_backend() == "nccl":
-            # nccl's barrier runs on a GPU: the current one (what DDP scripts and gpukit's DDP
-            # strategy set), named so torch 2.4 does not guess rank % GPUs and 2.5+ does not warn
-            dist.barrier(device_ids=[torch.cuda.current_device()])
-        else:
-            dist.barrier()  # device_ids is nccl-only
+        self.run_collective("barrier", lambda group: dist.barrier(group=group))
 
     def broadcast_from_main(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (a picklable object)."""
         if self.world_size == 1:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        self.run_collective("broadcast", lambda group: dist.broadcast_object_list(box, src=0, group=group))
         return box[0]
 
     def gather_all(self, obj: Any) -> list[Any]:
@@ -49,7 +129,7 @@ class DistContext:
         if self.world_size == 1:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        self.run_collective("exchange of results", lambda group: dist.all_gather_object(out, obj, group=group))
         return out
 
 
@@ -58,3 +138,4 @@ def current_dist() -> DistContext:
     if dist.is_available() and dist.is_initialized():
         return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size())
     return DistContext()
+

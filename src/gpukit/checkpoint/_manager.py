@@ -6,6 +6,7 @@ Layout of ``directory``::
         state.pt              shared state, written by rank 0 (models, optimizers, ...)
         rank_00000.pt         per-rank state of rank 0 (RNG states, data loader position)
         rank_00001.pt         ... one per rank
+        __0_0.distcp, .metadata   FSDP-sharded models/optimizers: each rank's shards (_sharded.py)
         complete.json         written last: step, world size, file sizes
     .step_00000130.partial/   a save in progress (or killed); never read, removed next save
 
@@ -33,6 +34,7 @@ from gpukit.checkpoint._io import load, save, to_saveable
 from gpukit.checkpoint._prefixes import load_state_dict
 from gpukit.checkpoint._resume_checks import check_world_size, read_marker, warn_damaged_newer
 from gpukit.checkpoint._rng import capture_rng_state, restore_rng_state
+from gpukit.checkpoint._sharded import METADATA_FILE, restore_sharded, split_sharded, write_sharded
 from gpukit.errors import CheckpointError, ConfigurationError
 from gpukit.monitor._events import emit
 
@@ -165,6 +167,8 @@ class CheckpointManager:
         """
         dist = current_dist()
         local = set(per_rank)
+        sharded = split_sharded(objects)  # FSDP models + their optimizers: DCP shards, every rank
+        objects = {n: o for n, o in objects.items() if n not in sharded}
         shared = {n: _state_of(n, o) for n, o in objects.items() if n not in local and not _is_per_rank(o)}
         rank_state = {
             "rank": dist.rank,
@@ -182,6 +186,8 @@ class CheckpointManager:
             except OSError as exc:
                 error = f"cannot create {staging}: {exc.strerror or exc}"
         error = dist.broadcast_from_main(error)
+        if error is None:
+            error = write_sharded(staging, sharded, dist)
         if error is None:
             error = self._write_files(dist, staging, step, shared, rank_state, dict(extra or {}))
         if error is None and dist.is_main:
@@ -213,7 +219,7 @@ class CheckpointManager:
 
     def _finalise(self, dist: DistContext, staging: Path, final: Path, step: int) -> str | None:
         try:
-            files = {p.name: p.stat().st_size for p in sorted(staging.iterdir()) if not p.name.startswith(".")}
+            files = {p.name: p.stat().st_size for p in sorted(staging.iterdir()) if not p.name.startswith(".") or p.name == METADATA_FILE}
             marker = {"step": step, "world_size": dist.world_size, "files": files, **metadata_entry()}
             atomic_write(staging / MARKER_NAME, lambda f: f.write(json.dumps(marker, indent=1).encode()))
             fsync_directory(staging)
@@ -281,6 +287,7 @@ class CheckpointManager:
             raise CheckpointError(f"{exc} To resume from the checkpoint before it, move {directory} "
                                   "out of the checkpoint directory.") from None
         check_world_size(directory, saved_world, dist.world_size, rank_file["objects"], list(objects))
+        objects = restore_sharded(directory, objects, dist)  # FSDP models/optimizers: from shards
         available = {**shared_file["objects"], **rank_file["objects"]}
         for name, obj in objects.items():
             if name not in available:

@@ -1,0 +1,171 @@
+"""Sharded models (FSDP2) and their optimizers in a step directory, via torch.distributed.checkpoint.
+
+Inside a :class:`~gpukit.checkpoint.CheckpointManager` step directory a sharded save adds::
+
+    __0_0.distcp, __1_0.distcp, ...   each rank's shards of every sharded object (written in parallel)
+    .metadata                         which shard holds which slice of which tensor (rank 0 writes it)
+
+Keys are ``<object name>.<key in its state dict>``: ``model.layers.0.weight``,
+``optimizer.state.layers.0.weight.exp_avg``. Model and optimizer state come from
+``torch.distributed.checkpoint.state_dict`` (fully qualified parameter names, no wrapper
+prefixes), so a checkpoint saved by N processes loads into M processes (DCP reshards), into
+an unsharded model, and ``gpukit ckpt convert`` can merge it tensor by tensor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpukit.checkpoint._dist import DistContext
+from gpukit.errors import CheckpointError
+
+__all__ = ["METADATA_FILE", "is_sharded_checkpoint", "restore_sharded", "sharded_names", "split_sharded", "write_sharded"]
+
+#: DCP's index file in a sharded step directory
+METADATA_FILE = ".metadata"
+
+
+def _is_sharded_module(obj: Any) -> bool:
+    if not isinstance(obj, nn.Module):
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in obj.parameters())
+
+
+def _owner(optimizer: torch.optim.Optimizer, models: dict[str, nn.Module]) -> nn.Module | None:
+    params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    for model in models.values():
+        if any(id(p) in params for p in model.parameters()):
+            return model
+    return None
+
+
+def split_sharded(objects: dict[str, Any]) -> dict[str, Any]:
+    """The objects a save must shard: FSDP-sharded models and the optimizers of their parameters."""
+    models = {n: o for n, o in objects.items() if _is_sharded_module(o)}
+    optimizers = {
+        n: o for n, o in objects.items()
+        if isinstance(o, torch.optim.Optimizer) and _owner(o, models) is not None
+    }
+    return {**models, **optimizers}
+
+
+def _state_dicts(targets: dict[str, Any], objects: dict[str, Any]) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    models = {n: o for n, o in objects.items() if isinstance(o, nn.Module)}
+    state: dict[str, Any] = {}
+    for name, obj in targets.items():
+        if isinstance(obj, nn.Module):
+            state[name] = get_model_state_dict(obj)
+            continue
+        owner = _owner(obj, models)
+        if owner is None:
+            raise CheckpointError(
+                f"The sharded checkpoint's optimizer {name!r} needs its model: pass the model "
+                f"too, e.g. resume(model=model, {name}={name})."
+            )
+        state[name] = get_optimizer_state_dict(owner, obj)
+    return state
+
+
+def _failures(exc: Exception) -> str:
+    failures = getattr(exc, "failures", None)
+    if not failures:
+        return f"{type(exc).__name__}: {exc}"
+    parts = []
+    for rank, failure in sorted(failures.items()):
+        inner = getattr(failure, "exception", failure)  # DCP wraps each rank's exception...
+        if isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
+            inner = inner[0]  # ... with its traceback
+        parts.append(f"rank {rank}: {type(inner).__name__}: {inner}")
+    return "; ".join(parts)
+
+
+def write_sharded(directory: Path, sharded: dict[str, Any], dist: DistContext) -> str | None:
+    """Every rank writes its shards of ``sharded`` into ``directory`` (a collective).
+
+    Returns:
+        ``None``, or what failed, naming the rank(s) (the same text on every rank).
+
+    Raises:
+        CheckpointError: a rank never took part (killed): raised within the checkpoint timeout.
+    """
+    if not sharded:
+        return None
+    import torch.distributed.checkpoint as dcp
+
+    state = _state_dicts(sharded, sharded)
+    writer = dcp.FileSystemWriter(directory, sync_files=True)
+    try:
+        if dist.world_size == 1:
+            dcp.save(state, storage_writer=writer)
+        else:
+            dist.run_collective("sharded save", lambda group: dcp.save(state, storage_writer=writer, process_group=group))
+    except dcp.CheckpointException as exc:  # DCP gathered each rank's failure onto every rank
+        return f"writing the shards failed: {_failures(exc)}"
+    return None
+
+
+def is_sharded_checkpoint(directory: Path) -> bool:
+    """Whether ``directory`` holds DCP shards."""
+    return (Path(directory) / METADATA_FILE).is_file()
+
+
+def read_metadata(directory: Path) -> Any:
+    """DCP's metadata of a sharded step directory (tensor shapes, dtypes, shard locations)."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        return dcp.FileSystemReader(str(directory)).read_metadata()
+    except Exception as exc:  # a torn or foreign .metadata: say which file
+        raise CheckpointError(f"Cannot read the shard index {Path(directory) / METADATA_FILE}: {exc}") from exc
+
+
+def sharded_names(directory: Path) -> set[str]:
+    """Names of the objects stored as shards in ``directory`` (empty for an unsharded checkpoint)."""
+    if not is_sharded_checkpoint(directory):
+        return set()
+    return {key.split(".", 1)[0] for key in read_metadata(directory).state_dict_metadata}
+
+
+def restore_sharded(directory: Path, objects: dict[str, Any], dist: DistContext) -> dict[str, Any]:
+    """Load the sharded objects of ``directory`` into ``objects`` (sharded or not, any world size).
+
+    Returns:
+        The objects left for the unsharded files.
+
+    Raises:
+        CheckpointError: a shard is missing or unreadable, or a model does not fit its saved state.
+    """
+    names = sharded_names(directory) & set(objects)
+    if not names:
+        return objects
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    targets = {n: objects[n] for n in sorted(names)}
+    state = _state_dicts(targets, objects)
+    reader = dcp.FileSystemReader(str(directory))
+    try:
+        if dist.world_size == 1:
+            dcp.load(state, storage_reader=reader)
+        else:
+            dist.run_collective("sharded load", lambda group: dcp.load(state, storage_reader=reader, process_group=group))
+    except (dcp.CheckpointException, RuntimeError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"Cannot restore {', '.join(sorted(names))} from the shards in {directory}: "
+                              f"{_failures(exc)}") from exc
+    models = {n: o for n, o in objects.items() if isinstance(o, nn.Module)}
+    for name, obj in targets.items():
+        if isinstance(obj, nn.Module):
+            set_model_state_dict(obj, state[name])
+        else:
+            set_optimizer_state_dict(_owner(obj, models), obj, state[name])  # type: ignore[arg-type]
+    return {n: o for n, o in objects.items() if n not in names}

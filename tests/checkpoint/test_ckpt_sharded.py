@@ -1,0 +1,104 @@
+"""Sharded (FSDP) checkpoints for real: `gpukit run --cpu` processes, SIGKILL, other world sizes.
+
+One module-scoped set of runs (each launch costs seconds on a small CPU):
+  full    2 processes train STEPS steps uninterrupted, saving at the end;
+  crash   2 processes save at steps 2 and 3, then rank 0 is SIGKILLed after step 4;
+  res2    2 processes resume the crash's latest checkpoint (step 3) -> bit-exact with full;
+  res1    1 process resumes the same checkpoint (2 -> 1), saving at step 4;
+  res12   2 processes resume res1's step 4 (1 -> 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+WORKER = Path(__file__).with_name("ckpt_sharded_worker.py")
+sys.path.insert(0, str(WORKER.parent))
+import ckpt_sharded_worker as worker  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+
+
+def _run(nproc: int, ckpt: Path, out: Path, *args: str, expect_kill: bool = False) -> None:
+    cmd = [sys.executable, "-m", "gpukit", "run", "--cpu", "--nproc", str(nproc), str(WORKER),
+           str(ckpt), str(out), *args]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180)
+    if expect_kill:  # the launcher reports rank 0's SIGKILL (and stops rank 1)
+        assert proc.returncode != 0 and "rank 0 killed by SIGKILL" in proc.stderr, proc.stderr[-3000:]
+    else:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    tmp = tmp_path_factory.mktemp("sharded")
+    _run(2, tmp / "full", tmp / "full.pt", "--save", str(worker.STEPS))
+    _run(2, tmp / "ck", tmp / "never.pt", "--save", "2,3", "--kill-after", "4", expect_kill=True)
+    shutil.copytree(tmp / "ck", tmp / "ck1")
+    _run(2, tmp / "ck", tmp / "res2.pt")
+    _run(1, tmp / "ck1", tmp / "res1.pt", "--save", "4")
+    _run(2, tmp / "ck1", tmp / "res12.pt")
+    found = {name: torch.load(tmp / f"{name}.pt", weights_only=False) for name in ("full", "res2", "res1", "res12")}
+    found["dirs"] = {"tmp": tmp}
+    return found
+
+
+def test_layout_shards_inside_the_atomic_step_directory(runs: dict[str, dict]) -> None:
+    step = runs["dirs"]["tmp"] / "full" / f"step_{worker.STEPS:08d}"
+    names = sorted(p.name for p in step.iterdir())
+    assert names == [".metadata", "__0_0.distcp", "__1_0.distcp", "complete.json",
+                     "rank_00000.pt", "rank_00001.pt", "state.pt"]
+    marker = json.loads((step / "complete.json").read_text())
+    assert set(marker["files"]) == set(names) - {"complete.json"}  # shards and index are size-checked
+    assert marker["world_size"] == 2
+
+
+def test_exact_resume_after_sigkill_at_the_same_world_size(runs: dict[str, dict]) -> None:
+    assert runs["res2"]["start"] == 3  # the latest complete checkpoint before the kill
+    for key, value in runs["full"]["state"].items():
+        assert torch.equal(runs["res2"]["state"][key], value), key
+
+
+@pytest.mark.parametrize("name, start", [("res1", 3), ("res12", 4)])
+def test_resume_at_another_world_size(runs: dict[str, dict], name: str, start: int) -> None:
+    # the same global batches: equal to the uninterrupted run up to float rounding
+    assert (runs[name]["start"], runs[name]["world_size"]) == (start, 1 if name == "res1" else 2)
+    for key, value in runs["full"]["state"].items():
+        torch.testing.assert_close(runs[name]["state"][key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_a_rank_failing_during_save_leaves_no_checkpoint_and_no_hang(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    report = tmp_path / "report.json"
+    procs = []
+    for rank in (0, 1):
+        env = {**_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "GPUKIT_CKPT_TIMEOUT_S": "20"}
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(tmp_path / "ck"), str(report),
+                                       "--faults"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outputs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]  # no hang
+    assert procs[0].returncode == 0, outputs[0][-3000:]
+    assert procs[1].returncode == -signal.SIGKILL  # the third save killed it
+    seen = json.loads(report.read_text())
+    assert seen["1"] == "saved"
+    assert "rank 1: OSError" in seen["2"] and "No space left on device" in seen["2"]
+    assert "rank(s) 1 did not take part" in seen["3"]
+    step1 = str(tmp_path / "ck" / "step_00000001")
+    assert seen["latest_after_2"] == seen["latest_after_3"] == step1
