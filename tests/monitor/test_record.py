@@ -236,3 +236,72 @@ def test_live_forwarding_writes_tensorboard_scalars(tmp_path: Path) -> None:
     assert {"train/loss", "time/step_s", "time/data_s", "throughput/samples_per_s", "system/cpu_pct"} <= tags
     assert [e.value for e in events.Scalars("train/loss")] == [5.0, 4.0, 3.0, 2.0, 1.0]
     assert [e.step for e in events.Scalars("train/loss")] == [0, 1, 2, 3, 4]
+
+
+_TRAIN = """
+import torch, gpukit
+from torch import nn
+session = gpukit.Session(verbose=False)
+model = nn.Linear(4, 2)
+model, opt = session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+for x, y in session.setup_dataloader(data, batch_size=8):
+    loss = nn.functional.cross_entropy(model(x), y)
+    session.backward(loss)
+    session.step(opt)
+    session.log(loss=loss.detach())
+session.close()
+"""
+
+
+@pytest.mark.slow
+def test_gpukit_run_record_sets_the_directory_for_its_workers(tmp_path: Path) -> None:
+    # one worker: the two-rank record is covered by the demo's DDP test
+    script = tmp_path / "train.py"
+    script.write_text(_TRAIN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop(RECORD_DIR_ENV, None)
+    result = subprocess.run([sys.executable, "-m", "gpukit", "run", "--cpu", "--nproc", "1", "--record",
+                             str(tmp_path / "rec"), str(script)], env=env, capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert f"gpukit report {tmp_path / 'rec'}" in result.stderr
+    record = read_record(tmp_path / "rec")
+    assert record.finished and sorted(record.ranks) == [0]
+    rank_record = record.ranks[0]
+    assert rank_record.meta["world_size"] == 1 and "cpu" in rank_record.meta["device"]
+    assert [s["step"] for s in rank_record.steps] == list(range(8))  # 64 samples / batches of 8
+    assert all("loss" in s["scalars"] and s["data_s"] >= 0 for s in rank_record.steps)
+
+
+@pytest.mark.requires_gpu
+def test_recording_on_a_gpu_has_allocator_and_nvml_figures(tmp_path: Path) -> None:
+    session = gpukit.Session(devices=1, record=tmp_path, verbose=False)
+    model = session.setup(torch.nn.Linear(256, 256))
+    for i in range(5):
+        loss = model(torch.randn(64, 256, device=session.device)).square().mean()
+        session.log(loss=loss.detach())  # a CUDA tensor: converted on the writer thread
+        session.recorder.on_step(Timing(step=i))
+    session.recorder.on_sample(read_system(session.accelerator, session.device, lambda: None))
+    session.close()
+    lines = _lines(tmp_path / "rank0.jsonl")
+    steps = [line for line in lines if line["type"] == "step"]
+    assert len(steps) == 5 and all(isinstance(s["scalars"]["loss"], float) for s in steps)
+    sample = next(line for line in lines if line["type"] == "sys")
+    assert sample["torch_allocated_bytes"] > 0 and sample["torch_reserved_bytes"] >= sample["torch_allocated_bytes"]
+    assert sample["gpu_mem_used_bytes"] > 0 and "gpu_util_pct" in sample
+
+
+def test_live_tensorboard_gets_step_lines_merged_to_a_few_points_per_flush() -> None:
+    from gpukit.monitor._tensorboard import thin_steps
+
+    lines = [{"type": "step", "t": float(i), "step": i, "n": 1, "samples": 8, "step_s": 0.01 * (i + 1),
+              "scalars": {"loss": float(i)}} for i in range(25)]
+    lines.insert(3, {"type": "sys", "t": 3.0, "cpu_pct": 50.0})
+    thinned = thin_steps(lines, 10)
+    steps = [line for line in thinned if line["type"] == "step"]
+    assert len(steps) == 9 and sum(s["n"] for s in steps) == 25 and sum(s["samples"] for s in steps) == 200
+    assert steps[0]["step"] == 0 and steps[0]["n"] == 3 and steps[0]["scalars"]["loss"] == pytest.approx(1.0)
+    assert steps[0]["step_s"] == pytest.approx(0.02)
+    assert [line["type"] for line in thinned].count("sys") == 1
+    assert thin_steps(lines[:5], 10) == lines[:5]

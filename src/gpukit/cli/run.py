@@ -188,6 +188,8 @@ def run(
         os.environ[RECORD_DIR_ENV] = os.path.abspath(record)
     try:
         launch_script(target, script_args, **options)
+        if record is not None:
+            click.echo(f"gpukit: run recorded in {record}; see it with: gpukit report {record}", err=True)
     except WorkerFailedError as exc:
         click.echo(f"gpukit: {exc}", err=True)
         sys.exit(exc.exit_code)

@@ -20,9 +20,39 @@ from typing import Any
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["TensorBoardSink", "tensorboard_available"]
+__all__ = ["TensorBoardSink", "tensorboard_available", "thin_steps"]
 
 _TIMES = ("step_s", "data_s", "h2d_s", "compute_s")
+
+
+def _merge(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """Consecutive step lines as one: sums of steps and samples, step-weighted means."""
+    if len(group) == 1:
+        return group[0]
+    total = sum(line.get("n", 1) for line in group)
+    merged = {**group[-1], "step": group[0]["step"], "n": total,
+              "samples": sum(line.get("samples") or 0 for line in group)}
+    for key in _TIMES:
+        have = [line for line in group if line.get(key) is not None]
+        if have:
+            merged[key] = sum(line[key] * line.get("n", 1) for line in have) / sum(line.get("n", 1) for line in have)
+    names = {name for line in group for name in line.get("scalars") or {}}
+    merged["scalars"] = {}
+    for name in names:
+        have = [line for line in group if name in (line.get("scalars") or {})]
+        merged["scalars"][name] = (sum(line["scalars"][name] * line.get("n", 1) for line in have)
+                                   / sum(line.get("n", 1) for line in have))
+    return merged
+
+
+def thin_steps(lines: list[dict[str, Any]], max_points: int) -> list[dict[str, Any]]:
+    """``lines`` with their step lines merged into at most ``max_points`` (other lines kept)."""
+    steps = [line for line in lines if line.get("type") == "step"]
+    if len(steps) <= max_points:
+        return lines
+    size = -(-len(steps) // max_points)
+    merged = [_merge(steps[i:i + size]) for i in range(0, len(steps), size)]
+    return [line for line in lines if line.get("type") != "step"] + merged
 
 
 def tensorboard_available() -> bool:
