@@ -67,8 +67,10 @@ def plain_stepper(model: nn.Module, data: TensorDataset, batch: int, device: tor
     return step
 
 
-def session_stepper(model: nn.Module, data: TensorDataset, batch: int, device: torch.device):
-    session = gpukit.Session(devices=device, precision="32-true", verbose=False)
+def session_stepper(model: nn.Module, data: TensorDataset, batch: int, device: torch.device,
+                    record: str | None = None):
+    """A Session step; with ``record`` (bench/record.py) it records the run and logs the loss."""
+    session = gpukit.Session(devices=device, precision="32-true", verbose=False, record=record)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model, optimizer = session.setup(model, optimizer)
     loader = session.setup_dataloader(data, batch_size=batch, shuffle=True, num_workers=0)
@@ -81,7 +83,10 @@ def session_stepper(model: nn.Module, data: TensorDataset, batch: int, device: t
                 loss = F.cross_entropy(model(x), y)
             session.backward(loss)
         session.step(optimizer)
+        if record is not None:
+            session.log(loss=loss.detach())
 
+    step.session = session  # type: ignore[attr-defined]  # bench/record.py closes it
     return step
 
 

@@ -1,9 +1,9 @@
 """Run-record overhead: median step time of a Session loop recording vs the same loop not recording.
 
 Both loops are gpukit Sessions training their own copy of the same model on the same data;
-the recording one has ``record=DIR`` (per-step timings, ``session.log(loss=loss)``, system
-samples every second on a background thread, TensorBoard forwarding when installed) and the
-other calls the same ``session.log`` (a no-op without a record). Steps are interleaved one by
+the recording one has ``record=DIR`` and logs its loss with ``session.log(loss=loss)``
+(per-step timings, the loss, system samples every second on a background thread, TensorBoard
+forwarding when installed); the other is bench/overhead.py's Session loop as it is. Steps are interleaved one by
 one, alternating which goes first, so machine noise hits both alike. Also prints the record's
 size per step.
 
@@ -20,39 +20,19 @@ import tempfile
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from overhead import cnn, forever, mlp, timed  # noqa: E402  (the models and timer of the Session bench)
+from overhead import cnn, mlp, session_stepper, timed  # noqa: E402  (the Session bench's models and loop)
 
-import gpukit  # noqa: E402
 from gpukit.accelerators import get_accelerator  # noqa: E402
 from gpukit.monitor import tensorboard_available  # noqa: E402
-
-
-def stepper(model, data, batch: int, device: torch.device, record: str | None):
-    session = gpukit.Session(devices=device, precision="32-true", verbose=False, record=record)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    model, optimizer = session.setup(model, optimizer)
-    loader = session.setup_dataloader(data, batch_size=batch, shuffle=True, num_workers=0)
-    batches = forever(lambda: iter(loader))
-
-    def step() -> None:
-        x, y = next(batches)
-        with session.autocast():
-            loss = F.cross_entropy(model(x), y)
-        session.backward(loss)
-        session.step(optimizer)
-        session.log(loss=loss.detach())
-
-    return step, session
 
 
 def compare(name: str, build, device: torch.device, steps: int, warmup: int, directory: Path) -> None:
     accelerator = get_accelerator(device)
     model, data, batch = build()
-    plain, plain_session = stepper(copy.deepcopy(model), data, batch, device, None)
-    rec, rec_session = stepper(copy.deepcopy(model), data, batch, device, str(directory / name))
+    plain = session_stepper(copy.deepcopy(model), data, batch, device)
+    rec = session_stepper(copy.deepcopy(model), data, batch, device, record=str(directory / name))
     sync = lambda: accelerator.synchronize(device)  # noqa: E731
     for _ in range(warmup):
         plain()
@@ -65,8 +45,8 @@ def compare(name: str, build, device: torch.device, steps: int, warmup: int, dir
         else:
             t_rec.append(timed(rec, sync))
             t_plain.append(timed(plain, sync))
-    plain_session.close()
-    rec_session.close()
+    plain.session.close()
+    rec.session.close()
     m_plain, m_rec = statistics.median(t_plain), statistics.median(t_rec)
     size = (directory / name / "rank0.jsonl").stat().st_size
     print(f"{name:<4} {str(device):<7} not recording {m_plain * 1e3:8.3f} ms  recording {m_rec * 1e3:8.3f} ms"

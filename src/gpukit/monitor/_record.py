@@ -150,6 +150,7 @@ class Recorder:
         self._scalars: dict[str, list[Any]] = {}
         self._queue: collections.deque[dict[str, Any]] = collections.deque()  # append is thread-safe
         self._closed = False
+        self._pid = os.getpid()
         self._tb = _tensorboard_sink(tensorboard, self.directory, rank)
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         header = {"type": "meta", "t": round(time.time(), 3), "format": RECORD_FORMAT,
@@ -251,7 +252,7 @@ class Recorder:
 
     def close(self) -> None:
         """Stop sampling, write the open window and an ``end`` line, close the file. Idempotent."""
-        if self._closed:
+        if self._closed or os.getpid() != self._pid:  # a forked child (loader worker) never writes
             return
         self._closed = True
         _events.unsubscribe(self.on_event)
