@@ -30,9 +30,10 @@ class SlurmCluster:
         return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout_s,
                               check=check)
 
-    def job_env(self, marker: str) -> dict[str, str]:
-        """Environment for a job: the venv's python, gpukit's source, a marker to find its processes."""
-        return {**self.env, "PYTHONPATH": str(SRC), MARKER_ENV: marker}
+    def for_job(self, marker: str) -> SlurmCluster:
+        """This cluster with a job's environment: gpukit's source on the path, and a marker to
+        find the job's processes by (jobs inherit it: sbatch/srun --export=ALL)."""
+        return SlurmCluster(self.directory, {**self.env, "PYTHONPATH": str(SRC), MARKER_ENV: marker})
 
     def state(self, job_id: str) -> str:
         """The job's state (``""`` once it has left the queue)."""

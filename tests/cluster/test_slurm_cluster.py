@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -35,43 +36,57 @@ def _same_weights(got: dict, want: dict) -> None:
         assert mine == pytest.approx(theirs, abs=1e-5)
 
 
-def _sbatch(cluster: SlurmCluster, tmp_path: Path, body: str, *options: str, marker: str) -> tuple[str, Path]:
+@dataclass
+class Job:
+    cluster: SlurmCluster  # with the job's environment
+    marker: str  # in every process of the job
+    out: Path  # train.py's output directory
+    job_id: str
+    log: Path
+
+    def wait_held(self) -> None:
+        """Until train.py --hold-at waits for its stop request."""
+        held = self.out / "held"
+        poll(lambda: held.exists() or self.cluster.state(self.job_id) == "", 240, "the job to reach its hold step")
+        assert held.exists(), self.log.read_text()
+
+
+def _sbatch_gpukit_run(slurm_cluster: SlurmCluster, tmp_path: Path, nproc: int, *train_args: str,
+                       options: tuple[str, ...] = ()) -> Job:
+    """sbatch -N2 of `exec srun gpukit run --cpu --nproc N train.py OUT ...` (no node flags)."""
+    marker = uuid.uuid4().hex
+    cluster = slurm_cluster.for_job(marker)
+    out = tmp_path / "out"
+    out.mkdir()
     script = tmp_path / "job.sbatch"
-    script.write_text(f"#!/bin/bash\n{body}\n")
+    # `exec`: the batch shell becomes srun, which forwards --signal=B:USR2 to every gpukit run
+    script.write_text(f"#!/bin/bash\nexec srun {PYTHON} -m gpukit run --cpu --nproc {nproc} {TRAIN} {out} "
+                      f"{' '.join(train_args)}\n")
     log = tmp_path / "job.out"
-    result = cluster.run("sbatch", "--parsable", "--export=ALL", "--open-mode=append", "-o", str(log),
+    result = cluster.run("sbatch", "--parsable", "--export=ALL", "--open-mode=append", "-o", str(log), "-N2",
                          *options, str(script), check=False)
     assert result.returncode == 0, result.stderr
-    return result.stdout.strip().split(";")[0], log
-
-
-def _job_env(cluster: SlurmCluster, marker: str) -> SlurmCluster:
-    return SlurmCluster(cluster.directory, cluster.job_env(marker))
+    return Job(cluster, marker, out, result.stdout.strip().split(";")[0], log)
 
 
 def test_sbatch_srun_gpukit_run_needs_no_flags(slurm_cluster: SlurmCluster, reference: dict, tmp_path: Path) -> None:
-    marker = uuid.uuid4().hex
-    cluster = _job_env(slurm_cluster, marker)
-    out = tmp_path / "out"
-    out.mkdir()
-    body = f"exec srun {PYTHON} -m gpukit run --cpu --nproc 2 {TRAIN} {out}"
-    job_id, log = _sbatch(cluster, tmp_path, body, "-N2", marker=marker)
-    cluster.wait_gone(job_id, 240)
-    output = log.read_text()
-    assert (out / "result.json").exists(), output
-    result = json.loads((out / "result.json").read_text())
+    job = _sbatch_gpukit_run(slurm_cluster, tmp_path, 2)
+    job.cluster.wait_gone(job.job_id, 240)
+    output = job.log.read_text()
+    assert (job.out / "result.json").exists(), output
+    result = json.loads((job.out / "result.json").read_text())
     assert result["world"] == 4
     _same_weights(result, reference)
-    assert f"SLURM job {job_id}" in output and "master node1:" in output
+    assert f"SLURM job {job.job_id}" in output and "master node1:" in output
     assert "node 0 of 2" in output and "node 1 of 2" in output
-    assert sorted(p.name for p in out.glob("rank-*")) == [f"rank-{r}-attempt-0" for r in range(4)]
-    assert_none_survive(marker)
+    assert sorted(p.name for p in job.out.glob("rank-*")) == [f"rank-{r}-attempt-0" for r in range(4)]
+    assert_none_survive(job.marker)
 
 
 def test_srun_python_with_a_session_needs_no_launcher(slurm_cluster: SlurmCluster, reference: dict,
                                                       tmp_path: Path) -> None:
     marker = uuid.uuid4().hex
-    cluster = _job_env(slurm_cluster, marker)
+    cluster = slurm_cluster.for_job(marker)
     result = cluster.run("srun", "-N2", "--ntasks-per-node=2", PYTHON, str(TRAIN), str(tmp_path),
                          timeout_s=180, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -85,17 +100,11 @@ def test_srun_python_with_a_session_needs_no_launcher(slurm_cluster: SlurmCluste
 
 
 def test_scancel_leaves_no_process_on_either_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    marker = uuid.uuid4().hex
-    cluster = _job_env(slurm_cluster, marker)
-    out = tmp_path / "out"
-    out.mkdir()
-    body = f"exec srun {PYTHON} -m gpukit run --cpu --nproc 1 {TRAIN} {out} --ckpt {tmp_path / 'ckpt'} --hold-at 2"
-    job_id, log = _sbatch(cluster, tmp_path, body, "-N2", marker=marker)
-    poll(lambda: (out / "held").exists() or cluster.state(job_id) == "", 240, "the job to reach step 2")
-    assert (out / "held").exists(), log.read_text()
-    cluster.run("scancel", job_id)
-    cluster.wait_gone(job_id, 60)
-    assert_none_survive(marker, timeout_s=30)
+    job = _sbatch_gpukit_run(slurm_cluster, tmp_path, 1, "--ckpt", str(tmp_path / "ckpt"), "--hold-at", "2")
+    job.wait_held()
+    job.cluster.run("scancel", job.job_id)
+    job.cluster.wait_gone(job.job_id, 60)
+    assert_none_survive(job.marker, timeout_s=30)
 
 
 def _restarts(cluster: SlurmCluster, job_id: str) -> int:
@@ -106,15 +115,11 @@ def _restarts(cluster: SlurmCluster, job_id: str) -> int:
 def test_preempted_job_saves_requeues_and_resumes_to_the_same_weights(
     slurm_cluster: SlurmCluster, reference: dict, tmp_path: Path
 ) -> None:
-    marker = uuid.uuid4().hex
-    cluster = _job_env(slurm_cluster, marker)
-    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    out.mkdir()
-    # `exec`: the batch shell becomes srun, which forwards --signal=B:USR2 to every gpukit run
-    body = f"exec srun {PYTHON} -m gpukit run --cpu --nproc 1 {TRAIN} {out} --ckpt {ckpt} --hold-at 2"
-    job_id, log = _sbatch(cluster, tmp_path, body, "-N2", "--requeue", marker=marker)
-    poll(lambda: (out / "held").exists() or cluster.state(job_id) == "", 240, "the job to reach step 2")
-    assert (out / "held").exists(), log.read_text()
+    ckpt = tmp_path / "ckpt"
+    job = _sbatch_gpukit_run(slurm_cluster, tmp_path, 1, "--ckpt", str(ckpt), "--hold-at", "2",
+                             options=("--requeue",))
+    cluster, out, job_id = job.cluster, job.out, job.job_id
+    job.wait_held()
     cluster.run("scancel", "--signal=USR2", "--batch", job_id)  # what --signal=B:USR2@90 sends
     poll(lambda: _restarts(cluster, job_id) == 1 and cluster.state(job_id) == "PENDING", 180,
          "the job to be requeued")
@@ -122,7 +127,7 @@ def test_preempted_job_saves_requeues_and_resumes_to_the_same_weights(
     cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
     cluster.wait_gone(job_id, 240)
 
-    output = log.read_text()
+    output = job.log.read_text()
     assert output.count("SIGUSR2 received, stopping at the next step boundary") == 2, output
     assert f"SLURM job {job_id} requeued (requeue 1 of at most 10)" in output
     assert [int((out / f"stopped-rank-{r}").read_text()) for r in (0, 1)] == [2, 2]  # saved at the next step
@@ -133,4 +138,4 @@ def test_preempted_job_saves_requeues_and_resumes_to_the_same_weights(
     result = json.loads((out / "result.json").read_text())
     assert result["world"] == 2
     _same_weights(result, reference)
-    assert_none_survive(marker)
+    assert_none_survive(job.marker)

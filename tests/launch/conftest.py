@@ -44,3 +44,15 @@ def start_run(tmp_path: Path) -> Iterator[Callable[..., Run]]:
                 proc.kill()
             except psutil.Error:
                 pass
+
+
+@pytest.fixture
+def clean_stop_flag() -> Iterator[None]:
+    """No stop request and no preemption handler before or after the test."""
+    from gpukit.launch import clear_stop_request, uninstall_preemption_handler
+
+    uninstall_preemption_handler()  # a Session made by an earlier test installed it
+    clear_stop_request()
+    yield
+    uninstall_preemption_handler()
+    clear_stop_request()

@@ -15,8 +15,7 @@ from launch_helpers import assert_none_survive, gpukit_command
 
 from gpukit.cluster import environment, requeue_job
 from gpukit.errors import ConfigurationError
-from gpukit.launch import PREEMPTED_EXIT_CODE, clear_stop_request, install_preemption_handler
-from gpukit.launch import stop_requested, uninstall_preemption_handler
+from gpukit.launch import PREEMPTED_EXIT_CODE, install_preemption_handler, stop_requested
 from gpukit.launch._preemption import parse_preempt_signal, preempt_signal, session_stop_signals
 from gpukit.launch._preemption import stop_signal_name
 from gpukit.launch._requeue import max_requeues_from_env, requeue_after_preemption
@@ -27,12 +26,7 @@ SLURM_JOB = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "S
              "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
 
 
-@pytest.fixture(autouse=True)
-def _clean_flag():
-    clear_stop_request()
-    yield
-    uninstall_preemption_handler()
-    clear_stop_request()
+pytestmark = pytest.mark.usefixtures("clean_stop_flag")
 
 
 @pytest.mark.parametrize("text", ["USR2", "SIGUSR2", "usr2", " sigusr1 ", "TERM"])

@@ -11,20 +11,13 @@ import time
 import pytest
 
 from gpukit.launch import (
-    clear_stop_request,
     install_preemption_handler,
     stop_requested,
     uninstall_preemption_handler,
 )
 
 
-@pytest.fixture(autouse=True)
-def _clean_flag():
-    uninstall_preemption_handler()  # a Session made by an earlier test installed it
-    clear_stop_request()
-    yield
-    uninstall_preemption_handler()
-    clear_stop_request()
+pytestmark = pytest.mark.usefixtures("clean_stop_flag")
 
 
 def _wait_for(condition, timeout_s: float = 5.0) -> None:
