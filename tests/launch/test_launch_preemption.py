@@ -16,16 +16,13 @@ from gpukit.launch import (
     uninstall_preemption_handler,
 )
 
-
 pytestmark = pytest.mark.usefixtures("clean_stop_flag")
-
 
 def _wait_for(condition, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)
-
 
 def test_sigterm_sets_the_flag_and_uninstall_restores_the_old_handler():
     before = signal.getsignal(signal.SIGTERM)
@@ -36,7 +33,6 @@ def test_sigterm_sets_the_flag_and_uninstall_restores_the_old_handler():
     uninstall_preemption_handler()
     assert signal.getsignal(signal.SIGTERM) == before
 
-
 def test_second_signal_falls_through_to_the_previous_handler():
     install_preemption_handler()
     os.kill(os.getpid(), signal.SIGINT)
@@ -44,7 +40,6 @@ def test_second_signal_falls_through_to_the_previous_handler():
     with pytest.raises(KeyboardInterrupt):  # Python's default SIGINT handler, as before
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1)  # the handler runs between bytecodes; the raise ends this wait
-
 
 def test_second_sigterm_kills_a_process_that_ignores_the_flag():
     code = (
