@@ -73,6 +73,17 @@ def test_a_worker_killed_by_sigkill_is_named_out_of_memory() -> None:
 
 
 @pytest.mark.slow
+def test_a_worker_killed_while_the_step_computes_is_named_too() -> None:
+    s = gpukit.Session(devices="cpu", verbose=False)
+    loader = s.setup_dataloader(Faulty(at=3, sig=signal.SIGKILL, n=40), batch_size=1, num_workers=1)
+    with pytest.raises(DataStallError, match="SIGKILL"):
+        for _ in loader:
+            deadline = time.monotonic() + 0.2
+            while time.monotonic() < deadline:  # the training step: busy, not waiting for data
+                pass
+
+
+@pytest.mark.slow
 def test_a_bus_error_names_dev_shm_and_the_docker_fix() -> None:
     error, _ = drain(1, Faulty(at=3, sig=signal.SIGBUS), timeout_s=60)
     assert "bus error" in str(error) and "/dev/shm" in str(error)

@@ -111,17 +111,18 @@ class DeviceLoader:
         if isinstance(self._batch_sampler, ResumableBatchSampler):
             self._batch_sampler.set_epoch(self._epoch)
             self._batch_sampler.skip_batches = skip
-            batches = iter(self.loader)
+            batches = raw = iter(self.loader)
         else:
             sampler = getattr(self.loader, "sampler", None)
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(self._epoch)
             # an order gpukit does not control can only be skipped by drawing batches
-            batches = itertools.islice(iter(self.loader), skip, None)
+            raw = iter(self.loader)
+            batches = itertools.islice(raw, skip, None)
         device = self.device
         move = None if device is None else (lambda batch: to_device(batch, device))
         guard = self._guard
-        guard.begin()
+        guard.begin(raw)
         try:
             for batch in self.timings.iterate(
                 batches, epoch=self._epoch, move=move, fetch=guard.fetch, on_pass_end=self._pass_end

@@ -102,13 +102,18 @@ class StallGuard:
         self._previous: Any = None
         self._shm_checked = False
         self._watchdog: _Watchdog | None = None
+        self.batches: Iterator[Any] | None = None  # the pass under way
         self.waiting_since: float | None = None  # fallback without SIGALRM: the watchdog reads it
 
     # -- per pass ---------------------------------------------------------------------------
-    def begin(self) -> None:
-        """Arm-able SIGALRM for a pass without workers, where the process allows it."""
+    def begin(self, batches: Iterator[Any]) -> None:
+        """Start a pass over ``batches`` (the DataLoader's iterator): SIGALRM without workers, where the process allows it;
+        with workers, torch's SIGCHLD handler made to raise :class:`DataStallError`."""
         self._alarm = False
+        self.batches = batches
         if self.loader.num_workers:
+            _GUARDS.add(self)
+            _translate_sigchld()
             return
         previous = signal.getsignal(signal.SIGALRM) if hasattr(signal, "setitimer") else None
         if (
@@ -125,6 +130,13 @@ class StallGuard:
         self._alarm = True
 
     def end(self) -> None:
+        """End the pass; a pass that ended with a dead worker (an error we did not see) stops
+        the others, so torch's SIGCHLD handler does not raise again later, anywhere."""
+        _GUARDS.discard(self)
+        batches, self.batches = self.batches, None
+        workers = getattr(batches, "_workers", ())
+        if any(getattr(w, "exitcode", None) not in (None, 0) for w in workers):
+            self.abort(batches)
         if self._alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)
             if isinstance(signal.getsignal(signal.SIGALRM), _Handler):
@@ -145,21 +157,15 @@ class StallGuard:
             self._waiting = False
         except _DataTimeout as exc:
             raise DataStallError(self._hang_message(exc)) from None
-        except (RuntimeError, OSError) as exc:
-            # OSError: a worker that died while handing over a batch resets the connection
-            error = self.explain(exc, batches)
+        except DataStallError:
+            raise  # the SIGCHLD translation already said it
+        except (RuntimeError, OSError, EOFError) as exc:
+            # OSError, EOFError: a worker died while handing over a batch
+            raw = self.batches if self.batches is not None else batches  # not an islice of it
+            error = self.explain(exc, raw)
             if error is None:
                 raise
-            # stop the other workers now: the error (and its traceback holding this iterator)
-            # may live on, and workers forked later would inherit and re-close them
-            if "DataLoader timed out" in str(exc):  # hung workers: joining them would wait
-                for worker in getattr(batches, "_workers", ()):
-                    if worker.is_alive():
-                        worker.kill()
-            shutdown = getattr(batches, "_shutdown_workers", None)
-            if callable(shutdown):
-                with contextlib.suppress(RuntimeError):  # torch's SIGCHLD handler, once more
-                    shutdown()
+            self.abort(raw, hung="DataLoader timed out" in str(exc))
             raise error from exc
         finally:
             if alarm:
@@ -171,6 +177,19 @@ class StallGuard:
             self._shm_checked = True
             self.check_shared_memory(batch)
         return batch
+
+    def abort(self, batches: Any, hung: bool = False) -> None:
+        """Stop the pass's workers now: torch's SIGCHLD handler would otherwise raise again at
+        every later child exit, and the error's traceback keeps the iterator alive."""
+        _GUARDS.discard(self)
+        if hung:  # joining hung workers would wait for nothing
+            for worker in getattr(batches, "_workers", ()):
+                if worker.is_alive():
+                    worker.kill()
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if callable(shutdown):
+            with contextlib.suppress(RuntimeError):  # torch's SIGCHLD handler, once more
+                shutdown()
 
     # -- messages ---------------------------------------------------------------------------
     def explain(self, exc: BaseException, batches: Any) -> DataStallError | None:
@@ -265,6 +284,44 @@ class _Watchdog(threading.Thread):
                           "thread cannot be interrupted)", file=sys.stderr, flush=True)
         except ReferenceError:
             return  # the loader is gone
+
+
+_GUARDS: weakref.WeakSet[StallGuard] = weakref.WeakSet()  # passes with workers under way
+
+
+class _SigchldTranslator:
+    """Wraps torch's SIGCHLD handler, which raises "DataLoader worker ... is killed by signal"
+    wherever the training thread happens to be: the error becomes a DataStallError naming the
+    cause and the fix, and the pass that owned the worker stops its other workers."""
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        try:
+            if callable(self.previous):
+                self.previous(signum, frame)
+        except DataStallError:
+            raise
+        except RuntimeError as exc:
+            pids = set(map(int, re.findall(r"pid\D*(\d+)", str(exc))))
+            for guard in list(_GUARDS):
+                workers = getattr(guard.batches, "_workers", ())
+                if pids & {w.pid for w in workers}:
+                    batches = guard.batches
+                    error = guard.explain(exc, batches)
+                    guard.abort(batches)
+                    if error is not None:
+                        raise error from exc
+            raise
+
+
+def _translate_sigchld() -> None:
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGCHLD"):
+        return
+    current = signal.getsignal(signal.SIGCHLD)
+    if callable(current) and not isinstance(current, _SigchldTranslator):  # torch's is set
+        signal.signal(signal.SIGCHLD, _SigchldTranslator(current))
 
 
 class _Handler:
