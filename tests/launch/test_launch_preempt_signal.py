@@ -142,3 +142,26 @@ def test_sigusr2_to_gpukit_run_stops_the_workers_cleanly(start_run) -> None:
     assert int((run.out / "stopped-0").read_text()) >= 1  # the worker left its loop, not killed
     assert "requeue" not in run.output()  # not a SLURM job: nothing to requeue
     assert_none_survive(run.marker)
+
+
+@pytest.mark.parametrize(("sent", "requeued"), [("SIGUSR2", True), ("SIGTERM", False)])
+def test_srun_python_rank_0_requeues_as_it_exits(tmp_path: Path, sent: str, requeued: bool) -> None:
+    # What a Session does under `srun python train.py`, without torch: catch, arm, be signalled, exit.
+    import subprocess
+
+    _fake_scontrol(tmp_path)
+    code = (
+        "import os, signal, sys\n"
+        "from gpukit.launch._preemption import install_preemption_handler, session_stop_signals\n"
+        "from gpukit.launch._requeue import requeue_at_exit\n"
+        "install_preemption_handler(session_stop_signals())\n"
+        "assert requeue_at_exit()\n"
+        f"os.kill(os.getpid(), signal.{sent})\n"
+        "sys.exit(0)  # the loop saved and left\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUKIT_LAUNCHER_PID", "TORCHELASTIC_RUN_ID")}
+    env.update(SLURM_JOB, PATH=f"{tmp_path}:{env['PATH']}", GPUKIT_MAX_REQUEUES="3")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "calls").exists() is requeued
+    assert ("SLURM job 77 requeued (requeue 1 of at most 3)" in result.stderr) is requeued
