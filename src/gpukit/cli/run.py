@@ -147,9 +147,13 @@ def run(
     CUDA_VISIBLE_DEVICES of the claimed GPUs. Ctrl-C/SIGTERM: SIGTERM to every worker,
     SIGKILL after --grace.
 
+    Under SLURM (`srun gpukit run`) or in a Kubernetes PyTorchJob pod, the node
+    flags come from the scheduler.
+
     \b
     Exit code: 0 success; the failed worker's code; 75 preempted (stopped by
-    SIGTERM and every worker exited cleanly: requeue); 128+N killed by signal N;
+    SIGTERM or the --signal and every worker exited cleanly: requeue -- under
+    SLURM node 0 has already requeued the job); 128+N killed by signal N;
     2 bad input.
     """
     from gpukit.launch import RunInterruptedError, WorkerFailedError, launch_script, node_topology
