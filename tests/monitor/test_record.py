@@ -285,6 +285,7 @@ def test_recording_on_a_gpu_has_allocator_and_nvml_figures(tmp_path: Path) -> No
     session.recorder.on_sample(read_system(session.accelerator, session.device, lambda: None))
     session.close()
     lines = _lines(tmp_path / "rank0.jsonl")
+    assert lines[0]["gpu_name"] == torch.cuda.get_device_name(session.device)
     steps = [line for line in lines if line["type"] == "step"]
     assert len(steps) == 5 and all(isinstance(s["scalars"]["loss"], float) for s in steps)
     sample = next(line for line in lines if line["type"] == "sys")
@@ -305,3 +306,25 @@ def test_live_tensorboard_gets_step_lines_merged_to_a_few_points_per_flush() -> 
     assert steps[0]["step_s"] == pytest.approx(0.02)
     assert [line["type"] for line in thinned].count("sys") == 1
     assert thin_steps(lines[:5], 10) == lines[:5]
+
+
+def test_leak_warnings_and_restarts_become_events(tmp_path: Path, monkeypatch) -> None:
+    from gpukit.memory import LeakWatcher
+
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")  # this process is the run's 2nd restart
+    rec = _recorder(tmp_path)
+    watcher = LeakWatcher(warn=False)
+    model = torch.nn.Linear(4, 1)
+    total_loss: object = 0.0
+    for _ in range(20):
+        loss = model(torch.randn(8, 4)).square().mean()
+        loss.backward()
+        total_loss += loss  # the classic leak: every step's graph kept
+        if watcher.step():
+            break
+    rec.close()
+    lines = _lines(rec.path)
+    assert lines[0]["restart_count"] == 2
+    events = [line for line in lines if line["type"] == "event"]
+    assert [e["kind"] for e in events] == ["restart", "leak_warning"]
+    assert events[0]["restart_count"] == 2 and "total_loss" in events[1]["message"]

@@ -16,7 +16,7 @@ def write_record(directory: Path, *, ranks: int = 3, steps: int = 60, straggler:
                               "world_size": ranks, "local_rank": rank, "host": "node0", "pid": 100 + rank,
                               "restart_count": 0, "sample_interval_s": 1.0, "full_steps": 2000,
                               "device": f"cuda:{rank}" if gpu else "cpu", "strategy": "ddp on 3 GPUs",
-                              "precision": "bf16-mixed"}]
+                              "precision": "bf16-mixed", **({"gpu_name": "NVIDIA H100", "gpu_index": rank} if gpu else {})}]
         data_s = 0.004 if rank == straggler else 0.002
         for i in range(steps):
             lines.append({"type": "step", "t": T0 + 0.1 * (i + 1), "step": i, "n": 1, "epoch": 0, "samples": 32,

@@ -26,7 +26,7 @@ def _gpukit(*args: str) -> subprocess.CompletedProcess[str]:
 def test_summary_names_the_straggler_and_where_the_time_went(tmp_path: Path) -> None:
     summary = summarize(read_record(write_record(tmp_path)))
     assert summary.world_size == 3 and summary.finished and summary.precision == "bf16-mixed"
-    assert summary.straggler == 2
+    assert summary.straggler == 2 and summary.devices[1] == "rank 1: cuda:1 (NVIDIA H100, GPU 1)"
     assert "rank 2 is a straggler" in summary.straggler_note and "data wait" in summary.straggler_note
     assert summary.time_split_pct["compute"] == pytest.approx(100 * 0.030 / (0.013 * 2 + 0.015), rel=1e-6)
     figures = summary.ranks[0]

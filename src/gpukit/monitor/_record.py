@@ -309,6 +309,11 @@ def session_recorder(session: Any, record: str | os.PathLike[str] | None) -> Rec
     strategy = session.strategy
     meta = {"device": str(strategy.root_device), "strategy": strategy.describe(),
             "precision": session.precision.name}
+    if strategy.root_device.type == "cuda":  # the GPU's name and NVML index, for the report
+        from gpukit.monitor._system import _gpu_snapshot
+
+        snapshot = _gpu_snapshot(strategy.root_device.index or 0)
+        meta.update(gpu_name=getattr(snapshot, "name", None), gpu_index=getattr(snapshot, "index", None))
     recorder = Recorder(directory, rank=strategy.rank, world_size=strategy.world_size,
                         local_rank=strategy.local_rank, meta=meta, accelerator=session.accelerator,
                         device=strategy.root_device)

@@ -128,7 +128,8 @@ def summarize(record: RunRecord) -> RunSummary:
     return RunSummary(
         world_size=int(first.get("world_size") or len(record.ranks)),
         strategy=first.get("strategy"), precision=first.get("precision"),
-        devices=[f"rank {m.get('rank')}: {m.get('device', '?')}" for m in metas],
+        devices=[f"rank {m.get('rank')}: {m.get('device', '?')}"
+                 + (f" ({m['gpu_name']}, GPU {m.get('gpu_index')})" if m.get("gpu_name") else "") for m in metas],
         hosts=sorted({m.get("host", "?") for m in metas}),
         duration_s=record.duration_s, finished=record.finished,
         restarts=max((int(m.get("restart_count") or 0) for m in metas), default=0),
