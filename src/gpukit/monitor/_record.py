@@ -37,6 +37,7 @@ import json
 import math
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,7 +82,9 @@ def _resolve_tensors(lines: list[dict[str, Any]]) -> None:
     """Replace the logged tensors of queued step windows by floats, on the writer thread.
 
     CPU tensors are read one by one (a microsecond each); tensors on an accelerator are
-    stacked per device and copied in one transfer, so a flush waits for the device once.
+    stacked per device and copied in one transfer, so a flush waits for the device once. The
+    copy runs on this thread's default stream: a loss computed on a side stream should be
+    logged after that stream is synchronised with the default one.
     """
     on_device: dict[Any, list[tuple[list[Any], int]]] = {}
     for line in lines:
@@ -150,6 +153,7 @@ class Recorder:
         self._scalars: dict[str, list[Any]] = {}
         self._queue: collections.deque[dict[str, Any]] = collections.deque()  # append is thread-safe
         self._closed = False
+        self._write_lock = threading.Lock()  # never taken by on_event (it may run in a signal handler)
         self._pid = os.getpid()
         self._tb = _tensorboard_sink(tensorboard, self.directory, rank)
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
@@ -227,17 +231,18 @@ class Recorder:
     # -- output (sampler thread, and close) ----------------------------------------------------
     def flush(self) -> None:
         """Write what is queued and flush it to the OS (the sampler thread does this each interval)."""
-        lines = []
-        while self._queue:
-            lines.append(self._queue.popleft())
-        if not lines:
-            return
-        try:
-            _resolve_tensors(lines)
-        except Exception:  # noqa: BLE001 - a tensor on a lost device: its scalars are left out
-            for line in lines:
-                line.pop("_scalars", None)
-        self._write([_finish(line) for line in lines])
+        with self._write_lock:  # the sampler thread and close() may both flush
+            lines = []
+            while self._queue:
+                lines.append(self._queue.popleft())
+            if not lines:
+                return
+            try:
+                _resolve_tensors(lines)
+            except Exception:  # noqa: BLE001 - a tensor on a lost device: its scalars are left out
+                for line in lines:
+                    line.pop("_scalars", None)
+            self._write([_finish(line) for line in lines])
 
     def _write(self, lines: list[dict[str, Any]]) -> None:
         text = "".join(json.dumps(line, separators=(",", ":"), default=str) + "\n" for line in lines)
@@ -297,7 +302,10 @@ def _tensorboard_sink(tensorboard: Any, directory: Path, rank: int) -> Any:
     if tensorboard == "auto":
         if not tensorboard_available():
             return None
-        tensorboard = directory / "tensorboard"
+        try:
+            return TensorBoardSink(directory / "tensorboard" / f"rank{rank}")
+        except Exception:  # noqa: BLE001 - a broken tensorboard install must not stop the run
+            return None
     return TensorBoardSink(Path(tensorboard) / f"rank{rank}")
 
 
