@@ -6,6 +6,7 @@ One module-scoped set of runs (each launch costs seconds on a small CPU):
   res2    2 processes resume the crash's latest checkpoint (step 3) -> bit-exact with full;
   res1    1 process resumes the same checkpoint (2 -> 1), saving at step 4;
   res12   2 processes resume res1's step 4 (1 -> 2).
+The full run's last checkpoint is then merged (gpukit ckpt convert) and inspected.
 """
 
 from __future__ import annotations
@@ -102,3 +103,54 @@ def test_a_rank_failing_during_save_leaves_no_checkpoint_and_no_hang(tmp_path: P
     assert "rank(s) 1 did not take part" in seen["3"]
     step1 = str(tmp_path / "ck" / "step_00000001")
     assert seen["latest_after_2"] == seen["latest_after_3"] == step1
+
+
+def test_merged_checkpoint_loads_into_the_plain_model(runs: dict[str, dict]) -> None:
+    from safetensors.torch import load_file
+
+    tmp = runs["dirs"]["tmp"]
+    merged = tmp / "model.safetensors"
+    proc = subprocess.run([sys.executable, "-m", "gpukit", "ckpt", "convert", str(tmp / "full"), str(merged)],
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    plain = worker.Stack()
+    plain.load_state_dict(load_file(merged), strict=True)  # the plain model's keys, complete
+    for key, value in plain.state_dict().items():
+        assert torch.equal(value, runs["full"]["state"][key]), key
+
+
+def test_merge_loads_a_bounded_group_at_a_time(runs: dict[str, dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    from safetensors.torch import load_file
+
+    from gpukit.checkpoint import _merge
+
+    step = runs["dirs"]["tmp"] / "full" / f"step_{worker.STEPS:08d}"
+    loaded: list[int] = []
+    real_load = _merge._load
+
+    def counting(*args: object) -> dict[str, torch.Tensor]:
+        group = real_load(*args)  # type: ignore[arg-type]
+        loaded.append(sum(t.numel() * t.element_size() for t in group.values()))
+        return group
+
+    monkeypatch.setattr(_merge, "_load", counting)
+    largest = max(v.numel() * v.element_size() for v in runs["full"]["state"].values())  # 12x12 fp32
+    target = runs["dirs"]["tmp"] / "small-budget.safetensors"
+    _merge.merge_sharded(step, target, budget_bytes=largest)
+    assert len(loaded) > 3 and max(loaded) <= largest  # never the whole model at once
+    assert sum(loaded) == sum(v.numel() * v.element_size() for v in runs["full"]["state"].values())
+    merged = load_file(target)
+    assert all(torch.equal(merged[k], v) for k, v in runs["full"]["state"].items())
+
+
+def test_inspect_understands_sharded_checkpoints(runs: dict[str, dict]) -> None:
+    from gpukit.checkpoint._inspect import convert_checkpoint, inspect_checkpoint
+    from gpukit.errors import ConfigurationError
+
+    tmp = runs["dirs"]["tmp"]
+    sharded = inspect_checkpoint(tmp / "full")["sharded"]  # what `gpukit ckpt inspect --json` prints
+    assert (sharded["world_size"], sharded["shard_files"]) == (2, 2)
+    assert sharded["objects"]["model"]["tensors"] == len(runs["full"]["state"])
+    assert sharded["objects"]["optimizer"]["kind"] == "optimizer"
+    with pytest.raises(ConfigurationError, match="sharded: model, optimizer"):
+        convert_checkpoint(tmp / "full", tmp / "x.safetensors", select="nope")

@@ -31,7 +31,9 @@ from gpukit.checkpoint._formats import (
 from gpukit.checkpoint._io import load, save
 from gpukit.checkpoint._keys import format_indices
 from gpukit.checkpoint._manager import SHARED_FILE, CheckpointManager, rank_file_name
+from gpukit.checkpoint._merge import describe_sharded, merge_sharded
 from gpukit.checkpoint._prefixes import detect_prefixes, strip_wrapper_prefixes
+from gpukit.checkpoint._sharded import is_sharded_checkpoint, sharded_names
 from gpukit.errors import CheckpointError, ConfigurationError, UnsafeCheckpointError
 
 __all__ = ["inspect_checkpoint", "convert_checkpoint", "DTYPES"]
@@ -215,6 +217,10 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     contents = {name: _describe(value) for name, value in shared["objects"].items()}
     contents.update({f"{name} (per rank)": _describe(v) for name, v in rank0["objects"].items()})
     contents["rng (per rank)"] = _describe(rank0["rng"])
+    if is_sharded_checkpoint(step_dir):  # FSDP objects live in the DCP shards, not in state.pt
+        info["sharded"] = describe_sharded(step_dir, int(marker["world_size"]))
+        contents.update({f"{n} (sharded)": f"{o['kind']}, {o['tensors']} tensors, {o['numel']:,} elements"
+                         for n, o in info["sharded"]["objects"].items()})
     info["contents"] = contents
     return info
 
@@ -258,7 +264,8 @@ def convert_checkpoint(
 
     Args:
         source: a checkpoint file, a CheckpointManager step directory (its shared state), or
-            the directory holding the steps (its latest complete step). In gpukit's own step
+            the directory holding the steps (its latest complete step). A sharded (FSDP) step
+            is merged tensor by tensor (``select`` defaults to its model; see ``_merge``). In gpukit's own step
             files ``select`` names a saved object (``"model"``), as in ``save(step, model=...)``.
         target: the file to write.
         strip_prefix: remove ``module.`` / ``_orig_mod.`` from every state dict inside.
@@ -284,6 +291,8 @@ def convert_checkpoint(
             raise CheckpointError(f"{src} is a directory without a complete gpukit checkpoint; give a checkpoint "
                                   "file, a step_NNNNNNNN directory or the directory holding them.")
         src = latest
+    if src.is_dir() and is_sharded_checkpoint(src) and (not select or select.split(".")[0] in sharded_names(src)):
+        return merge_sharded(src, target, select=select, dtype=DTYPES[dtype] if dtype else None, format=format)
     state: Any = load(src / SHARED_FILE if src.is_dir() else src, map_location="cpu" if to_cpu else "auto",
                       trust=trust)
     parts = select.split(".") if select else []
@@ -293,6 +302,8 @@ def convert_checkpoint(
     for part in parts:
         if not isinstance(state, dict) or part not in state:
             have = ", ".join(map(str, state)) if isinstance(state, dict) else type(state).__name__
+            if src.is_dir() and is_sharded_checkpoint(src):
+                have += f"; sharded: {', '.join(sorted(sharded_names(src)))}"
             raise ConfigurationError(f"--select {select!r}: no key {part!r} here; available: {have}.")
         state = state[part]
     if strip_prefix:

@@ -14,6 +14,7 @@ an unsharded model, and ``gpukit ckpt convert`` can merge it tensor by tensor.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,9 @@ def restore_sharded(directory: Path, objects: dict[str, Any], dist: DistContext)
     reader = dcp.FileSystemReader(str(directory))
     try:
         if dist.world_size == 1:
-            dcp.load(state, storage_reader=reader)
+            with warnings.catch_warnings():  # "assuming ... a single process": it is one
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.load(state, storage_reader=reader)
         else:
             dist.run_collective("sharded load", lambda group: dcp.load(state, storage_reader=reader, process_group=group))
     except (dcp.CheckpointException, RuntimeError) as exc:

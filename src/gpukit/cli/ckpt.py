@@ -30,6 +30,10 @@ def _print_report(info: dict[str, Any]) -> None:
         click.echo(f"  step:           {meta['step']} (world size {meta['world_size']})")
         if meta.get("extra"):
             click.echo(f"  extra:          {meta['extra']}")
+    if info.get("sharded"):
+        shards = info["sharded"]
+        click.echo(f"  sharded:        {shards['shard_files']} shard file(s) from world size {shards['world_size']}, "
+                   f"{format_bytes(shards['shard_bytes'])} ({shards['format']}; merge: gpukit ckpt convert DIR OUT)")
     if info.get("unsafe"):
         click.echo(f"  contents:       NOT LOADED - {info['unsafe']}")
         if info.get("pickled_globals"):
