@@ -3,6 +3,9 @@
     python bench/parallel.py                # every comparison
     python bench/parallel.py split          # only the ones named (see COMPARISONS)
 
+On a shared CPU machine run it with ``OMP_NUM_THREADS=1``: with several busy processes,
+torch's spinning intra-op threads make CPU timings swing several-fold.
+
 Comparisons:
 - ``split``: median step time (forward, loss, backward, SGD step) of the unsplit model on one
   device vs ``gpukit.parallel.split`` over two stages with ``chunks=1`` (the tutorial's model
@@ -82,7 +85,7 @@ def compare_split(args: argparse.Namespace) -> None:
         width, depth, batch = 4096, 16, 512
     else:
         devices = [torch.device("cpu"), torch.device("cpu")]
-        width, depth, batch = 512, 8, 128
+        width, depth, batch = 256, 8, 128
     torch.manual_seed(0)
     model = _deep_mlp(width, depth)
     x = torch.randn(batch, width, device=devices[0])
