@@ -121,11 +121,12 @@ def split(
     stages: list[Stage] = []
     first = 0
     for index, (device, count) in enumerate(zip(stage_devices, counts)):
-        stage = Stage(index, device, first, names[first : first + count], modules[first : first + count])
-        for module in stage.modules:
-            module.to(device)
-        stages.append(stage)
+        stages.append(Stage(index, device, first, names[first : first + count], modules[first : first + count]))
         first += count
+    _check_no_shared_parameters(stages)
+    for stage in stages:
+        for module in stage.modules:
+            module.to(stage.device)
     if chunks > 1 and not deferred_batchnorm and has_training_batchnorm(modules):
         warn_at_user_code(UserWarning(
             f"split(chunks={chunks}): the model has BatchNorm layers in training mode; each "
@@ -137,6 +138,24 @@ def split(
     if verbose and os.environ.get("RANK", "0") == "0":
         print(placement_table(split_model, costs, balance is None, example_input is not None), file=sys.stderr)
     return split_model
+
+
+def _check_no_shared_parameters(stages: list[Stage]) -> None:
+    """A parameter tied between layers (e.g. embedding and output weights) cannot live on two
+    devices: refuse a cut between its users before anything moves."""
+    owner: dict[int, tuple[int, str]] = {}
+    for stage in stages:
+        for layer_name, module in zip(stage.names, stage.modules):
+            for name, param in module.named_parameters(remove_duplicate=False):
+                key = f"{layer_name}.{name}" if layer_name else name
+                first_stage, first_key = owner.setdefault(id(param), (stage.index, key))
+                if first_stage != stage.index:
+                    raise ConfigurationError(
+                        f"split(): {first_key!r} (stage {first_stage}) and {key!r} (stage "
+                        f"{stage.index}) are the same tied parameter, which cannot sit on two "
+                        "devices. Choose a balance that keeps the layers sharing it in one stage, "
+                        "or untie the weights."
+                    )
 
 
 def placement_table(model: SplitModel, costs: list[LayerCost], balanced: bool, planned: bool) -> str:
