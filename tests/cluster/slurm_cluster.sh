@@ -15,6 +15,7 @@
 # Exit codes of `start`: 0 running; 3 slurm is not installed and cannot be (not root, no
 # apt-get, no network) -- the reason is on stderr; 4 installed but did not come up (logs in DIR).
 set -uo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"  # the daemons live there; a non-login root shell may lack it
 
 ACTION="${1:-}"
 DIR="${2:-}"

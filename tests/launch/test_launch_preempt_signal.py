@@ -61,6 +61,12 @@ def test_sessions_catch_the_warning_only_where_a_scheduler_or_launcher_sends_it(
     for key in ("GPUKIT_LAUNCHER_PID", "TORCHELASTIC_RUN_ID", "GPUKIT_PREEMPT_SIGNAL", *SLURM_JOB):
         monkeypatch.delenv(key, raising=False)
     assert signal.SIGUSR2 not in session_stop_signals()  # plain python: USR2 stays the user's
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    assert signal.SIGUSR2 not in session_stop_signals()  # torchrun outside SLURM: the same
+    monkeypatch.setenv("GPUKIT_LAUNCHER_PID", "1")
+    assert signal.SIGUSR2 in session_stop_signals()  # gpukit run treats it as preemption
+    monkeypatch.delenv("GPUKIT_LAUNCHER_PID")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
     for key, value in SLURM_JOB.items():
         monkeypatch.setenv(key, value)
     assert signal.SIGUSR2 in session_stop_signals()

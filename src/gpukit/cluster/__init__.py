@@ -18,7 +18,14 @@ from gpukit.cluster._requeue import (
     check_max_requeues,
     requeue_job,
 )
-from gpukit.cluster._slurm import PORT_BASE, PORT_SPAN, agent_tasks_problem, gpu_mismatch, slurm_port
+from gpukit.cluster._slurm import (
+    PORT_BASE,
+    PORT_SPAN,
+    agent_tasks_problem,
+    gpu_mismatch,
+    in_slurm_job,
+    slurm_port,
+)
 
 __all__ = [
     "environment",
@@ -31,6 +38,7 @@ __all__ = [
     "PORT_SPAN",
     "gpu_mismatch",
     "agent_tasks_problem",
+    "in_slurm_job",
     "requeue_job",
     "RequeueOutcome",
     "check_max_requeues",

@@ -191,16 +191,16 @@ def session_stop_signals() -> tuple[int, ...]:
     SIGTERM and SIGINT under a launcher (``gpukit run`` sets ``GPUKIT_LAUNCHER_PID``, torchrun
     ``TORCHELASTIC_RUN_ID``; torchrun forwards Ctrl-C as SIGINT); SIGTERM alone under plain
     ``python``, where Ctrl-C should still interrupt at once. Plus the preemption signal
-    (:func:`preempt_signal`) under ``gpukit run``, in an ``srun`` task, or when
-    ``GPUKIT_PREEMPT_SIGNAL`` is set: SLURM may send it to every process of the job.
+    (:func:`preempt_signal`) under ``gpukit run``, in a SLURM job (SLURM may send it to every
+    process of the job), or when ``GPUKIT_PREEMPT_SIGNAL`` is set; elsewhere SIGUSR1/2 keep
+    whatever meaning the program gives them.
     """
-    from gpukit.cluster import environment
+    from gpukit.cluster import in_slurm_job
     from gpukit.launch._orphans import LAUNCHER_PID_ENV
 
     launched = bool(os.environ.get(LAUNCHER_PID_ENV) or os.environ.get("TORCHELASTIC_RUN_ID"))
     signals = [signal.SIGTERM, signal.SIGINT] if launched else [signal.SIGTERM]
-    cluster = environment()
-    if launched or os.environ.get(PREEMPT_SIGNAL_ENV) or (cluster.kind == "slurm" and cluster.in_step):
+    if os.environ.get(LAUNCHER_PID_ENV) or os.environ.get(PREEMPT_SIGNAL_ENV) or in_slurm_job(os.environ):
         warning = preempt_signal()
         if warning not in signals:
             signals.append(warning)
