@@ -136,12 +136,14 @@ stop_cluster() {
   export SLURM_CONF="$DIR/slurm.conf"
   if [[ -f "$SLURM_CONF" ]]; then
     scancel --full --quiet --partition=test >/dev/null 2>&1 || true
-    local pidfile
+    local pidfile pids=() pid
     for pidfile in "$DIR"/slurmd-node*.pid "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
-      [[ -f "$pidfile" ]] || continue
-      local pid; pid="$(cat "$pidfile")"
-      kill "$pid" 2>/dev/null || continue
-      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      [[ -f "$pidfile" ]] && pids+=("$(cat "$pidfile")")
+    done
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done  # all at once, then wait
+    local deadline=$((SECONDS + 5))
+    for pid in "${pids[@]}"; do
+      while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
       kill -9 "$pid" 2>/dev/null || true
     done
   fi
