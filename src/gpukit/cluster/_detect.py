@@ -23,6 +23,7 @@ import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal
 
 from gpukit.cluster._slurm import in_slurm_job, in_slurm_step, read_slurm, slurm_gpus
@@ -58,7 +59,7 @@ class ClusterEnvironment:
         restart_count: Times the scheduler requeued the job (``SLURM_RESTART_COUNT``).
         hosts: The job's host names, in order (SLURM), else empty.
         in_step: Under SLURM, whether this is an ``srun`` task (``False``: the batch script).
-        variables: The environment variables the detection read, for reports.
+        variables: The environment variables the detection read, for reports (read-only).
     """
 
     kind: Kind = "local"
@@ -212,7 +213,7 @@ def environment(environ: Mapping[str, str] | None = None) -> ClusterEnvironment:
     else:
         kind, fields = "local", {}
     fields.update(_scheduler(env))
-    variables = {k: v for k, v in env.items() if k.startswith(_READ_PREFIXES) or k in _READ_NAMES}
+    variables = MappingProxyType({k: v for k, v in env.items() if k.startswith(_READ_PREFIXES) or k in _READ_NAMES})
     return ClusterEnvironment(kind=kind, variables=variables, **fields)  # type: ignore[arg-type]
 
 

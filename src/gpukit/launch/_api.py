@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gpukit._cpu import usable_cpu_count
 from gpukit.cluster import MAX_REQUEUES_ENV, announce, check_max_requeues, environment
 from gpukit.errors import ConfigurationError
 from gpukit.launch._cluster import node_topology, scheduler_gpu_count
@@ -147,8 +148,9 @@ def _worker_env(plan: DevicePlan, *, nproc: int, grace_s: float, run_id: str) ->
         **plan.env,
     }
     if "OMP_NUM_THREADS" not in os.environ:
-        # Like torchrun: N workers each using every core would oversubscribe the CPU.
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+        # Like torchrun: N workers each using every core would oversubscribe the CPU. The
+        # affinity mask, not the machine's count: SLURM (--cpus-per-task) or a container limits it.
+        env["OMP_NUM_THREADS"] = str(max(1, usable_cpu_count() // nproc))
     return env
 
 
