@@ -132,3 +132,12 @@ def test_true_precision_hooks_run_around_the_pipeline() -> None:
         assert next(model.parameters()).dtype == torch.bfloat16
     assert outs[1].dtype == outs[0].dtype == torch.float32
     torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2)
+
+
+def test_pipeline_by_name_with_cpu_stages() -> None:
+    session = gpukit.Session(strategy="pipeline", devices=["cpu", "cpu"], verbose=False)
+    assert isinstance(session.strategy, PipelineStrategy) and session.strategy.chunks == 1
+    assert session.device == torch.device("cpu") and session.world_size == 1
+    model = session.setup(mlp())
+    # weighed by parameter bytes 1664, 0, 4224, 0, 4224, 0, 660: the best cut is 5888 / 4884
+    assert [len(stage.names) for stage in model.stages] == [3, 4]
