@@ -15,7 +15,8 @@ import pytest
 from launch_helpers import assert_none_survive, poll
 from slurm_helpers import SRC, TRAIN, SlurmCluster
 
-pytestmark = pytest.mark.slow
+# The first test's set-up may install the slurm packages (apt-get) before the cluster starts.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PYTHON = sys.executable
 
