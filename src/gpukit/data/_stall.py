@@ -101,7 +101,9 @@ class StallGuard:
         self._waiting = False
         self._previous: Any = None
         self._shm_checked = False
-        self._watchdog: _Watchdog | None = None
+        self._watched = False
+        self.watched_ident: int | None = None
+        self.warned_since: float | None = None
         self.batches: Iterator[Any] | None = None  # the pass under way
         self.waiting_since: float | None = None  # fallback without SIGALRM: the watchdog reads it
 
@@ -122,8 +124,9 @@ class StallGuard:
             or signal.getitimer(signal.ITIMER_REAL)[0]  # someone else's timer is running
             or previous not in (signal.SIG_DFL, None)  # the program handles SIGALRM itself
         ):
-            if self._watchdog is None:
-                self._watchdog = _Watchdog(self, threading.current_thread())
+            if not self._watched:
+                self._watched = True
+                _watch(self)
             return
         self._previous = previous
         signal.signal(signal.SIGALRM, _Handler(self, previous))
@@ -146,7 +149,7 @@ class StallGuard:
     # -- per batch --------------------------------------------------------------------------
     def fetch(self, batches: Iterator[Any]) -> Any:
         """``next(batches)``, turning a stall into :class:`DataStallError`."""
-        alarm, watched = self._alarm, self._watchdog is not None
+        alarm, watched = self._alarm, self._watched
         try:
             if alarm:
                 self._waiting = True
@@ -261,29 +264,35 @@ class StallGuard:
             ))
 
 
-class _Watchdog(threading.Thread):
-    """Where SIGALRM is not ours: print where the dataset is stuck, once per stalled wait."""
+_WATCHED: weakref.WeakSet[StallGuard] = weakref.WeakSet()  # guards without SIGALRM
+_watchdog: threading.Thread | None = None
+_watchdog_lock = threading.Lock()
 
-    def __init__(self, guard: StallGuard, watched: threading.Thread) -> None:
-        super().__init__(name="gpukit-data-watchdog", daemon=True)
-        self.guard, self.watched = weakref.proxy(guard), watched
-        self.start()
 
-    def run(self) -> None:
-        warned: float | None = None
-        try:
-            while self.watched.is_alive():
-                time.sleep(min(1.0, self.guard.timeout_s / 4))
-                since = self.guard.waiting_since
-                if since is None or since == warned:
-                    continue
-                if time.monotonic() - since > self.guard.timeout_s:
-                    warned = since
-                    frame = sys._current_frames().get(self.watched.ident or -1)
-                    print(f"gpukit: {self.guard._hang_message(None, frame)} (still waiting: this "
-                          "thread cannot be interrupted)", file=sys.stderr, flush=True)
-        except ReferenceError:
-            return  # the loader is gone
+def _watch(guard: StallGuard) -> None:
+    """Have the one watchdog thread of the process look after ``guard``'s waits."""
+    global _watchdog
+    guard.watched_ident = threading.get_ident()
+    _WATCHED.add(guard)
+    with _watchdog_lock:
+        if _watchdog is None or not _watchdog.is_alive():
+            _watchdog = threading.Thread(target=_watch_loop, name="gpukit-data-watchdog", daemon=True)
+            _watchdog.start()
+
+
+def _watch_loop() -> None:
+    """Print where a dataset is stuck once its wait passes the timeout (once per wait)."""
+    while True:
+        time.sleep(0.25)
+        now = time.monotonic()
+        for guard in list(_WATCHED):
+            since = guard.waiting_since
+            if since is None or since == guard.warned_since or now - since <= guard.timeout_s:
+                continue
+            guard.warned_since = since
+            frame = sys._current_frames().get(guard.watched_ident or -1)
+            print(f"gpukit: {guard._hang_message(None, frame)} (still waiting: this thread "
+                  "cannot be interrupted)", file=sys.stderr, flush=True)
 
 
 _GUARDS: weakref.WeakSet[StallGuard] = weakref.WeakSet()  # passes with workers under way
