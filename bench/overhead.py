@@ -98,24 +98,30 @@ def timed(step: Callable[[], None], sync: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
+def interleaved(a: Callable[[], None], b: Callable[[], None], steps: int, warmup: int,
+                sync: Callable[[], None]) -> tuple[float, float]:
+    """Median step times of ``a`` and ``b``, run one step each in turn (alternating which first)."""
+    for _ in range(warmup):
+        a()
+        b()
+    t_a, t_b = [], []
+    for i in range(steps):
+        if i % 2:
+            t_a.append(timed(a, sync))
+            t_b.append(timed(b, sync))
+        else:
+            t_b.append(timed(b, sync))
+            t_a.append(timed(a, sync))
+    return statistics.median(t_a), statistics.median(t_b)
+
+
 def compare(name: str, build, device: torch.device, steps: int, warmup: int) -> None:
     accelerator = get_accelerator(device)
     model, data, batch = build()
     plain = plain_stepper(copy.deepcopy(model), data, batch, device)
     ours = session_stepper(copy.deepcopy(model), data, batch, device)
     sync = lambda: accelerator.synchronize(device)  # noqa: E731
-    for _ in range(warmup):
-        plain()
-        ours()
-    t_plain, t_ours = [], []
-    for i in range(steps):  # alternate which goes first, too
-        if i % 2:
-            t_plain.append(timed(plain, sync))
-            t_ours.append(timed(ours, sync))
-        else:
-            t_ours.append(timed(ours, sync))
-            t_plain.append(timed(plain, sync))
-    m_plain, m_ours = statistics.median(t_plain), statistics.median(t_ours)
+    m_plain, m_ours = interleaved(plain, ours, steps, warmup, sync)
     line = (f"{name:<4} {str(device):<7} plain {m_plain * 1e3:8.3f} ms  session {m_ours * 1e3:8.3f} ms"
             f"  ratio {m_ours / m_plain:6.3f}  (overhead {100 * (m_ours / m_plain - 1):+.2f}%)")
     peaks = []

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from overhead import cnn, mlp, session_stepper, timed  # noqa: E402  (the Session bench's models and loop)
+from overhead import cnn, interleaved, mlp, session_stepper  # noqa: E402  (the Session bench's models and loop)
 
 from gpukit.accelerators import get_accelerator  # noqa: E402
 from gpukit.monitor import tensorboard_available  # noqa: E402
@@ -34,21 +33,9 @@ def compare(name: str, build, device: torch.device, steps: int, warmup: int, dir
     model, data, batch = build()
     plain = session_stepper(copy.deepcopy(model), data, batch, device)
     rec = session_stepper(copy.deepcopy(model), data, batch, device, record=str(directory / name))
-    sync = lambda: accelerator.synchronize(device)  # noqa: E731
-    for _ in range(warmup):
-        plain()
-        rec()
-    t_plain, t_rec = [], []
-    for i in range(steps):
-        if i % 2:
-            t_plain.append(timed(plain, sync))
-            t_rec.append(timed(rec, sync))
-        else:
-            t_rec.append(timed(rec, sync))
-            t_plain.append(timed(plain, sync))
+    m_plain, m_rec = interleaved(plain, rec, steps, warmup, lambda: accelerator.synchronize(device))
     plain.session.close()
     rec.session.close()
-    m_plain, m_rec = statistics.median(t_plain), statistics.median(t_rec)
     size = (directory / name / "rank0.jsonl").stat().st_size
     print(f"{name:<4} {str(device):<7} not recording {m_plain * 1e3:8.3f} ms  recording {m_rec * 1e3:8.3f} ms"
           f"  ratio {m_rec / m_plain:6.3f}  (overhead {100 * (m_rec / m_plain - 1):+.2f}%)"

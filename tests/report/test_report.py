@@ -77,6 +77,15 @@ def test_unreadable_records_are_clear_errors(tmp_path: Path) -> None:
         read_record(tmp_path)
 
 
+def test_non_finite_values_are_gaps_not_broken_paths() -> None:
+    from gpukit.report._svg import Series, chart
+
+    svg = chart([Series("loss", [0, 1, 2, 3], [1.0, float("nan"), float("inf"), 0.5], "#000")],
+                title="loss", x_label="step")
+    d = re.search(r'class="series" d="([^"]+)"', svg).group(1)
+    assert "nan" not in svg.lower() and "inf" not in d and d.count("M") == 2
+
+
 def test_nice_ticks_are_round_and_cover_the_range() -> None:
     assert nice_ticks(0, 9.3) == [0, 2, 4, 6, 8, 10]
     assert nice_ticks(0.0013, 0.0042)[0] <= 0.0013 and nice_ticks(0.0013, 0.0042)[-1] >= 0.0042

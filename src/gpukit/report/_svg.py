@@ -88,7 +88,9 @@ def chart(series: Sequence[Series], *, title: str, x_label: str, y_format: Calla
         markers: vertical dashed lines at x with a label (events).
     """
     fmt = y_format or _fmt_number
-    lines = [(s, *_thin(s.xs, s.ys)) for s in series if len(s.xs)]
+    # a NaN or infinite loss is a gap in its line, not a broken chart
+    lines = [(s, *_thin(s.xs, [y if isinstance(y, (int, float)) and math.isfinite(y) else None for y in s.ys]))
+             for s in series if len(s.xs)]
     if stacked:
         running: list[float] = []
         stacked_lines = []
