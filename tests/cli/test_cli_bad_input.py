@@ -231,3 +231,26 @@ def test_torch_file_declaring_an_absurd_storage_is_refused(tmp_path: Path, capsy
     err = one_line_error(capsys, "ckpt", "inspect", str(bad))
     assert "record size (16 bytes) does not match expected size (400000000000 bytes" in err
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # KiB: nothing was allocated
+
+
+def test_stop_signal_while_reaching_the_master_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM while node 1 still tries to reach node 0 (no worker started): 143 and one line, no traceback.
+
+    The signal handler raises StopSignal wherever the main thread is; here that is inside
+    torch's rendezvous set-up, which is where it is injected.
+    """
+    import signal
+
+    from torch.distributed.elastic.rendezvous import registry
+
+    from gpukit.launch._signals import StopSignal
+
+    def stopped(*_args: object) -> None:
+        raise StopSignal(signal.SIGTERM)
+
+    monkeypatch.setattr(registry, "get_rendezvous_handler", stopped)
+    code, _out, err = run_gpukit(capsys, "run", "--cpu", "--nnodes", "2", "--node-rank", "1",
+                                 "--master-addr", "127.0.0.1", "x.py")
+    assert code == 128 + signal.SIGTERM and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("gpukit: ") and "SIGTERM" in err, err

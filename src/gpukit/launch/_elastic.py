@@ -306,6 +306,8 @@ def run_workers(
         with _environ(env), _quiet_torch_logs(verbose), launcher_signals(preempt_signal):
             try:
                 handler = registry.get_rendezvous_handler(_rendezvous_parameters(topology, run_id))
+            except StopSignal as exc:  # stopped while still reaching the master: no worker ran
+                raise RunInterruptedError(exc.signum, preempted=False, grace_s=grace_s) from None
             except (RendezvousError, RuntimeError, ValueError, TimeoutError) as exc:
                 raise _rendezvous_error(exc, topology) from exc
             spec = WorkerSpec(
