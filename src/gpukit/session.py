@@ -97,8 +97,8 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             raise ConfigurationError(
                 f"accumulate_grad_batches={accumulate_grad_batches!r}; use an int >= 1."
             )
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise ConfigurationError(f"seed={seed!r}; use an int or None.")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
+            raise ConfigurationError(f"seed={seed!r}; use an int or None (ints from 0 to 2**63 - 1).")
         self._init_memory(oom, watch_memory, sync_batchnorm)  # checks them before any set-up
         if accelerator == "auto" and os.environ.get("GPUKIT_CPU") == "1":
             accelerator = "cpu"  # `gpukit run --cpu`: gloo on the CPU even where GPUs exist

@@ -254,3 +254,12 @@ def test_stop_signal_while_reaching_the_master_is_one_line(monkeypatch: pytest.M
                                  "--master-addr", "127.0.0.1", "x.py")
     assert code == 128 + signal.SIGTERM and "Traceback" not in err, err
     assert err.strip().splitlines()[-1].startswith("gpukit: ") and "SIGTERM" in err, err
+
+
+@pytest.mark.parametrize("seed", [10**30, -1, 2**63])
+def test_session_seed_outside_torch_range_is_one_clear_error(seed: int) -> None:
+    import gpukit
+    from gpukit.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"ints from 0 to 2\*\*63 - 1"):
+        gpukit.Session(seed=seed)

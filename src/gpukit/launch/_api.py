@@ -92,7 +92,8 @@ def _check_topology(topology: Topology) -> None:
     if not 1 <= topology.master_port <= 65535:
         raise ConfigurationError(f"--master-port must be in 1..65535, got {topology.master_port}.")
     if not 0 < topology.rdzv_timeout_s < math.inf:
-        raise ConfigurationError(f"--rdzv-timeout must be a finite number of seconds > 0, got {topology.rdzv_timeout_s}.")
+        raise ConfigurationError(
+            f"--rdzv-timeout must be a finite number of seconds > 0, got {topology.rdzv_timeout_s}.")
 
 
 def _check_target(target: str, module: bool) -> None:
