@@ -16,6 +16,13 @@ Comparisons:
   unsplit model run on 4 micro-batches in a plain loop) separates the cost of smaller matrix
   products from the pipeline's own.
 
+- ``fsdp``: DDP vs FSDP (``Session(strategy=...)``) with 2 processes (``gpukit run --cpu`` on
+  the CPU, ``--gpus 2`` where two GPUs are visible) on a stack of transformer layers with
+  Adam (FSDP's model built on the meta device, as for a model too big for one device): per-rank bytes of parameters, gradients and optimizer state (the local tensors), the
+  process's RSS and peak RSS above what it held before the model was built (plus
+  ``max_memory_allocated`` on GPUs), and the median step time. Each strategy is one launch of
+  this file in worker mode (``_fsdp_worker``), back to back in one run.
+
 To add a comparison: write ``compare_<name>(args)`` that prints its rows, and register it in
 ``COMPARISONS``; shared options live in ``main``'s parser.
 """
@@ -23,6 +30,7 @@ To add a comparison: write ``compare_<name>(args)`` that prints its rows, and re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import time
@@ -112,12 +120,108 @@ def compare_split(args: argparse.Namespace) -> None:
           f"{median['chunks=4'] / median['unsplit/4']:.3f}", flush=True)
 
 
+# -- fsdp: DDP vs FSDP at 2 processes -------------------------------------------------------------
+FSDP_LAYERS, FSDP_WIDTH, FSDP_BATCH, FSDP_SEQ = 8, 512, 4, 32
+
+
+def _local_bytes(tensors: list[torch.Tensor]) -> int:
+    return sum((t.to_local() if hasattr(t, "to_local") else t).numel() * t.element_size() for t in tensors)
+
+
+def _fsdp_worker(strategy: str, out: str, steps: int, warmup: int) -> None:
+    """One rank of the fsdp comparison (started by ``gpukit run``); rank 0 writes every rank's figures."""
+    import json
+    import resource
+
+    import psutil
+
+    import gpukit
+
+    process = psutil.Process()
+    session = gpukit.Session(strategy=strategy, precision="32-true", seed=0, verbose=False)
+    rss_before = process.memory_info().rss
+    # FSDP as used for big models: built on the meta device, each rank allocates only its shards
+    with torch.device("meta") if strategy == "fsdp" else contextlib.nullcontext():
+        model = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(FSDP_WIDTH, 8, 4 * FSDP_WIDTH, dropout=0.0, batch_first=True), FSDP_LAYERS,
+            enable_nested_tensor=False)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model, optimizer = session.setup(model, optimizer)
+    x = torch.randn(FSDP_BATCH, FSDP_SEQ, FSDP_WIDTH, device=session.device)
+    times, grads = [], 0
+    for i in range(warmup + steps):
+        session.barrier()
+        start = time.perf_counter()
+        session.backward(model(x).pow(2).mean())
+        grads = _local_bytes([p.grad for p in model.parameters() if p.grad is not None])
+        session.step(optimizer)
+        session.accelerator.synchronize(session.device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    mine = {
+        "params": _local_bytes(list(model.parameters())), "grads": grads, "optimizer": _local_bytes(state),
+        "rss": process.memory_info().rss - rss_before,
+        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before,
+        "gpu_peak": torch.cuda.max_memory_allocated(session.device) if session.device.type == "cuda" else None,
+        "step_s": statistics.median(times),
+    }
+    gathered = [None] * session.world_size
+    torch.distributed.all_gather_object(gathered, mine)
+    if session.is_main:
+        with open(out, "w") as f:
+            json.dump(gathered, f)
+    session.close()
+
+
+def compare_fsdp(args: argparse.Namespace) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from gpukit._units import format_bytes
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    where = ["--gpus", "2"] if gpus >= 2 else ["--cpu", "--nproc", "2"]
+    steps, warmup = max(3, args.steps // 3), max(1, args.warmup // 2)
+    found: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for strategy in ("ddp", "fsdp"):
+            out = os.path.join(tmp, f"{strategy}.json")
+            subprocess.run([sys.executable, "-m", "gpukit", "run", *where, __file__, "_fsdp_worker", strategy, out,
+                            str(steps), str(warmup)], check=True)
+            with open(out) as f:
+                found[strategy] = json.load(f)
+    params = sum(p.numel() for p in nn.TransformerEncoderLayer(FSDP_WIDTH, 8, 4 * FSDP_WIDTH).parameters())
+    print(f"fsdp: {FSDP_LAYERS}x TransformerEncoderLayer({FSDP_WIDTH}) ({FSDP_LAYERS * params / 1e6:.1f} M params), "
+          f"Adam, batch {FSDP_BATCH}x{FSDP_SEQ} per rank, 2 processes ({' '.join(where)}); "
+          f"median of {steps} steps; per rank (rank 0 / rank 1)")
+    for strategy, ranks in found.items():
+        cell = lambda key: " / ".join(format_bytes(r[key]) for r in ranks)  # noqa: E731
+        gpu = f"  gpu peak {cell('gpu_peak')}" if ranks[0]["gpu_peak"] is not None else ""
+        print(f"  {strategy:<5} params {cell('params')}  grads {cell('grads')}  optimizer {cell('optimizer')}  "
+              f"rss +{cell('rss')}  peak rss +{cell('peak_rss')}{gpu}  step {ranks[0]['step_s'] * 1e3:.0f} ms")
+    ddp, fsdp = found["ddp"][0], found["fsdp"][0]
+    state = lambda r: r["params"] + r["grads"] + r["optimizer"]  # noqa: E731
+    print(f"  fsdp / ddp: params+grads+optimizer {state(fsdp) / state(ddp):.3f}, peak rss "
+          f"{fsdp['peak_rss'] / ddp['peak_rss']:.3f}, step time {fsdp['step_s'] / ddp['step_s']:.3f}", flush=True)
+
+
 COMPARISONS: dict[str, Callable[[argparse.Namespace], None]] = {
     "split": compare_split,
+    "fsdp": compare_fsdp,
 }
 
 
 def main() -> None:
+    import sys
+
+    if sys.argv[1:2] == ["_fsdp_worker"]:  # one rank of compare_fsdp, started by gpukit run
+        strategy, out, steps, warmup = sys.argv[2:6]
+        _fsdp_worker(strategy, out, int(steps), int(warmup))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("comparisons", nargs="*", metavar="NAME",
                         help=f"which to run ({', '.join(COMPARISONS)}); default all")

@@ -69,3 +69,30 @@ def test_fp16_mixed_is_refused_with_a_way_out() -> None:
     strategy.precision = MixedPrecision("16-mixed", torch.device("cpu"))
     with pytest.raises(ConfigurationError, match="bf16-mixed"):
         strategy.setup_module(nn.Linear(2, 2))
+
+
+def test_a_meta_device_model_is_materialised_shard_by_shard() -> None:
+    import gpukit
+
+    session = gpukit.Session(strategy="fsdp", accelerator="cpu", seed=0, verbose=False)  # world of 1
+    try:
+        with torch.device("meta"):
+            model = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True), 2,
+                                          enable_nested_tensor=False)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        model, optimizer = session.setup(model, optimizer)
+        params = list(model.parameters())
+        assert all(p.device.type == "cpu" and p.to_local().abs().sum() > 0 for p in params if p.dim() == 2)
+        assert {id(p) for p in optimizer.param_groups[0]["params"]} == {id(p) for p in params}
+        session.backward(model(torch.randn(2, 3, 8)).pow(2).mean())
+        assert session.step(optimizer)
+
+        class NoInit(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.w = nn.Parameter(torch.ones(2))
+
+        with torch.device("meta"), pytest.raises(ConfigurationError, match="no reset_parameters"):
+            session.setup(NoInit())
+    finally:
+        session.close()

@@ -82,8 +82,13 @@ def _shape(text: str) -> tuple[int, ...]:
 @click.option("--precision", default="32-true", show_default=True, help="Precision to plan for: 32-true, bf16-mixed, 16-mixed, bf16-true or 16-true (checked by gpukit.precision).")
 @click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["adam", "adamw", "sgd", "none"]))
 @click.option("--device", default="cuda", show_default=True, help="Device type to plan for (no GPU is needed).")
+@click.option("--strategy", type=click.Choice(["single", "ddp", "fsdp"]), default="single", show_default=True,
+              help="fsdp: per-rank memory with parameters, gradients and optimizer state sharded over --nproc.")
+@click.option("--nproc", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+              help="Processes the model is sharded over (with --strategy fsdp).")
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")
-def plan(model: str, shapes: tuple[str, ...], dtypes: tuple[str, ...], precision: str, optimizer: str, device: str, as_json: bool) -> None:
+def plan(model: str, shapes: tuple[str, ...], dtypes: tuple[str, ...], precision: str, optimizer: str, device: str,
+         strategy: str, nproc: int, as_json: bool) -> None:
     """Predict peak training memory of MODEL (a 'module:factory' returning an nn.Module).
 
     Nothing is allocated on the GPU: the step runs on fake tensors.
@@ -118,4 +123,9 @@ def plan(model: str, shapes: tuple[str, ...], dtypes: tuple[str, ...], precision
         given = ", ".join(f"{t}[{','.join(map(str, d))}]" for d, t in zip(dims, dtype_names))
         raise MemoryPlanError(f"{exc} Inputs given: {given}; check --batch-shape and --dtype "
                               "(token ids need --dtype int64).") from None
+    if strategy == "fsdp":  # per rank: the default wrapping policy's units, sharded over nproc
+        from gpukit.memory import shard_estimate
+        from gpukit.strategies._wrap import unit_param_counts, units_to_shard
+
+        estimate = shard_estimate(estimate, nproc, unit_param_counts(built, units_to_shard(built)))
     click.echo(json.dumps(estimate.to_dict(), indent=2) if as_json else str(estimate))

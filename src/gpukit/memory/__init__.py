@@ -27,6 +27,7 @@ from gpukit.memory._leaks import LeakFinding, LeakWatcher, MemoryLeakWarning, wa
 from gpukit.memory._live import live_tensor_bytes
 from gpukit.memory._measure import measure_peak_memory
 from gpukit.memory._planner import MemoryEstimate, estimate_memory
+from gpukit.memory._shard_plan import shard_estimate
 from gpukit.memory._postmortem import (
     Allocation,
     largest_allocations,
@@ -58,6 +59,7 @@ __all__ = [
     "BatchSizeResult",
     "BatchSizeTrial",
     "estimate_memory",
+    "shard_estimate",
     "MemoryEstimate",
     "measure_peak_memory",
     "free_memory",

@@ -26,7 +26,7 @@ from torch import nn
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["AutoWrap", "BLOCK_TYPES", "DEFAULT_MIN_UNIT_PARAMS", "units_to_shard"]
+__all__ = ["AutoWrap", "BLOCK_TYPES", "DEFAULT_MIN_UNIT_PARAMS", "unit_param_counts", "units_to_shard"]
 
 #: module classes that are a unit of their own under the default policy
 BLOCK_TYPES: tuple[type[nn.Module], ...] = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
@@ -104,3 +104,15 @@ def units_to_shard(
     order = {name: i for i, (name, _) in enumerate(named)}
     # named_modules is pre-order (parents first); fully_shard needs children first
     return sorted(chosen, key=lambda item: -order[item[0]])
+
+
+def unit_param_counts(root: nn.Module, units: list[tuple[str, nn.Module]]) -> list[int]:
+    """Parameters each unit shards (nested units' excluded), the root's remainder last."""
+    owner: dict[int, int] = {}
+    for index, (_name, unit) in enumerate(units):  # innermost first: the first owner wins
+        for p in unit.parameters():
+            owner.setdefault(id(p), index)
+    counts = [0] * (len(units) + 1)
+    for p in root.parameters():
+        counts[owner.get(id(p), len(units))] += p.numel()
+    return counts

@@ -11,6 +11,10 @@ in bf16 and reduces gradients in fp32 (sharded weights and optimizer state stay 
 "bf16-true"/"16-true" keep the weights in 16 bits (norm layers, kept in fp32, become units of
 their own so each unit has one dtype). "16-mixed" is refused: its GradScaler would decide
 "skip this step" per shard.
+
+A model built under ``with torch.device("meta"):`` is sharded first and then allocated and
+initialised shard by shard (``to_empty`` + each module's ``reset_parameters()``), so no rank
+ever holds the full model; the initial values then differ from a CPU-built model's.
 """
 
 from __future__ import annotations
@@ -128,7 +132,12 @@ class FSDPStrategy(DDPStrategy):
         from torch.distributed.fsdp import fully_shard
 
         policies = self._policies()  # refuses what cannot work before anything moves
-        module = unwrap_model(module).to(self.root_device)
+        module = unwrap_model(module)
+        # a model built under torch.device("meta") is materialised shard by shard below: no
+        # rank ever holds the whole model (what a model too big for one device needs)
+        on_meta = any(t.is_meta for t in [*module.parameters(), *module.buffers()])
+        if not on_meta:
+            module = module.to(self.root_device)
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         mesh = init_device_mesh(self.root_device.type, (self.world_size,))
         # "-true" precisions keep norm layers in fp32; a unit must hold one dtype
@@ -138,6 +147,8 @@ class FSDPStrategy(DDPStrategy):
             fully_shard(unit, mesh=mesh, **policies)
         fully_shard(module, mesh=mesh, **policies)
         self.units = [name for name, _ in units]
+        if on_meta:
+            _materialise(module, torch.device("cpu") if self.cpu_offload else self.root_device)
         return module
 
     def setup_optimizer(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -173,6 +184,35 @@ class FSDPStrategy(DDPStrategy):
             f"fsdp rank {self.rank}/{self.world_size} on {self.root_device} with "
             f"{self.accelerator.distributed_backend}, {len(self.units) + 1} unit(s){offload}"
         )
+
+
+def _reset_of(module: nn.Module) -> Any:
+    # nn.MultiheadAttention names its initialiser _reset_parameters
+    for name in ("reset_parameters", "_reset_parameters"):
+        if callable(getattr(module, name, None)):
+            return getattr(module, name)
+    return None
+
+
+def _materialise(module: nn.Module, device: torch.device) -> None:
+    """Allocate the sharded parameters of a meta-device model and initialise them."""
+    module.to_empty(device=device)
+    missing = [
+        name for name, sub in module.named_modules()
+        if any(True for _ in sub.parameters(recurse=False)) or any(True for _ in sub.buffers(recurse=False))
+        if _reset_of(sub) is None
+    ]
+    if missing:
+        raise ConfigurationError(
+            f"The model was built on the meta device, but {', '.join(missing[:5])} "
+            f"{'has' if len(missing) == 1 else 'have'} parameters or buffers and no reset_parameters() "
+            "to initialise them after sharding. Give those modules a reset_parameters(), or build the "
+            "model on the CPU."
+        )
+    with torch.no_grad():
+        for sub in module.modules():
+            if any(True for _ in sub.parameters(recurse=False)) or any(True for _ in sub.buffers(recurse=False)):
+                _reset_of(sub)()  # type: ignore[misc]
 
 
 @contextlib.contextmanager
