@@ -20,7 +20,8 @@ Comparisons:
   the CPU, ``--gpus 2`` where two GPUs are visible) on a stack of transformer layers with
   Adam (FSDP's model built on the meta device, as for a model too big for one device): per-rank bytes of parameters, gradients and optimizer state (the local tensors), the
   process's RSS and peak RSS above what it held before the model was built (plus
-  ``max_memory_allocated`` on GPUs), and the median step time. Each strategy is one launch of
+  ``max_memory_allocated`` on GPUs), and the median step time. Workers run with
+  ``MALLOC_MMAP_THRESHOLD_=131072`` so that RSS follows live memory (see ``compare_fsdp``). Each strategy is one launch of
   this file in worker mode (``_fsdp_worker``), back to back in one run.
 
 To add a comparison: write ``compare_<name>(args)`` that prints its rows, and register it in
@@ -190,8 +191,12 @@ def compare_fsdp(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in ("ddp", "fsdp"):
             out = os.path.join(tmp, f"{strategy}.json")
+            # glibc keeps freed chunks below its (self-raising, up to 32 MiB) mmap threshold in the
+            # heap, so RSS would show what FSDP freed long ago; a fixed threshold makes large
+            # tensors mmap'd and RSS follow live memory, for both strategies alike
+            env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
             subprocess.run([sys.executable, "-m", "gpukit", "run", *where, __file__, "_fsdp_worker", strategy, out,
-                            str(steps), str(warmup)], check=True)
+                            str(steps), str(warmup)], check=True, env=env)
             with open(out) as f:
                 found[strategy] = json.load(f)
     params = sum(p.numel() for p in nn.TransformerEncoderLayer(FSDP_WIDTH, 8, 4 * FSDP_WIDTH).parameters())

@@ -20,6 +20,7 @@ ever holds the full model; the initial values then differ from a CPU-built model
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,14 +35,7 @@ from gpukit.strategies._env import DistEnv
 from gpukit.strategies._wrap import DEFAULT_MIN_UNIT_PARAMS, AutoWrap, units_to_shard
 from gpukit.strategies.ddp import DDPStrategy
 
-__all__ = ["FSDPStrategy", "is_sharded_module"]
-
-
-def is_sharded_module(module: Any) -> bool:
-    """Whether ``module`` holds FSDP2-sharded (DTensor) parameters."""
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(module, nn.Module) and any(isinstance(p, DTensor) for p in module.parameters())
+__all__ = ["FSDPStrategy"]
 
 
 class FSDPStrategy(DDPStrategy):
@@ -148,7 +142,7 @@ class FSDPStrategy(DDPStrategy):
         fully_shard(module, mesh=mesh, **policies)
         self.units = [name for name, _ in units]
         if on_meta:
-            _materialise(module, torch.device("cpu") if self.cpu_offload else self.root_device)
+            _materialise(module, torch.device("cpu") if self.cpu_offload else self.root_device, self.rank)
         return module
 
     def setup_optimizer(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -194,8 +188,13 @@ def _reset_of(module: nn.Module) -> Any:
     return None
 
 
-def _materialise(module: nn.Module, device: torch.device) -> None:
-    """Allocate the sharded parameters of a meta-device model and initialise them."""
+def _materialise(module: nn.Module, device: torch.device, rank: int) -> None:
+    """Allocate the sharded parameters of a meta-device model and initialise them.
+
+    On GPUs DTensor's random-number tracker gives each shard its slice of one random stream.
+    On the CPU it has none: each rank would draw the same numbers for its different slice, so
+    there each rank draws from its own seed (``initial_seed() + rank``) instead.
+    """
     module.to_empty(device=device)
     missing = [
         name for name, sub in module.named_modules()
@@ -209,7 +208,10 @@ def _materialise(module: nn.Module, device: torch.device) -> None:
             "to initialise them after sharding. Give those modules a reset_parameters(), or build the "
             "model on the CPU."
         )
-    with torch.no_grad():
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        if device.type == "cpu":
+            torch.manual_seed(torch.initial_seed() + rank)
+            warnings.filterwarnings("ignore", "DTensor random operators")
         for sub in module.modules():
             if any(True for _ in sub.parameters(recurse=False)) or any(True for _ in sub.buffers(recurse=False)):
                 _reset_of(sub)()  # type: ignore[misc]
