@@ -287,7 +287,7 @@ class CheckpointManager:
             raise CheckpointError(f"{exc} To resume from the checkpoint before it, move {directory} "
                                   "out of the checkpoint directory.") from None
         check_world_size(directory, saved_world, dist.world_size, rank_file["objects"], list(objects))
-        objects = restore_sharded(directory, objects, dist)  # FSDP models/optimizers: from shards
+        objects = restore_sharded(directory, objects, dist, shared_file["objects"])  # FSDP models/optimizers
         available = {**shared_file["objects"], **rank_file["objects"]}
         for name, obj in objects.items():
             if name not in available:

@@ -135,8 +135,49 @@ def sharded_names(directory: Path) -> set[str]:
     return {key.split(".", 1)[0] for key in read_metadata(directory).state_dict_metadata}
 
 
-def restore_sharded(directory: Path, objects: dict[str, Any], dist: DistContext) -> dict[str, Any]:
+def _by_name(optimizer: torch.optim.Optimizer, owner: nn.Module, saved: dict[str, Any]) -> dict[str, Any]:
+    """A plain ``optimizer.state_dict()`` (parameters numbered) keyed by parameter names instead."""
+    names = {id(p): n for n, p in owner.named_parameters()}
+    index_to_name = {
+        index: names[id(p)]
+        for saved_group, group in zip(saved["param_groups"], optimizer.param_groups)
+        for index, p in zip(saved_group["params"], group["params"])
+    }
+    return {
+        "state": {index_to_name[i]: value for i, value in saved["state"].items()},
+        "param_groups": [{**g, "params": [index_to_name[i] for i in g["params"]]} for g in saved["param_groups"]],
+    }
+
+
+def _unsharded_into_sharded(objects: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """Full state saved without sharding (DDP, one process) put into FSDP-sharded objects."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    from gpukit.checkpoint._prefixes import strip_wrapper_prefixes
+
+    targets = {n: o for n, o in split_sharded(objects).items() if n in saved}
+    full = StateDictOptions(full_state_dict=True)
+    models = {n: o for n, o in objects.items() if isinstance(o, nn.Module)}
+    for name, obj in targets.items():
+        try:
+            if isinstance(obj, nn.Module):
+                set_model_state_dict(obj, strip_wrapper_prefixes(saved[name]), options=full)
+            else:
+                owner = _owner(obj, models)
+                set_optimizer_state_dict(owner, obj, _by_name(obj, owner, saved[name]), options=full)  # type: ignore[arg-type]
+        except (RuntimeError, KeyError, ValueError) as exc:
+            raise CheckpointError(f"Cannot load the unsharded state of {name!r} into its FSDP-sharded "
+                                  f"counterpart: {type(exc).__name__}: {exc}") from exc
+    return {n: o for n, o in objects.items() if n not in targets}
+
+
+def restore_sharded(
+    directory: Path, objects: dict[str, Any], dist: DistContext, saved: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Load the sharded objects of ``directory`` into ``objects`` (sharded or not, any world size).
+
+    Also loads an unsharded checkpoint's models and optimizers (``saved``: its shared objects)
+    into FSDP-sharded ones, so a DDP or one-process run can continue under FSDP.
 
     Returns:
         The objects left for the unsharded files.
@@ -146,7 +187,7 @@ def restore_sharded(directory: Path, objects: dict[str, Any], dist: DistContext)
     """
     names = sharded_names(directory) & set(objects)
     if not names:
-        return objects
+        return _unsharded_into_sharded(objects, saved) if saved else objects
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
