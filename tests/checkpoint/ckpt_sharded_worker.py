@@ -77,7 +77,7 @@ def train(args: argparse.Namespace) -> None:
     model, optimizer, scheduler = build(session)
     start = session.resume(args.ckpt, model=model, optimizer=optimizer, scheduler=scheduler) or 0
     for step in range(start + 1, STEPS + 1):
-        x, y = batch(step, session.rank, session.world_size)
+        x, y = session.to_device(batch(step, session.rank, session.world_size))
         session.backward(nn.functional.mse_loss(model(x), y))
         session.step(optimizer)
         scheduler.step()
@@ -97,7 +97,7 @@ def faults(args: argparse.Namespace) -> None:
 
     session = gpukit.Session(strategy="fsdp", verbose=False)
     model, optimizer, scheduler = build(session)
-    session.backward(model(batch(1, session.rank, 2)[0]).sum())
+    session.backward(model(session.to_device(batch(1, session.rank, 2)[0])).sum())
     session.step(optimizer)
     manager = CheckpointManager(args.ckpt)
     report: dict = {}

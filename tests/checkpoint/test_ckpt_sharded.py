@@ -154,3 +154,19 @@ def test_inspect_understands_sharded_checkpoints(runs: dict[str, dict]) -> None:
     assert sharded["objects"]["optimizer"]["kind"] == "optimizer"
     with pytest.raises(ConfigurationError, match="sharded: model, optimizer"):
         convert_checkpoint(tmp / "full", tmp / "x.safetensors", select="nope")
+
+
+@pytest.mark.requires_gpus(2)
+def test_sharded_resume_on_two_gpus_with_nccl(tmp_path: Path) -> None:
+    def run(*args: str, expect_kill: bool = False) -> None:
+        cmd = [sys.executable, "-m", "gpukit", "run", "--gpus", "2", str(WORKER), *args]
+        proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+        assert (proc.returncode != 0) if expect_kill else (proc.returncode == 0), proc.stderr[-3000:]
+
+    run(str(tmp_path / "full"), str(tmp_path / "full.pt"))
+    run(str(tmp_path / "ck"), str(tmp_path / "never.pt"), "--save", "3", "--kill-after", "4", expect_kill=True)
+    run(str(tmp_path / "ck"), str(tmp_path / "res.pt"))
+    full, res = (torch.load(tmp_path / f"{n}.pt", map_location="cpu", weights_only=False) for n in ("full", "res"))
+    assert res["start"] == 3
+    for key, value in full["state"].items():
+        assert torch.equal(res["state"][key], value), key
