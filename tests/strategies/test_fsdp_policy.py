@@ -96,3 +96,26 @@ def test_a_meta_device_model_is_materialised_shard_by_shard() -> None:
             session.setup(NoInit())
     finally:
         session.close()
+
+
+def test_cpu_offload_and_bf16_mixed_gather_in_bf16_keep_fp32_shards() -> None:
+    import gpukit
+
+    strategy = FSDPStrategy(cpu_offload=True, auto_wrap={nn.Linear})
+    session = gpukit.Session(strategy=strategy, accelerator="cpu", precision="bf16-mixed",
+                             accumulate_grad_batches=2, verbose=False)
+    try:
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+        model, optimizer = session.setup(model, torch.optim.Adam(model.parameters()))
+        assert session.strategy.units == ["2", "0"] and session.strategy.cpu_offload
+        seen: list[torch.dtype] = []
+        model[0].register_forward_pre_hook(lambda m, args: seen.append(m.weight.dtype))
+        stepped = []
+        for _ in range(2):
+            with session.accumulate(model), session.autocast():
+                session.backward(model(torch.ones(3, 4)).float().pow(2).sum())
+            stepped.append(session.step(optimizer, clip_grad_norm=0.1))
+        assert stepped == [False, True] and set(seen) == {torch.bfloat16}  # gathered for compute in bf16
+        assert all(p.dtype == torch.float32 for p in model.parameters())  # the shards the optimizer steps
+    finally:
+        session.close()
