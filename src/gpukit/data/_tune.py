@@ -12,30 +12,28 @@ reported apart, and paid once per run with ``persistent_workers``). The search:
    there as the training loop moves them, so the copy is part of the score).
 
 The winner is cached per (dataset fingerprint, batch size, machine) in
-``$GPUKIT_CACHE_DIR`` (default ``~/.cache/gpukit``), so the next run starts tuned.
+``$GPUKIT_CACHE_DIR`` (default ``~/.cache/gpukit``; see ``_tune_cache``), so the next run
+starts tuned.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import platform
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 from gpukit.accelerators import Accelerator
+from gpukit.data._tune_cache import _cache_key, _read_cache, _write_cache
 from gpukit.data._workers import usable_cpu_count
-from gpukit.errors import ConfigurationError, GpukitError
+from gpukit.errors import ConfigurationError
 
 __all__ = [
-    "DEFAULT_TUNE_BUDGET_S", "LoaderSettings", "Trial", "TuneResult", "cache_dir", "tune_for_ranks",
+    "DEFAULT_TUNE_BUDGET_S", "LoaderSettings", "Trial", "TuneResult", "tune_for_ranks",
     "tune_loader",
 ]
 
@@ -43,7 +41,6 @@ __all__ = [
 DEFAULT_TUNE_BUDGET_S = 6.0
 _GAIN = 1.05  # a setting must be 5% faster to replace the best so far
 _MIN_BATCHES = 3  # batches a trial times at least (when the dataset has them)
-_CACHE_FILE = "loader_tuning.json"
 
 
 @dataclass(frozen=True)
@@ -116,15 +113,6 @@ class TuneResult:
             lines.append(f"  {rate}  start-up {t.startup_s:5.2f} s  {t.settings.short()}")
         lines.append(f"  chose {self.settings}")
         return "\n".join(lines)
-
-
-def cache_dir() -> Path:
-    """Where gpukit caches results per machine: ``$GPUKIT_CACHE_DIR`` or ``~/.cache/gpukit``."""
-    env = os.environ.get("GPUKIT_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gpukit"
 
 
 def tune_loader(
@@ -350,71 +338,3 @@ def _check(dataset: Any, batch_size: Any, budget: Any) -> None:
         raise ConfigurationError(f"batch_size={batch_size!r}; tuning needs an int >= 1.")
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
         raise ConfigurationError(f"time_budget_s={budget!r}; use a number of seconds > 0.")
-
-
-# -- the cache ------------------------------------------------------------------------------
-def dataset_fingerprint(dataset: Any) -> str:
-    """Type, length and the first item's structure (shapes and dtypes) of ``dataset``."""
-    parts = [f"{type(dataset).__module__}.{type(dataset).__qualname__}"]
-    try:
-        parts.append(f"len={len(dataset)}")
-    except TypeError:
-        pass
-    if isinstance(dataset, TensorDataset):
-        parts += [f"{tuple(t.shape)}:{t.dtype}" for t in dataset.tensors]
-    else:
-        try:
-            first = dataset[0]
-        except Exception:  # noqa: BLE001 - an unreadable first item: fingerprint without it
-            first = None
-        parts.append(_structure(first))
-    return "|".join(parts)
-
-
-def _structure(obj: Any) -> str:
-    if isinstance(obj, torch.Tensor):
-        return f"tensor{tuple(obj.shape)}:{obj.dtype}"
-    if hasattr(obj, "shape") and hasattr(obj, "dtype"):  # numpy
-        return f"array{tuple(obj.shape)}:{obj.dtype}"
-    if isinstance(obj, (list, tuple)):
-        return "(" + ",".join(_structure(o) for o in obj) + ")"
-    if isinstance(obj, dict):
-        return "{" + ",".join(f"{k}:{_structure(v)}" for k, v in sorted(obj.items(), key=str)) + "}"
-    return type(obj).__name__
-
-
-def _cache_key(dataset: Any, batch_size: int, step_fn: Any, device: torch.device | None,
-               local_world_size: int, cap: int) -> str:
-    machine = [platform.node(), platform.machine(), str(usable_cpu_count()), str(local_world_size),
-               str(cap), str(device.type if device is not None else None), torch.__version__]
-    step = getattr(step_fn, "__qualname__", type(step_fn).__name__) if step_fn is not None else ""
-    text = "\n".join([dataset_fingerprint(dataset), f"batch_size={batch_size}", step, *machine])
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _read_cache(key: str) -> LoaderSettings | None:
-    try:
-        entry = json.loads((cache_dir() / _CACHE_FILE).read_text()).get(key)
-        return LoaderSettings(**entry["settings"]) if entry else None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return None  # no cache yet, or an unreadable one: measure
-
-
-def _write_cache(key: str, settings: LoaderSettings) -> None:
-    from filelock import FileLock
-
-    from gpukit.checkpoint._atomic import atomic_write
-
-    path = cache_dir() / _CACHE_FILE
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(path) + ".lock", timeout=10):
-            try:
-                entries = json.loads(path.read_text())
-            except (OSError, ValueError):
-                entries = {}
-            entries[key] = {"settings": asdict(settings), "time": time.time()}
-            data = json.dumps(entries, indent=1).encode()
-            atomic_write(path, lambda f: f.write(data))
-    except (OSError, GpukitError, TimeoutError):
-        pass  # a cache that cannot be written only means tuning again next time
