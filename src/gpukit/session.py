@@ -40,6 +40,7 @@ from gpukit.monitor._record import Recorder, session_recorder
 from gpukit.placement import to_device, unwrap_model
 from gpukit.precision import Precision, get_precision
 from gpukit.strategies import Strategy, select_strategy
+from gpukit._timeouts import parse_timeout_s
 
 __all__ = ["Session"]
 
@@ -69,6 +70,8 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         watch_memory: True or a step interval: ``watch_memory(every_n_steps)`` at start.
         record: a directory for the run record (per-step timings, ``session.log`` scalars, system
             samples, events; ``gpukit report DIR`` plots it); default ``GPUKIT_RECORD_DIR`` or none.
+        timeout_s: how long a collective waits for a rank that stopped before it raises;
+            default ``GPUKIT_TIMEOUT_S`` (``gpukit run --timeout``) or 1800.
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -88,6 +91,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         oom: str | None = None,
         watch_memory: bool | int = False,
         record: str | os.PathLike[str] | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         if (
             not isinstance(accumulate_grad_batches, int)
@@ -107,10 +111,13 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             devices=devices, precision=precision, strategy=strategy, seed=seed,
             accumulate_grad_batches=accumulate_grad_batches, sync_batchnorm=sync_batchnorm,
             accelerator=accelerator, verbose=verbose, oom=oom, watch_memory=watch_memory, record=record,
+            timeout_s=timeout_s,
         )
         self.strategy: Strategy = select_strategy(
             devices, strategy, accelerator, sync_batchnorm=sync_batchnorm
         )
+        if timeout_s is not None:  # before setup_environment creates the process group
+            self.strategy.timeout_s = parse_timeout_s(timeout_s)
         self.accelerator: Accelerator = self.strategy.accelerator
         self.precision: Precision = get_precision(
             precision, self.accelerator, self.strategy.root_device
@@ -131,6 +138,10 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         from gpukit.launch._requeue import requeue_at_exit
 
         install_preemption_handler(session_stop_signals())  # SIGTERM becomes `should_stop`
+        if self.strategy.launched:  # under gpukit run: the launcher names a rank that stalls
+            from gpukit.launch._heartbeat import start_heartbeat
+
+            start_heartbeat(self.strategy.rank, self.strategy.world_size)
         requeue_at_exit()  # `srun python`: rank 0 requeues a job stopped by --signal, at exit
         if verbose:
             from gpukit.cluster import announce

@@ -96,3 +96,29 @@ def test_preemption_notice_names_no_rank_outside_a_job(monkeypatch, capfd):
     finally:
         _preemption.clear_stop_request()
     assert "rank ?" not in capfd.readouterr().err
+
+
+def test_a_worker_sigkilled_before_the_stop_is_the_root_cause_whatever_the_others_raised():
+    killed = WorkerFailure(rank=1, local_rank=1, pid=7, exitcode=-9, timestamp=101.0, sequence=1, before_stop=True)
+    peer = WorkerFailure(rank=0, local_rank=0, pid=6, exitcode=1, error="RuntimeError: Connection reset by peer",
+                         timestamp=100.0, sequence=0)
+    err = WorkerFailedError([peer, killed])
+    assert err.root is killed and err.exit_code == 137
+    assert str(err).splitlines()[0].endswith("killed by SIGKILL (possibly the out-of-memory killer: see "
+                                             "`dmesg` or `journalctl -k`)")
+    # the launcher's own SIGKILL after the grace period is not called an OOM kill
+    assert WorkerFailure(rank=0, local_rank=0, pid=6, exitcode=-9).describe() == "killed by SIGKILL"
+
+
+def test_a_stalled_rank_is_blamed_over_the_ranks_whose_collective_timed_out():
+    waiting = WorkerFailure(rank=0, local_rank=0, pid=6, exitcode=1, error="DistBackendError: timed out",
+                            timestamp=100.0)
+    stalled = WorkerFailure(rank=1, local_rank=1, pid=7, exitcode=-15, timestamp=101.0,
+                            stalled="rank 1 stalled at t.py:3 in f")
+    err = WorkerFailedError([waiting, stalled])
+    assert err.root is stalled and err.exit_code == 124
+    assert str(err).splitlines()[0].endswith("failed: rank 1 stalled at t.py:3 in f")
+    # a stalled rank that raised an error of its own exits as a raised error
+    raised = WorkerFailure(rank=1, local_rank=1, pid=7, exitcode=-15, error="CheckpointError: x",
+                           stalled="rank 1 stalled")
+    assert WorkerFailedError([waiting, raised]).exit_code == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from gpukit._timeouts import collective_timeout_s
 from gpukit.errors import CheckpointError
 
 __all__ = ["DistContext", "current_dist", "TIMEOUT_ENV", "checkpoint_group", "timeout_s"]
@@ -30,6 +32,8 @@ TIMEOUT_ENV = "GPUKIT_CKPT_TIMEOUT_S"
 _DEFAULT_TIMEOUT_S = 300.0
 _groups: dict[Any, Any] = {}  # the training group -> its checkpoint group
 _rounds = itertools.count()  # every rank runs the same checkpoint collectives in the same order
+#: A collective save waits at most this long for every rank to call it (see check_all_arrived).
+ARRIVAL_TIMEOUT_MAX_S = 60.0
 
 
 def timeout_s() -> float:
@@ -115,6 +119,36 @@ class DistContext:
         if self.world_size == 1:
             return
         self.run_collective("barrier", lambda group: dist.barrier(group=group))
+
+    def check_all_arrived(self, what: str) -> None:
+        """Before a collective save: fail clearly unless every rank called ``what`` too.
+
+        ``if rank == 0: gpukit.save(...)`` would otherwise wait in the save's first collective
+        (creating the checkpoint group, then a broadcast) for a rank that never comes. Counts
+        arrivals on the job's key-value store, which needs no collective.
+
+        Raises:
+            CheckpointError: not every rank arrived within min(60 s, the checkpoint timeout,
+                the collective timeout ``GPUKIT_TIMEOUT_S``).
+        """
+        store = _store() if self.world_size > 1 else None
+        if store is None:
+            return
+        key = f"gpukit/ckpt-arrivals/{next(_rounds)}"
+        arrived = int(store.add(key, 1))
+        wait_s = min(ARRIVAL_TIMEOUT_MAX_S, timeout_s(), collective_timeout_s())
+        deadline = time.monotonic() + wait_s
+        while arrived < self.world_size:
+            if time.monotonic() > deadline:
+                raise CheckpointError(
+                    f"{what} is collective under {self.world_size} processes (rank 0 writes, every "
+                    f"rank takes part), but only {arrived} of {self.world_size} ranks called it "
+                    f"within {wait_s:g} s -- was it called under `if session.is_main:` or "
+                    "`if rank == 0:`? Call it on every rank (it writes from rank 0 only), or pass "
+                    "rank_zero_only=False to gpukit.save to write from this rank alone."
+                )
+            time.sleep(0.02)
+            arrived = int(store.add(key, 0))
 
     def broadcast_from_main(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (a picklable object)."""

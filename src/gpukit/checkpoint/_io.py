@@ -152,6 +152,8 @@ def save(
         CheckpointError: the write failed (disk full, no permission...); the previous file at
             ``path`` is unchanged.
         ConfigurationError: an unknown ``format``, or non-tensor state for safetensors.
+        CheckpointError: also when, under several processes with ``rank_zero_only``, not every
+            rank called it (``if rank == 0: gpukit.save(...)``): it is collective.
     """
     target = Path(path)
     fmt = format_for_save(target, format)
@@ -159,6 +161,7 @@ def save(
     if not rank_zero_only or dist.world_size == 1:
         _save_here(state, target, fmt)
         return target
+    dist.check_all_arrived("gpukit.save")
     failure: BaseException | None = None
     if dist.is_main:
         try:

@@ -166,6 +166,7 @@ class CheckpointManager:
             ConfigurationError: an object without ``state_dict()``.
         """
         dist = current_dist()
+        dist.check_all_arrived("save_checkpoint / CheckpointManager.save")  # before any collective
         local = set(per_rank)
         sharded = split_sharded(objects)  # FSDP models + their optimizers: DCP shards, every rank
         objects = {n: o for n, o in objects.items() if n not in sharded}

@@ -109,6 +109,9 @@ def _gpu_request(text: str | None, cpu: bool) -> Any:
 @click.option("--master-port", type=int, help="Rendezvous port on node 0 [default: 15000 + SLURM job id % 20000, else 29500].")
 @click.option("--local-addr", metavar="ADDR", help="This node's address as others reach it [default: the route to the master].")
 @click.option("--rdzv-timeout", type=FiniteFloatRange(min=0, min_open=True), default=300.0, show_default=True, metavar="SECONDS", help="Wait this long for the master and the other nodes.")
+@click.option("--timeout", "timeout", type=FiniteFloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Collective timeout of the workers' Sessions (GPUKIT_TIMEOUT_S) [default: 1800]; a rank "
+                   "that stalls is named with its stack after min(60, SECONDS/2).")
 @click.option("--signal", "preempt_signal", metavar="USR2|USR1|TERM", envvar="GPUKIT_PREEMPT_SIGNAL",
               help="The scheduler's preemption warning (#SBATCH --signal=B:USR2@90): workers save and stop, "
                    "then the SLURM job is requeued [default: USR2].")
@@ -134,6 +137,7 @@ def run(
     master_port: int | None,
     local_addr: str | None,
     rdzv_timeout: float,
+    timeout: float | None,
     preempt_signal: str | None,
     max_requeues: int | None,
     module: str | None,
@@ -153,8 +157,9 @@ def run(
     \b
     Exit code: 0 success; the failed worker's code; 75 preempted (stopped by
     SIGTERM or the --signal and every worker exited cleanly: requeue -- under
-    SLURM node 0 has already requeued the job); 128+N killed by signal N;
-    2 bad input.
+    SLURM node 0 has already requeued the job); 128+N killed by signal N
+    (137: a worker was SIGKILLed, e.g. by the OOM killer); 124 a rank
+    stalled and the collective timeout ended the run; 2 bad input.
     """
     from gpukit.launch import RunInterruptedError, WorkerFailedError, launch_script, node_topology
 
@@ -184,6 +189,7 @@ def run(
         "verbose": verbose,
         "preempt_signal": preempt_signal,
         "max_requeues": max_requeues,
+        "timeout_s": timeout,
         "echo": lambda line: click.echo(line, err=True),
     }
     if record is not None:  # every worker's Session records there (GPUKIT_RECORD_DIR)

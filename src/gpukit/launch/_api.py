@@ -20,6 +20,7 @@ from typing import Any
 
 from gpukit._cpu import usable_cpu_count
 from gpukit.cluster import MAX_REQUEUES_ENV, announce, check_max_requeues, environment
+from gpukit._timeouts import TIMEOUT_ENV, parse_timeout_s
 from gpukit.errors import ConfigurationError
 from gpukit.launch._cluster import node_topology, scheduler_gpu_count
 from gpukit.launch._worker import run_function
@@ -141,13 +142,16 @@ def _check_picklable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         ) from exc
 
 
-def _worker_env(plan: DevicePlan, *, nproc: int, grace_s: float, run_id: str) -> dict[str, str]:
+def _worker_env(plan: DevicePlan, *, nproc: int, grace_s: float, run_id: str,
+                timeout_s: float | None = None) -> dict[str, str]:
     env = {
         RUN_ID_ENV: run_id,
         LAUNCHER_PID_ENV: str(os.getpid()),
         GRACE_ENV: f"{grace_s:g}",
         **plan.env,
     }
+    if timeout_s is not None:  # the workers' collective timeout (a Session reads it)
+        env[TIMEOUT_ENV] = repr(parse_timeout_s(timeout_s, "timeout_s (--timeout)"))
     if "OMP_NUM_THREADS" not in os.environ:
         # Like torchrun: N workers each using every core would oversubscribe the CPU. The
         # affinity mask, not the machine's count: SLURM (--cpus-per-task) or a container limits it.
@@ -247,6 +251,7 @@ def launch_script(
     echo: Echo | None = _stderr,
     preempt_signal: str | None = None,
     max_requeues: int | None = None,
+    timeout_s: float | None = None,
 ) -> None:
     """Run a script (or ``-m`` module) in worker processes -- what ``gpukit run`` does.
 
@@ -261,6 +266,9 @@ def launch_script(
             and under SLURM node 0 then requeues the job (``scontrol requeue``).
         max_requeues: Requeue only while ``SLURM_RESTART_COUNT`` is below this (default 10,
             or ``GPUKIT_MAX_REQUEUES``).
+        timeout_s: The workers' collective timeout (``GPUKIT_TIMEOUT_S``; a positive finite
+            number of seconds; default: a Session's 1800). A rank that stops calling collectives
+            is named (with its stack) after min(60, timeout_s / 2) s; the timeout ends the run.
         Other args: as for :func:`launch_function`.
 
     Raises:
@@ -274,6 +282,8 @@ def launch_script(
     _check_run_settings(nproc, max_restarts, grace_s)
     _check_topology(topology)
     _check_target(target, module)
+    if timeout_s is not None:
+        parse_timeout_s(timeout_s, "timeout_s (--timeout)")  # before any GPU is claimed
     preempt = parse_preempt_signal(preempt_signal) if preempt_signal else default_preempt_signal()
     limit = max_requeues_from_env() if max_requeues is None else check_max_requeues(max_requeues)
     cluster = environment()
@@ -289,7 +299,7 @@ def launch_script(
         run_id = f"gpukit-{uuid.uuid4().hex[:12]}" if topology.single_machine else f"gpukit-{topology.master_port}"
         plan.label_claim(run_id, workers, topology.node_rank)
         command = ("-u", "-m", "gpukit.launch._bootstrap", *(("-m",) if module else ()), target, *script_args)
-        env = {**_worker_env(plan, nproc=workers, grace_s=grace_s, run_id=run_id),
+        env = {**_worker_env(plan, nproc=workers, grace_s=grace_s, run_id=run_id, timeout_s=timeout_s),
                PREEMPT_SIGNAL_ENV: preempt.name[3:], MAX_REQUEUES_ENV: str(limit)}
         try:
             run_workers(

@@ -15,6 +15,7 @@ What gpukit changes in the agent, and why:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -28,7 +29,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from gpukit._timeouts import collective_timeout_s
 from gpukit.errors import LaunchError
+from gpukit.launch._heartbeat import Stall, StallMonitor, stall_threshold_s
+from gpukit.launch._orphans import Guardian
 from gpukit.launch._preemption import PREEMPTED_EXIT_CODE, RUN_DIR_ENV, stop_markers
 from gpukit.launch._signals import (
     RunInterruptedError,
@@ -212,17 +216,26 @@ def _make_agent_class() -> type:
             self.preempt_signal = preempt_signal
             self.attempts = 0
             self.exit_codes: dict[int, int | None] = {}
+            self.failed_before_stop: set[int] | None = None  # local ranks, set at the first stop
+            self.guardian = Guardian()
 
         def _start_workers(self, worker_group: Any) -> dict[int, Any]:
             pids = super()._start_workers(worker_group)
+            self.guardian.watch(pids.values())  # their process groups die even if we are SIGKILLed
             self.attempts += 1
-            self.exit_codes = {}
+            self.exit_codes, self.failed_before_stop = {}, None
             pcontext = self._pcontext
             close = pcontext.close
 
             # The agent closes the workers from several places (a failed worker, a signal,
             # a restart), some with a fixed 30 s timeout; all go through here instead.
             def graceful_close(death_sig: Any = None, timeout: float = 30) -> None:
+                # who had already ended badly before the launcher stopped anyone: the root cause
+                # (a SIGKILL from the OOM killer reads the same as the launcher's own SIGKILL)
+                if self.failed_before_stop is None:  # the first close; the agent may close twice
+                    self.failed_before_stop = {
+                        local for local, code in _exit_codes(pcontext).items() if code not in (None, 0)
+                    }
                 with escalate_on_signal(lambda: kill_now(pcontext.pids().values()), self.preempt_signal):
                     close(signal.SIGTERM, self.grace_s)
                 self.exit_codes = _exit_codes(pcontext)
@@ -237,7 +250,7 @@ def _make_agent_class() -> type:
     return GpukitAgent
 
 
-def _failure(rank: int, failure: Any, sequence: int = 0) -> WorkerFailure:
+def _failure(rank: int, failure: Any, sequence: int = 0, first: set[int] | None = None) -> WorkerFailure:
     message = failure.message
     error = traceback = None
     if isinstance(message, dict):
@@ -252,7 +265,22 @@ def _failure(rank: int, failure: Any, sequence: int = 0) -> WorkerFailure:
         traceback=traceback,
         timestamp=float(failure.timestamp),
         sequence=sequence,
+        before_stop=int(failure.local_rank) in (first or set()),
     )
+
+
+def _stderr_line(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _stalled(failure: WorkerFailure, stalls: Mapping[int, Stall]) -> WorkerFailure:
+    stall = stalls.get(failure.rank)
+    if stall is None:
+        return failure
+    if failure.error:  # it stalled, then raised an error of its own: that says more
+        return dataclasses.replace(failure, stalled=stall.message())
+    return dataclasses.replace(failure, stalled=stall.message(), traceback=stall.stack or None)
 
 
 def run_workers(
@@ -321,8 +349,10 @@ def run_workers(
             )
             agent = _make_agent_class()(spec, DefaultLogsSpecs(log_dir=log_dir), grace_s, preempt_signal)
             close_rendezvous = True
+            monitor = StallMonitor(run_dir, stall_threshold_s(collective_timeout_s()), _stderr_line)
             try:
-                result = agent.run()
+                with monitor, agent.guardian:  # names a rank that stalls; kills orphans if we die
+                    result = agent.run()
             except (StopSignal, SignalException) as exc:
                 # Like torchrun: a stopped node leaves the rendezvous open for the others.
                 close_rendezvous = False
@@ -342,7 +372,7 @@ def run_workers(
                 # elastic records failures in the order it found them: the real one first,
                 # then the workers it stopped (timestamps alone have 1 s resolution)
                 failures = [
-                    _failure(rank, failure, sequence)
+                    _stalled(_failure(rank, failure, sequence, agent.failed_before_stop or set()), monitor.stalls)
                     for sequence, (rank, failure) in enumerate(result.failures.items())
                 ]
                 raise WorkerFailedError(failures, attempts=agent.attempts)

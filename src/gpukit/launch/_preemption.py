@@ -182,7 +182,6 @@ def preempt_signal(environ: Mapping[str, str] | None = None) -> signal.Signals:
     env = os.environ if environ is None else environ
     value = env.get(PREEMPT_SIGNAL_ENV)
     return parse_preempt_signal(value, PREEMPT_SIGNAL_ENV) if value else signal.Signals[f"SIG{DEFAULT_PREEMPT_SIGNAL}"]
-from pathlib import Path
 
 
 def session_stop_signals() -> tuple[int, ...]:

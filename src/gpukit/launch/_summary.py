@@ -2,7 +2,11 @@
 
 The elastic agent reports every worker that ended badly, including the healthy ones it
 stopped itself after the real failure, and picks the "root cause" by a timestamp with
-one-second resolution. Here the root cause is the failure that carries an error
+one-second resolution. Here the root cause is first a rank the launcher saw stall (a hang:
+the others waited for it in a collective), then a worker that had already ended before the
+launcher stopped the others (``before_stop``: e.g. SIGKILLed by the out-of-memory killer,
+whose peers then fail with errors of their own in a collective); then the failure
+that carries an error
 (a traceback from the worker's error file, or a non-zero exit code) rather than a
 SIGTERM/SIGKILL that the launcher sent, then the earliest, then the first the agent found
 (it records the failed worker before it stops the others: a worker SIGKILLed from outside
@@ -20,7 +24,11 @@ from dataclasses import dataclass
 from gpukit.errors import LaunchError
 from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
 
-__all__ = ["WorkerFailure", "WorkerFailedError", "order_failures", "format_summary"]
+__all__ = ["WorkerFailure", "WorkerFailedError", "order_failures", "format_summary", "HANG_EXIT_CODE"]
+
+#: Exit code of ``gpukit run`` when a rank stalled (hang) and the collective timeout ended the
+#: run -- 124, as coreutils' ``timeout``.
+HANG_EXIT_CODE = 124
 
 # Signals the launcher itself sends when it stops the other workers.
 _STOP_SIGNALS = {int(signal.SIGTERM), int(signal.SIGKILL)}
@@ -41,6 +49,11 @@ class WorkerFailure:
         timestamp: Seconds since the epoch when the failure was recorded.
         sequence: Position in the order the agent found the failures (0 first); breaks
             ties between timestamps, which elastic keeps in whole seconds.
+        before_stop: It had ended before the launcher began stopping the workers: it is
+            what made the run fail, not a consequence of being stopped.
+        stalled: What the launcher saw when this rank stopped making progress while other
+            ranks waited for it in a collective (a hang), ``None`` if it did not stall;
+            ``traceback`` then holds its stack at that moment unless it raised an error.
     """
 
     rank: int
@@ -51,6 +64,8 @@ class WorkerFailure:
     traceback: str | None = None
     timestamp: float = 0.0
     sequence: int = 0
+    before_stop: bool = False
+    stalled: str | None = None
 
     @property
     def signal_name(self) -> str | None:
@@ -75,6 +90,10 @@ class WorkerFailure:
         """One line: what happened to this worker."""
         if self.error:
             return self.error
+        if self.stalled:
+            return self.stalled
+        if self.signal_name == "SIGKILL" and self.before_stop:
+            return "killed by SIGKILL (possibly the out-of-memory killer: see `dmesg` or `journalctl -k`)"
         if self.signal_name:
             return f"killed by {self.signal_name}"
         return f"exited with code {self.exitcode}"
@@ -93,11 +112,13 @@ def _priority(failure: WorkerFailure) -> int:
 
 
 def order_failures(failures: Iterable[WorkerFailure]) -> list[WorkerFailure]:
-    """Root cause first: recorded error > exit code > other signal > stopped by the launcher.
+    """Root cause first: stalled > ended before the launcher stopped anyone > recorded error >
+    exit code > other signal > stopped by the launcher.
 
     Within each kind: earliest timestamp, then the order the agent found them, then rank.
     """
-    return sorted(failures, key=lambda f: (_priority(f), f.timestamp, f.sequence, f.rank))
+    return sorted(failures, key=lambda f: (
+        not f.stalled, not f.before_stop, _priority(f), f.timestamp, f.sequence, f.rank))
 
 
 def format_summary(failures: Iterable[WorkerFailure], *, attempts: int = 1) -> str:
@@ -126,8 +147,11 @@ class WorkerFailedError(LaunchError):
         failures: Every failed worker, root cause first.
         root: The root-cause failure.
         attempts: How many times the worker group was started.
-        exit_code: What ``gpukit run`` exits with: the failed worker's exit code, 128 + N
-            when it was killed by signal N, 1 when unknown.
+        exit_code: What ``gpukit run`` exits with: the root cause's exit code, 128 + N when
+            it was killed by signal N (137 for a worker SIGKILLed -- the OOM killer -- before
+            the launcher stopped the others, whatever they exited with),
+            :data:`HANG_EXIT_CODE` (124) when a rank stalled, 1 when the root cause raised an
+            exception (even if the launcher's stop then caught it while exiting) or is unknown.
         preempted: ``True`` when every failed worker exited with ``PREEMPTED_EXIT_CODE``
             (the workers themselves reported a clean preemption).
     """
@@ -141,12 +165,16 @@ class WorkerFailedError(LaunchError):
             for f in self.failures
         ) and self.failures[0].exitcode == PREEMPTED_EXIT_CODE  # not a SIGKILL found first
         root = self.root
-        if self.preempted:
+        if root is not None and root.stalled and not root.error:  # hung until the timeout
+            self.exit_code = HANG_EXIT_CODE
+        elif self.preempted:
             self.exit_code = PREEMPTED_EXIT_CODE
         elif root is None:
             self.exit_code = 1
         elif root.exitcode > 0:
             self.exit_code = root.exitcode
+        elif root.error and -root.exitcode in _STOP_SIGNALS:
+            self.exit_code = 1  # it raised, and was stopped while exiting: as if it had exited 1
         elif root.exitcode < 0:
             self.exit_code = 128 - root.exitcode
         else:

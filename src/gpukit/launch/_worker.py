@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from gpukit.launch._orphans import die_with_launcher
+from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
 
 __all__ = ["main", "run_function", "record_exception"]
 
@@ -61,9 +62,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     die_with_launcher()
     try:
         _run_target(argv)
-    except SystemExit:
+    except SystemExit as exc:
+        if exc.code not in (None, 0, PREEMPTED_EXIT_CODE):
+            _note_failure()
         raise
     except Exception as exc:
+        _note_failure()
         record_exception(exc)
         _print_user_traceback(exc)
         raise SystemExit(1) from None
@@ -71,6 +75,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         record_exception(exc)
         raise
     raise SystemExit(0)
+
+
+def _note_failure() -> None:
+    # this rank is failing: a Session's exit hook must not wait at a barrier for its peers
+    lifecycle = sys.modules.get("gpukit.strategies._lifecycle")
+    if lifecycle is not None:
+        lifecycle.note_failure()
 
 
 def _print_user_traceback(exc: BaseException) -> None:

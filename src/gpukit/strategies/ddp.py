@@ -23,6 +23,8 @@ from gpukit.accelerators import Accelerator
 from gpukit.errors import DistributedError
 from gpukit.placement import unwrap_model
 from gpukit.strategies._env import DistEnv
+from gpukit._timeouts import collective_timeout_s
+from gpukit.strategies._lifecycle import leave_at_exit
 from gpukit.strategies._syncbn import convert_sync_batchnorm
 from gpukit.strategies.base import Strategy, check_reduce_op
 
@@ -40,7 +42,7 @@ class DDPStrategy(Strategy):
         env: the launch environment; ``None`` when not launched yet.
         num_processes: processes per node this strategy runs in.
         sync_batchnorm: convert BatchNorm layers to synchronised ones.
-        timeout_s: collective timeout.
+        timeout_s: collective timeout in seconds; ``None``: ``GPUKIT_TIMEOUT_S``, else 1800.
     """
 
     name = "ddp"
@@ -52,13 +54,13 @@ class DDPStrategy(Strategy):
         env: DistEnv | None,
         num_processes: int = 1,
         sync_batchnorm: bool = False,
-        timeout_s: float = 1800.0,
+        timeout_s: float | None = None,
     ) -> None:
         super().__init__(accelerator, device)
         self.env = env
         self._num_processes = env.local_world_size if env is not None else num_processes
         self.sync_batchnorm = sync_batchnorm
-        self.timeout_s = timeout_s
+        self.timeout_s = collective_timeout_s(timeout_s)
         self._owns_group = False
 
     @property
@@ -119,6 +121,7 @@ class DDPStrategy(Strategy):
                     f"{self.env.world_size}, {self.env.master_addr}:{self.env.master_port}): {exc}"
                 ) from exc
         self._owns_group = True
+        leave_at_exit(self)  # barrier + destroy at exit: gloo's teardown must not abort a finished run
 
     def prepare_module(self, module: nn.Module) -> nn.Module:
         module = unwrap_model(module)

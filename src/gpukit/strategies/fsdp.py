@@ -74,7 +74,7 @@ class FSDPStrategy(DDPStrategy):
         min_unit_params: int = DEFAULT_MIN_UNIT_PARAMS,
         cpu_offload: bool = False,
         reshard_after_forward: bool = True,
-        timeout_s: float = 1800.0,
+        timeout_s: float | None = None,
     ) -> None:
         if isinstance(min_unit_params, bool) or not isinstance(min_unit_params, int) or min_unit_params < 1:
             raise ConfigurationError(f"min_unit_params={min_unit_params!r}; use an int >= 1.")
