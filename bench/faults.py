@@ -145,7 +145,8 @@ def loader_resume(out: Path) -> str | None:
 
 SCENARIOS: list[tuple[str, int, Callable[[Path], str | None], str]] = [
     ("clean exit: gpukit run, 2 processes", 10, clean_exit(), "exit 0"),
-    ("clean exit: same, gpukit's exit hook disabled", 5, clean_exit({"TINY_EXIT_UNFIXED": "1"}), "exit 0 (before the fix)"),
+    ("clean exit: same, gpukit's exit hook disabled", 5, clean_exit({"TINY_EXIT_UNFIXED": "1"}),
+     "exit 0; failures here are the bug the hook fixes"),
     ("clean exit: torchrun, 2 processes", 2, clean_exit(torchrun=True), "exit 0"),
     ("SIGKILL one worker (OOM killer)", 2, sigkill_worker, "exit 137, rank 1 named, 'out-of-memory', nothing left"),
     ("rank 1 stalls (hang), --timeout 6", 1, stall, "exit 124, rank 1 named with its stack while rank 0 waits"),
