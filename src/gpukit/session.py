@@ -126,8 +126,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         self.accumulate_grad_batches = accumulate_grad_batches
         self.seed = seed
         #: step-time breakdown of every gpukit loader (data wait, copy, compute); listeners
-        self.timings = StepTimings(self.accelerator, rank=self.strategy.rank,
-                                   gather=self.strategy.all_gather, report=verbose)
+        self.timings = StepTimings(self.accelerator, rank=self.strategy.rank, report=verbose)
         self._micro_step = 0
         self._optimizer_steps = 0
         if seed is not None:

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 import torch
 from torch.utils.data import Dataset
@@ -42,7 +43,19 @@ def main(out: str) -> None:
     for _ in loader:
         pass
     report = session.timings.epoch_reports[-1]
+    # a sharded loader iterated on rank 0 alone (an evaluation on the main rank) must not hang
+    # in the end-of-epoch report: rank 0 waits a few seconds for rank 1, then reports alone
+    val = session.setup_dataloader(RankSkewed(slow=False), batch_size=4, num_workers=0)
+    started = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if rank == 0:
+            for _ in val:
+                pass
+    alone_s = time.monotonic() - started
+    session.barrier()
     record = {
+        "alone_pass_s": alone_s, "alone_warnings": [str(w.message) for w in caught],
         "rank": rank, "tuned": [loader.num_workers, loader.persistent_workers],
         "alone": alone.settings.num_workers, "line": report.line, "worst": report.worst_rank,
         "ranks": len(report.ranks), "shares": [r.data_share for r in report.ranks],

@@ -106,7 +106,11 @@ def test_ddp_ranks_end_with_rank_zero_s_settings_and_one_epoch_report(tmp_path: 
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert records[1]["alone"] >= 1  # rank 1 alone would have chosen workers...
     assert records[0]["tuned"] == records[1]["tuned"] == [0, False]  # ...all take rank 0's
-    for rec in records:  # the epoch report is gathered: both ranks hold both ranks' figures
-        assert rec["ranks"] == 2 and rec["worst"] == 1
-        assert rec["shares"][1] > 0.8
+    # the epoch report is gathered on rank 0 (which prints it); rank 1 keeps its own figures
+    assert records[0]["ranks"] == 2 and records[0]["worst"] == 1
+    assert records[0]["shares"][1] > 0.8
+    assert records[1]["ranks"] == 1 and records[1]["shares"][0] > 0.8
     assert "rank 1 worst" in records[0]["line"]
+    # rank 0's pass alone over a sharded loader ended after the report's short wait, not a hang
+    assert records[0]["alone_pass_s"] < 30, records[0]
+    assert any("covers rank 0 only" in w and "rank(s) 1" in w for w in records[0]["alone_warnings"])

@@ -31,6 +31,7 @@ from gpukit.data._advice import diagnose, loader_facts
 from gpukit.data._sampler import ResumableBatchSampler
 from gpukit.data._stall import StallGuard, resolve_data_timeout
 from gpukit.data._timing import PassTotals, StepTimings
+from gpukit.data._epoch_gather import EpochGather
 from gpukit.data._tune import tune_for_ranks
 from gpukit.data._workers import auto_num_workers, chain_worker_init, track_worker_pool
 
@@ -51,8 +52,8 @@ class DeviceLoader:
     ``state_dict``/``load_state_dict`` carry (epoch, batches consumed, seed): a fresh process
     that loads them continues with exactly the next batch. Every step is timed into
     ``timings`` (the session's :class:`~gpukit.data.StepTimings`, or the loader's own), and
-    each epoch ends with an :class:`~gpukit.data.EpochReport` there (gathered from every rank
-    under DDP: iterate a sharded loader on every rank). A wait for a batch longer than
+    each epoch ends with an :class:`~gpukit.data.EpochReport` there (on rank 0, gathered from
+    every rank under DDP without a collective: a pass on rank 0 alone does not hang). A wait for a batch longer than
     ``data_timeout_s`` raises :class:`~gpukit.errors.DataStallError`.
     """
 
@@ -76,6 +77,10 @@ class DeviceLoader:
         self.seed = seed
         self.world_size = world_size
         self._batch_sampler = loader.batch_sampler if resumable else None
+        # only gpukit's sharding gives every rank the same passes, so only then is the
+        # end-of-epoch report gathered from every rank (through the store: no collective)
+        sharded = world_size > 1 and isinstance(self._batch_sampler, ResumableBatchSampler)
+        self._gather = EpochGather(self.timings.rank, world_size) if sharded else None
         self.batch_size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
         self._epoch = 0
         self._consumed = 0
@@ -134,10 +139,7 @@ class DeviceLoader:
         self._epoch, self._consumed, self._in_progress = self._epoch + 1, 0, False
 
     def _pass_end(self, totals: PassTotals) -> None:
-        # only gpukit's sharding gives every rank the same number of batches, so only then do
-        # all ranks reach this collective together
-        sharded = isinstance(self._batch_sampler, ResumableBatchSampler)
-        per_rank = self.timings.gather_pass(totals, self.world_size if sharded else 1)
+        per_rank = self.timings.gather_pass(totals, self._gather)
         copies = self.device is not None and not self.timings.accelerator.is_host
         facts = loader_facts(self.loader, self.timings.accelerator, self.local_world_size, copies)
         self.timings.record_epoch(diagnose(per_rank, facts))

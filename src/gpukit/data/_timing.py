@@ -25,8 +25,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from gpukit.accelerators import Accelerator
 from gpukit.monitor import Throughput
 
@@ -96,17 +94,17 @@ class PassTotals:
                      "share_sum", "share_sq"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
-    def as_tensor(self) -> torch.Tensor:
+    def as_list(self) -> list[float]:
         """The figures the end-of-epoch report gathers from every rank."""
-        return torch.tensor([self.steps, self.samples, self.step_s, self.wait_s, self.h2d_s,
-                             self.h2d_steps, self.first_wait_s], dtype=torch.float64)
+        return [float(v) for v in (self.steps, self.samples, self.step_s, self.wait_s, self.h2d_s,
+                                   self.h2d_steps, self.first_wait_s, self.share_sum, self.share_sq)]
 
     @classmethod
-    def from_tensor(cls, row: torch.Tensor, epoch: int) -> PassTotals:
+    def from_list(cls, values: list[float], epoch: int) -> PassTotals:
         t = cls(epoch)
-        values = [float(v) for v in row.tolist()]
         t.steps, t.samples, t.h2d_steps = int(values[0]), int(values[1]), int(values[5])
         t.step_s, t.wait_s, t.h2d_s, t.first_wait_s = values[2], values[3], values[4], values[6]
+        t.share_sum, t.share_sq = values[7], values[8]
         return t
 
     def summary(self, busy_s: float | None = None, steady: Throughput | None = None) -> TimingSummary:
@@ -166,7 +164,6 @@ class StepTimings:
         accelerator: the device's accelerator (CUDA events for the copy on GPUs).
         rank: this process's rank (stamped on each :class:`StepTiming`).
         exact: synchronise the GPU at step boundaries (``GPUKIT_EXACT_TIMING=1`` also sets it).
-        gather: ``all_gather`` of the session, for the end-of-epoch report across ranks.
         report: print the end-of-epoch diagnosis line (rank 0 only) to stderr.
         warmup_steps: steps left out of :meth:`throughput` rates (start-up costs).
     """
@@ -177,7 +174,6 @@ class StepTimings:
         *,
         rank: int = 0,
         exact: bool = False,
-        gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
         report: bool = False,
         warmup_steps: int = 1,
     ) -> None:
@@ -185,7 +181,6 @@ class StepTimings:
         self.rank = rank
         self.exact = exact or os.environ.get("GPUKIT_EXACT_TIMING") == "1"
         self.report = report
-        self._gather = gather
         self._listeners: list[Callable[[StepTiming], Any]] = []
         self._next_step = 0
         self._busy_s = 0.0  # summed step time: the clock of the steady-state meter
@@ -340,12 +335,15 @@ class StepTimings:
             for listener in tuple(self._listeners):
                 listener(record)
 
-    def gather_pass(self, totals: PassTotals, world_size: int) -> list[PassTotals]:
-        """Every rank's totals of this pass (a collective: all ranks end the pass together)."""
-        if world_size <= 1 or self._gather is None:
+    def gather_pass(self, totals: PassTotals, gather: Any) -> list[PassTotals]:
+        """Every rank's totals of this pass on rank 0 (an :class:`EpochGather` of the loader);
+        this rank's alone elsewhere, or when a rank did not end the pass in time."""
+        if gather is None:
             return [totals]
-        rows = self._gather(totals.as_tensor())
-        return [PassTotals.from_tensor(row.cpu(), totals.epoch) for row in rows]
+        rows = gather.gather(totals.as_list(), totals.epoch)
+        if rows is None or len(rows) == 1:
+            return [totals]
+        return [PassTotals.from_list(row, totals.epoch) for row in rows]
 
     def record_epoch(self, report: Any) -> None:
         """Keep an :class:`~gpukit.data.EpochReport`; print its line on rank 0 when reporting."""
