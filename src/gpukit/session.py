@@ -30,17 +30,22 @@ import torch
 from torch import nn
 
 from gpukit._seeding import fresh_seed, seed_everything
+from gpukit._session_checks import (
+    check_optimizer,
+    not_launched_error,
+    start_process_services,
+)
 from gpukit._session_memory import SessionMemoryMixin
 from gpukit._session_runstate import SessionRunStateMixin
+from gpukit._timeouts import parse_timeout_s
 from gpukit.accelerators import Accelerator
 from gpukit.data import DeviceLoader, StepTimings, TimingSummary, build_loader
 from gpukit.data._timing import timed_progress
-from gpukit.errors import ConfigurationError, DistributedError
+from gpukit.errors import ConfigurationError
 from gpukit.monitor._record import Recorder, session_recorder
-from gpukit.placement import to_device, unwrap_model
+from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
 from gpukit.strategies import Strategy, select_strategy
-from gpukit._timeouts import parse_timeout_s
 
 __all__ = ["Session"]
 
@@ -133,19 +138,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             seed_everything(seed, self.accelerator)
         if self.strategy.launched:
             self.strategy.setup_environment()
-        from gpukit.launch._preemption import install_preemption_handler, session_stop_signals
-        from gpukit.launch._requeue import requeue_at_exit
-
-        install_preemption_handler(session_stop_signals())  # SIGTERM becomes `should_stop`
-        if self.strategy.launched:  # under gpukit run: the launcher names a rank that stalls
-            from gpukit.launch._heartbeat import start_heartbeat
-
-            start_heartbeat(self.strategy.rank, self.strategy.world_size)
-        requeue_at_exit()  # `srun python`: rank 0 requeues a job stopped by --signal, at exit
-        if verbose:
-            from gpukit.cluster import announce
-
-            announce()  # once, rank 0: the SLURM / Kubernetes job this process belongs to
+        start_process_services(self.strategy, verbose)  # stop signals, heartbeat, requeue
         self.recorder: Recorder | None = session_recorder(self, record)  # None unless recording
         if self.strategy.launched:
             if verbose and self.is_main:
@@ -197,7 +190,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         """
         self._require_launched("session.setup()")
         if optimizer is not None:
-            _check_optimizer(model, optimizer)
+            check_optimizer(model, optimizer)
         model = self.strategy.prepare_module(model)
         model = self.precision.convert_module(model)
         model = self.strategy.setup_module(model)
@@ -374,46 +367,12 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         self.strategy.teardown()
 
     def _require_launched(self, what: str) -> None:
-        if self.strategy.launched:
-            return
-        n = self.strategy.num_processes
-        run = (
-            f"gpukit run --cpu --nproc {n} script.py"
-            if self.accelerator.is_host
-            else f"gpukit run --gpus {n} script.py"
-        )
-        raise DistributedError(
-            f"{what} needs {n} processes (strategy {self.strategy.name!r}, "
-            f"devices={self._config['devices']!r}), but this is one process started without a "
-            "launcher (no RANK/WORLD_SIZE in its environment); gpukit will not silently train "
-            f"on one device. Start the {n} processes in one of these ways:\n"
-            f"  - put the training in a function and call session.launch(train_fn);\n"
-            f"  - {run};\n"
-            f"  - torchrun --nproc-per-node {n} script.py.\n"
-            "Or ask for one device: Session(devices=1)."
-        )
+        if not self.strategy.launched:
+            raise not_launched_error(what, self.strategy, self._config["devices"])
 
     def __repr__(self) -> str:
         state = self.strategy.describe() if self.strategy.launched else "not launched"
         return f"Session({state}, precision={self.precision.name!r})"
-
-
-def _check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ConfigurationError(
-            f"setup(model, optimizer) got a {type(optimizer).__name__} as optimizer; pass a "
-            "torch.optim.Optimizer (or call setup(model) alone)."
-        )
-    owned = {id(p) for p in unwrap_model(model).parameters()}
-    foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in owned]
-    if foreign:
-        shapes = ", ".join(str(tuple(p.shape)) for p in foreign[:5])
-        raise ConfigurationError(
-            f"The optimizer holds {len(foreign)} parameter tensor(s) that are not parameters of "
-            f"the model given to setup (shapes {shapes}{', ...' if len(foreign) > 5 else ''}). "
-            "Build the optimizer from this model, e.g. torch.optim.SGD(model.parameters(), ...), "
-            "after creating (or loading) the model and before session.setup."
-        )
 
 
 def _run_worker(config: dict[str, Any], fn: Callable[..., Any], args: tuple) -> Any:

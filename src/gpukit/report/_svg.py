@@ -177,5 +177,5 @@ def _path(xs: list[float], ys: list[float | None], px: Callable[[float], float],
         parts.append(f"{'L' if pen_down else 'M'}{px(x):.1f},{py(y):.1f}")
         pen_down = True
     if len(parts) == 1:  # a single point: draw a short tick so it is visible
-        parts.append(f"h0.1")
+        parts.append("h0.1")
     return " ".join(parts)
