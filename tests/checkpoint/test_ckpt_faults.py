@@ -55,6 +55,14 @@ def test_sigkill_at_random_moments_never_loses_the_latest_complete_checkpoint(tm
         finally:
             proc.kill()
             proc.wait(timeout=30)
+        # saves the worker reported before the kill but this loop had not read yet (the pipe
+        # runs ahead of the reader): the newest of them is what the next process must find
+        assert proc.stdout is not None
+        for line in proc.stdout.read().splitlines():
+            _, step, leftovers = line.split()
+            saves += 1
+            last_saved = int(step)
+            assert leftovers == "0", f"temporary files accumulate after save {step}"
         kills += 1
         # what a new process sees right after the crash: the latest complete checkpoint loads
         model = nn.Linear(16, 16)
