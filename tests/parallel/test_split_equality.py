@@ -26,18 +26,24 @@ def _train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[tor
     return out.detach(), loss.detach(), grads
 
 
+def _assert_same_step(split_model: nn.Module, plain: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One training step of each gives the same output, loss and gradients."""
+    out_ref, loss_ref, grads_ref = _train_step(plain, x, y)
+    out, loss, grads = _train_step(split_model, x, y)
+    torch.testing.assert_close(out, out_ref)
+    torch.testing.assert_close(loss, loss_ref)
+    assert len(grads) == len(grads_ref)
+    for got, want in zip(grads, grads_ref):
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("chunks", [1, 4])
 def test_sequential_split_equals_unsplit(chunks: int) -> None:
     plain, model = mlp(), mlp()
     x, y = torch.randn(10, 12), torch.randint(0, 5, (10,))  # 10 samples: micro-batches 3,3,2,2
     split_model = split(model, ["cpu", "cpu", "cpu"], chunks=chunks, verbose=False)
     assert len(split_model.stages) == 3 and split_model.chunks == chunks
-    out_ref, loss_ref, grads_ref = _train_step(plain, x, y)
-    out, loss, grads = _train_step(split_model, x, y)
-    torch.testing.assert_close(out, out_ref)
-    torch.testing.assert_close(loss, loss_ref)
-    for got, want in zip(grads, grads_ref):
-        torch.testing.assert_close(got, want)
+    _assert_same_step(split_model, plain, x, y)
     for got, want in zip(model.parameters(), plain.parameters()):  # after one Adam step
         torch.testing.assert_close(got, want)
 
@@ -52,12 +58,7 @@ def test_named_layers_of_a_custom_model_equal_its_forward(chunks: int) -> None:
     split_model = split(model, ["cpu", "cpu"], balance=[2, 3], chunks=chunks,
                         layers=["embed", "blocks", "head"], verbose=False)
     assert split_model.stages[0].names == ["embed", "blocks.0"]
-    out_ref, loss_ref, grads_ref = _train_step(plain, tokens, targets)
-    out, loss, grads = _train_step(split_model, tokens, targets)
-    torch.testing.assert_close(out, out_ref)
-    torch.testing.assert_close(loss, loss_ref)
-    for got, want in zip(grads, grads_ref):
-        torch.testing.assert_close(got, want)
+    _assert_same_step(split_model, plain, tokens, targets)
 
 
 def test_nested_input_and_output_are_cut_and_joined() -> None:
