@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import torch
 
 import gpukit
 from gpukit.accelerators import get_accelerator
+from gpukit.data import StepTiming
 from gpukit.errors import ConfigurationError
 from gpukit.memory import OomBackoff
 from gpukit.monitor import RECORD_DIR_ENV, Recorder, emit, tensorboard_available
@@ -24,17 +24,12 @@ from gpukit.monitor._system import read_system
 from gpukit.report import read_record
 
 
-@dataclass(frozen=True)
-class Timing:  # the shape of gpukit's StepTiming, as the recorder receives it
-    step: int
-    epoch: int = 0
-    rank: int = 0
-    samples: int = 8
-    step_time_s: float = 0.010
-    data_wait_s: float = 0.002
-    h2d_s: float | None = None
-    compute_s: float = 0.008
-    exact: bool = True
+def Timing(step: int, **fields: object) -> StepTiming:  # noqa: N802 - reads like the type
+    """gpukit's StepTiming, as the recorder receives it from session.timings, with defaults."""
+    values: dict[str, object] = dict(epoch=0, rank=0, samples=8, step_time_s=0.010, data_wait_s=0.002,
+                                     h2d_s=None, compute_s=0.008, exact=True)
+    values.update(fields)
+    return StepTiming(step=step, **values)  # type: ignore[arg-type]
 
 
 def _lines(path: Path) -> list[dict]:
