@@ -26,7 +26,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import gpukit
-from gpukit._units import format_bytes
+from gpukit._util.units import format_bytes
 from gpukit.accelerators import get_accelerator
 
 

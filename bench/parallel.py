@@ -182,7 +182,7 @@ def compare_fsdp(args: argparse.Namespace) -> None:
     import sys
     import tempfile
 
-    from gpukit._units import format_bytes
+    from gpukit._util.units import format_bytes
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     where = ["--gpus", "2"] if gpus >= 2 else ["--cpu", "--nproc", "2"]

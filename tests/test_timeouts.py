@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gpukit._timeouts import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, collective_timeout_s, parse_timeout_s
+from gpukit._util.timeouts import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, collective_timeout_s, parse_timeout_s
 from gpukit.errors import ConfigurationError
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpukit._lazy import lazy_exports
+from gpukit._util.lazy import lazy_exports
 from gpukit.errors import (
     CheckpointError,
     ConfigurationError,

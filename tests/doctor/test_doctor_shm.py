@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from gpukit._cpu import auto_worker_count, usable_cpu_count
+from gpukit._util.cpu import auto_worker_count, usable_cpu_count
 from gpukit.doctor import run_checks
 from gpukit.doctor._shm import check_shm, shm_needed_bytes
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpukit._cpu import usable_cpu_count
+from gpukit._util.cpu import usable_cpu_count
 from gpukit.devices import FakeNvml
 from gpukit.devices._spec import parse_spec
 from gpukit.doctor._system import cgroup_cpu_limit, check_cpus, check_mig, check_persistence, check_versions

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from gpukit._units import format_bytes
+from gpukit._util.units import format_bytes
 from gpukit.errors import CheckpointError
 
 __all__ = [

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from gpukit._timeouts import collective_timeout_s
+from gpukit._util.timeouts import collective_timeout_s
 from gpukit.errors import CheckpointError
 
 __all__ = ["DistContext", "current_dist", "TIMEOUT_ENV", "checkpoint_group", "timeout_s"]

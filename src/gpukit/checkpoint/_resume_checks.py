@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpukit._warnings import warn_at_user_code
+from gpukit._util.warnings import warn_at_user_code
 from gpukit.checkpoint._formats import MARKER_NAME
 from gpukit.errors import CheckpointError
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from gpukit._units import parse_size
+from gpukit._util.units import parse_size
 from gpukit.errors import ConfigurationError
 
 __all__ = [

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
-from gpukit._units import format_bytes
+from gpukit._util.units import format_bytes
 from gpukit.devices import GpuSnapshot
 
 __all__ = ["GpuHistory", "render_gpus", "gpu_table", "process_table", "sparkline"]

@@ -16,7 +16,7 @@ def ckpt() -> None:
 
 
 def _print_report(info: dict[str, Any]) -> None:
-    from gpukit._units import format_bytes
+    from gpukit._util.units import format_bytes
 
     click.echo(f"{info['path']}")
     click.echo(f"  format:         {info['format']}")
@@ -91,7 +91,7 @@ def convert(source: str, target: str, strip_prefix: bool, to_cpu: bool, dtype: s
     SOURCE is a checkpoint file, a gpukit step directory, or a gpukit checkpoint directory
     (its latest complete step is used).
     """
-    from gpukit._units import format_bytes
+    from gpukit._util.units import format_bytes
     from gpukit.checkpoint._inspect import convert_checkpoint
 
     from gpukit.errors import UnsafeCheckpointError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpukit._units import format_bytes
+from gpukit._util.units import format_bytes
 from gpukit.cli._common import MAX_BATCH, MAX_SEED
 
 __all__ = ["demo"]

@@ -27,7 +27,7 @@ def _value(value: Any) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     """The report as ``key: value`` lines, like torch's collect_env, for pasting into a bug report."""
-    from gpukit._units import format_bytes
+    from gpukit._util.units import format_bytes
 
     lines = [f"{k}: {_value(v)}" for k, v in report["versions"].items()]
     lines.append(f"NVML: {report['nvml']}")

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from gpukit._warnings import warn_at_user_code
+from gpukit._util.warnings import warn_at_user_code
 
 __all__ = ["EpochGather", "WAIT_S"]
 

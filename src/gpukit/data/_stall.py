@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from gpukit._units import format_bytes
-from gpukit._warnings import warn_at_user_code
+from gpukit._util.units import format_bytes
+from gpukit._util.warnings import warn_at_user_code
 from gpukit.errors import ConfigurationError, DataStallError
 
 __all__ = ["DEFAULT_DATA_TIMEOUT_S", "SharedMemoryWarning", "StallGuard", "resolve_data_timeout"]

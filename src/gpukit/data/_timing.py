@@ -382,7 +382,7 @@ def timed_progress(
     DataLoader is timed too (a gpukit loader already is)."""
     from torch.utils.data import DataLoader
 
-    from gpukit._progress import progress
+    from gpukit._util.progress import progress
 
     if total is None:
         try:

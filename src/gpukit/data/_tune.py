@@ -235,7 +235,7 @@ def _candidates(
     planned: int, verbose: bool,
 ) -> Iterator[LoaderSettings]:
     """The adaptive search of the module docstring; reads ``trials`` as they are appended."""
-    from gpukit._progress import progress
+    from gpukit._util.progress import progress
 
     def search() -> Iterator[LoaderSettings]:
         yield LoaderSettings(0)

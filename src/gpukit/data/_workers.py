@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
-from gpukit._cpu import MAX_AUTO_WORKERS, auto_worker_count, usable_cpu_count
-from gpukit._process import ignore_stop_signals, set_parent_death_signal
+from gpukit._util.cpu import MAX_AUTO_WORKERS, auto_worker_count, usable_cpu_count
+from gpukit._util.process import ignore_stop_signals, set_parent_death_signal
 from gpukit.accelerators import Accelerator
 
 __all__ = [

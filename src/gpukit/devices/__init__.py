@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpukit._lazy import lazy_exports
+from gpukit._util.lazy import lazy_exports
 
 # public name -> private module that holds it. Resolved on first use (PEP 562), so that
 # `gpukit ls` loads only the modules it needs and starts fast.

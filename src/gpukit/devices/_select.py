@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
-from gpukit._units import format_bytes, parse_size
+from gpukit._util.units import format_bytes, parse_size
 from gpukit.devices import _nvml
 from gpukit.devices._snapshot import GpuSnapshot, list_gpus, selectable_units
 from gpukit.devices._visible import ENV_VAR, resolve_visible

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
-from gpukit._units import format_bytes
+from gpukit._util.units import format_bytes
 from gpukit.devices import GpuProcess, GpuSnapshot, _nvml, claim_holders, default_claim_dir
 from gpukit.devices._claims import _read_owner
 from gpukit.doctor._context import DoctorContext

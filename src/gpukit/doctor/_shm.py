@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from gpukit._cpu import auto_worker_count, usable_cpu_count
-from gpukit._units import format_bytes
+from gpukit._util.cpu import auto_worker_count, usable_cpu_count
+from gpukit._util.units import format_bytes
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
 

@@ -7,7 +7,7 @@ import platform
 import sys
 from pathlib import Path
 
-from gpukit._cpu import usable_cpu_count
+from gpukit._util.cpu import usable_cpu_count
 from gpukit.devices import _nvml
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding

@@ -18,9 +18,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpukit._cpu import usable_cpu_count
+from gpukit._util.cpu import usable_cpu_count
 from gpukit.cluster import MAX_REQUEUES_ENV, announce, check_max_requeues, environment
-from gpukit._timeouts import TIMEOUT_ENV, parse_timeout_s
+from gpukit._util.timeouts import TIMEOUT_ENV, parse_timeout_s
 from gpukit.errors import ConfigurationError
 from gpukit.launch._cluster import node_topology, scheduler_gpu_count
 from gpukit.launch._worker import run_function

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from gpukit._timeouts import collective_timeout_s
+from gpukit._util.timeouts import collective_timeout_s
 from gpukit.errors import LaunchError
 from gpukit.launch._heartbeat import Stall, StallMonitor, stall_threshold_s
 from gpukit.launch._orphans import Guardian

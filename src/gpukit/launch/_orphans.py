@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Iterable
 
-from gpukit._process import set_parent_death_signal
+from gpukit._util.process import set_parent_death_signal
 
 __all__ = ["LAUNCHER_PID_ENV", "die_with_launcher", "Guardian"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from gpukit._units import format_bytes
+from gpukit._util.units import format_bytes
 from gpukit.accelerators import Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError, MemoryPlanError
 from gpukit.memory._host_ram import RAM_HEADROOM, HostRamBudget

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from gpukit._warnings import warn_at_user_code
+from gpukit._util.warnings import warn_at_user_code
 from gpukit.accelerators import get_accelerator
 from gpukit.memory._leaks import MemoryLeakWarning
 

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 import torch
 
-from gpukit._units import MIB, format_bytes
-from gpukit._warnings import warn_at_user_code
+from gpukit._util.units import MIB, format_bytes
+from gpukit._util.warnings import warn_at_user_code
 from gpukit.accelerators import Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError
 from gpukit.memory._live import live_tensor_bytes

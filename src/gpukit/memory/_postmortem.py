@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import torch
 
-from gpukit._units import format_bytes
+from gpukit._util.units import format_bytes
 from gpukit.accelerators import auto_device_type, get_accelerator
 from gpukit.memory._live import live_tensors, storage_bytes, storage_key
 

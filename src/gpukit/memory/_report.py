@@ -16,7 +16,7 @@ from typing import IO, Any, Union
 
 import torch
 
-from gpukit._units import format_bytes
+from gpukit._util.units import format_bytes
 from gpukit.accelerators import get_accelerator
 from gpukit.errors import ConfigurationError
 from gpukit.memory._live import live_tensor_bytes

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpukit._units import format_bytes
-from gpukit._warnings import warn_at_user_code
+from gpukit._util.units import format_bytes
+from gpukit._util.warnings import warn_at_user_code
 from gpukit.errors import ConfigurationError
 from gpukit.parallel._balance import LayerCost, check_balance, layer_costs, partition
 from gpukit.parallel._batchnorm import has_training_batchnorm

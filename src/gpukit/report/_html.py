@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from gpukit._units import format_bytes
+from gpukit._util.units import format_bytes
 from gpukit.report._read import RankRecord, RunRecord, read_record
 from gpukit.report._summary import RunSummary, summarize
 from gpukit.report._svg import Series, chart

@@ -1,4 +1,4 @@
-"""Leaving a process group cleanly at exit (its timeout: ``gpukit._timeouts``).
+"""Leaving a process group cleanly at exit (its timeout: ``gpukit._util.timeouts``).
 
 Torch 2.13's gloo backend can abort a process at interpreter exit ("terminate called
 without an active exception", SIGABRT, exit 134) when the group is still alive while its

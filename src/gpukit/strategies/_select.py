@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from gpukit._warnings import user_stacklevel
+from gpukit._util.warnings import user_stacklevel
 from gpukit.accelerators import DEVICE_TYPES, Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError, DeviceError
 from gpukit.placement import resolve_device, visible_mapping_text

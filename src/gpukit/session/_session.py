@@ -14,7 +14,7 @@ delegate to them. Users keep their own loop::
                     loss = loss_fn(model(x), y)
                 session.backward(loss)
             session.step(optimizer, clip_grad_norm=1.0)
-Memory methods (``run_step`` with OOM back-off, ``watch_memory``...) live in ``_session_memory``.
+Memory methods (``run_step`` with OOM back-off, ``watch_memory``...) live in ``gpukit.session._memory``.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from gpukit._seeding import fresh_seed, seed_everything
-from gpukit._session_checks import (
+from gpukit._util.seeding import fresh_seed, seed_everything
+from gpukit.session._checks import (
     check_optimizer,
     not_launched_error,
     start_process_services,
 )
-from gpukit._session_memory import SessionMemoryMixin
-from gpukit._session_runstate import SessionRunStateMixin
-from gpukit._timeouts import parse_timeout_s
+from gpukit.session._memory import SessionMemoryMixin
+from gpukit.session._runstate import SessionRunStateMixin
+from gpukit._util.timeouts import parse_timeout_s
 from gpukit.accelerators import Accelerator
 from gpukit.data import DeviceLoader, StepTimings, TimingSummary, build_loader
 from gpukit.data._timing import timed_progress
