@@ -1,0 +1,123 @@
+"""Hostile-input probes: plant one bad input, run one gpukit reader on it in a fresh process,
+and say what happened.
+
+Each ``corpus_<area>.py`` module here defines ``PROBES: dict[str, Callable[[Path], Run]]``: a
+probe's name -> a builder that writes its hostile input under the given (empty) directory and
+returns how to run the reader on it. ``test_hostile_<area>.py`` parametrises over ``PROBES``
+and asserts the outcome is one of ``SAFE``; ``bench/hostile.py`` runs every corpus and prints
+the table of outcomes per reader for bench/RESULTS.md. Inputs are generated at test time: no
+hostile file is committed.
+
+Outcomes (checked in this order):
+- "code executed": the canary file a planted pickle would create exists afterwards;
+- "hang": the process did not finish within ``timeout_s`` (it is killed);
+- "traceback": a Python traceback reached the user (stderr has "Traceback (most recent");
+- "clean error": the CLI exited 2 with one ``gpukit: error:`` line, or the library call raised a
+  ``GpukitError`` (the snippet runner prints ``GPUKIT_ERROR <Type>: <message>`` and exits 3);
+- "correct": exit 0 and the probe's own ``check`` (if any) accepted the output;
+- "wrong": anything else (unexpected exit code, a check that failed).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SAFE = ("clean error", "correct")
+OUTCOMES = ("clean error", "correct", "wrong", "traceback", "hang", "code executed")
+
+_SNIPPET_RUNNER = """
+import sys
+from gpukit.errors import GpukitError
+try:
+{body}
+except GpukitError as exc:
+    print(f"GPUKIT_ERROR {{type(exc).__name__}}: {{exc}}", file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+@dataclass
+class Run:
+    """How to run one reader on a planted input.
+
+    Exactly one of ``argv`` (gpukit CLI arguments, run as ``python -m gpukit ARGV``) and
+    ``code`` (a Python snippet using the library; a ``GpukitError`` counts as a clean error).
+    """
+
+    reader: str  # the table's row: "ckpt inspect", "gpukit.load", "report", "doctor", ...
+    argv: list[str] | None = None
+    code: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # added to a copy of os.environ
+    cwd: Path | None = None
+    timeout_s: float = 60.0
+    canary: Path | None = None  # a planted pickle's __reduce__ would create this file
+    check: Callable[[subprocess.CompletedProcess[str]], None] | None = None  # for exit 0
+
+
+@dataclass
+class Result:
+    outcome: str
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+    def describe(self) -> str:
+        return f"{self.outcome} (exit {self.returncode})\nstdout:\n{self.stdout[-2000:]}\nstderr:\n{self.stderr[-4000:]}"
+
+
+def canary_pickle_payload(canary: Path) -> bytes:
+    """Pickle bytes whose loading (with plain ``pickle``) creates ``canary``."""
+    import pickle
+
+    class _Plant:
+        def __reduce__(self):  # noqa: D401 - the attack
+            return (os.system, (f"touch {canary}",))
+
+    return pickle.dumps(_Plant())
+
+
+def execute(run: Run) -> Result:
+    """Run the reader in a fresh process and classify the outcome (see the module docstring)."""
+    env = dict(os.environ)
+    env.update(run.env)
+    if run.argv is not None:
+        cmd = [sys.executable, "-m", "gpukit", *run.argv]
+    else:
+        assert run.code is not None
+        body = textwrap.indent(textwrap.dedent(run.code), "    ")
+        cmd = [sys.executable, "-c", _SNIPPET_RUNNER.format(body=body)]
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=run.cwd, capture_output=True, text=True,
+                              timeout=run.timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        outcome = "code executed" if run.canary is not None and run.canary.exists() else "hang"
+        return Result(outcome, None, out, err)
+    return Result(_classify(run, proc), proc.returncode, proc.stdout, proc.stderr)
+
+
+def _classify(run: Run, proc: subprocess.CompletedProcess[str]) -> str:
+    if run.canary is not None and run.canary.exists():
+        return "code executed"
+    if "Traceback (most recent call last)" in proc.stderr:
+        return "traceback"
+    if run.argv is not None and proc.returncode == 2:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        return "clean error" if lines and lines[0].startswith("gpukit: error:") else "wrong"
+    if run.code is not None and proc.returncode == 3 and "GPUKIT_ERROR " in proc.stderr:
+        return "clean error"
+    if proc.returncode == 0:
+        if run.check is not None:
+            try:
+                run.check(proc)
+            except AssertionError:
+                return "wrong"
+        return "correct"
+    return "wrong"
