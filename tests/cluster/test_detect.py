@@ -129,3 +129,53 @@ def test_task_and_gpu_mismatches_name_the_fix() -> None:
     assert "idle" in (gpu_mismatch(2, 4) or "")
     assert agent_tasks_problem(1) is None
     assert "--ntasks-per-node=1" in (agent_tasks_problem(2) or "")
+
+
+# -- hostile values: every variable checked, every error naming it (issue 16.4) ---------------------
+
+def _step(**extra: str) -> dict[str, str]:
+    return {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
+            "SLURM_JOB_NODELIST": "n1", **extra}
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        (_step(SLURM_JOB_NODELIST="n[1-999999999]"), "n[1-999999999]"),
+        (_step(SLURM_JOB_NODELIST="n[1-" + "9" * 25 + "]"), "above"),
+        (_step(SLURM_STEP_TASKS_PER_NODE="2(x99999999999),1"), "SLURM_STEP_TASKS_PER_NODE"),
+        (_step(SLURM_STEP_TASKS_PER_NODE="2(x" + "9" * 400 + ")"), "SLURM_STEP_TASKS_PER_NODE"),
+        ({"SLURM_JOB_ID": "abc"}, "SLURM_JOB_ID='abc'"),
+        ({"SLURM_JOB_ID": "-1"}, "SLURM_JOB_ID='-1'"),
+        ({"SLURM_JOB_ID": "1e309"}, "SLURM_JOB_ID='1e309'"),
+        (_step(MASTER_PORT="9" * 400), "MASTER_PORT="),
+        (_step(MASTER_ADDR="a..b"), "MASTER_ADDR='a..b'"),
+        (_step(SLURM_NTASKS="9" * 5000), "SLURM_NTASKS="),
+        (_step(SLURM_JOB_NODELIST="a..b"), "the first host of SLURM_JOB_NODELIST"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_PORT": "1e309"}, "MASTER_PORT='1e309'"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "."}, "MASTER_ADDR='.'"),
+        ({"RANK": "0", "WORLD_SIZE": "9" * 400, "LOCAL_RANK": "0"}, "WORLD_SIZE="),
+    ],
+)
+def test_hostile_variables_are_errors_that_name_them(env: dict[str, str], named: str) -> None:
+    import time
+
+    from gpukit.errors import GpukitError
+
+    started = time.monotonic()
+    with pytest.raises(GpukitError) as info:
+        environment(env)
+    assert named in str(info.value) and "MASTER_PORT=None" not in str(info.value)
+    assert time.monotonic() - started < 1.0
+
+
+def test_tasks_per_node_is_read_without_expanding_repeats() -> None:
+    from gpukit.cluster._slurm import tasks_per_node
+
+    counts = tasks_per_node("2(x60000),1")
+    assert len(counts) == 60001 and counts[0] == 2 and counts[59999] == 2 and counts[60000] == 1
+    assert counts.runs == [(2, 60000), (1, 1)] and counts[-1] == 1
+    env = _step(SLURM_STEP_TASKS_PER_NODE="3(x200000)", SLURM_NTASKS="600000", SLURM_PROCID="599999",
+                SLURM_NODEID="199999", SLURM_LOCALID="2", SLURM_STEP_NUM_NODES="200000")
+    detected = environment(env)
+    assert detected.local_world_size == 3 and detected.node_rank == 199999

@@ -118,3 +118,15 @@ def test_claims_held_stale_and_orphaned(use_spec, make_ctx, tmp_path: Path):
     [finding] = check_claims(make_ctx())
     assert finding.status == "info" and "stale claim note" in finding.message
     assert finding.fix == f"rm {claim_dir / (_GPU['uuid'] + '.owner')}"
+
+
+def test_a_claim_dir_that_is_a_file_fails_as_gpukit_run_would(tmp_path, make_ctx):
+    from gpukit.devices._claims import _ensure_dir
+    from gpukit.errors import DeviceError
+
+    path = tmp_path / "claims-file"
+    path.write_text("not a directory")
+    [finding] = check_claims(make_ctx({"GPUKIT_CLAIM_DIR": str(path)}))
+    assert finding.status == "fail" and "GPUKIT_CLAIM_DIR" in finding.message and "not a directory" in finding.message
+    with pytest.raises(DeviceError, match="not a directory"):  # what the finding promises
+        _ensure_dir(path)

@@ -73,5 +73,24 @@ def test_roomy_path_is_ok_and_env_variable_chooses_the_path(tmp_path, monkeypatc
 
 
 def test_missing_shm_warns(tmp_path, make_ctx):
-    [finding] = check_shm(make_ctx(shm_path=tmp_path / "absent"))
-    assert finding.status == "warn" and "cannot measure" in finding.message
+    # the default /dev/shm missing: a container started without it (the fix is a container flag)
+    [finding] = check_shm(make_ctx(shm_path=tmp_path / "absent", shm_source="default"))
+    assert finding.status == "warn" and "cannot measure" in finding.message and "--shm-size" in finding.fix
+
+
+@pytest.mark.parametrize("source", ["GPUKIT_SHM_PATH", "shm_path"])
+def test_a_chosen_shm_path_that_is_missing_or_no_directory_fails_and_names_its_source(tmp_path, make_ctx, source):
+    regular = tmp_path / "file"
+    regular.write_bytes(b"x")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    env = {}
+    for path, said in ((tmp_path / "absent", "cannot measure"), (regular, "is a regular file"), (fifo, "is a FIFO")):
+        if source == "GPUKIT_SHM_PATH":
+            env = {"GPUKIT_SHM_PATH": str(path)}
+            ctx = make_ctx(env)
+        else:
+            ctx = make_ctx(shm_path=path)
+        [finding] = check_shm(ctx)
+        assert finding.status == "fail" and said in finding.message and source in finding.message, finding
+        assert "--shm-size" not in (finding.fix or "")  # not the container's fault

@@ -53,7 +53,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 @click.command("doctor", short_help="Check GPUs, driver, CUDA env, /dev/shm and network; say how to fix each.")
 @click.option("--json", "as_json", is_flag=True, help="Print findings and report as one JSON object.")
-@click.option("--shm-path", type=click.Path(), default=None, metavar="PATH",
+@click.option("--shm-path", type=click.Path(exists=True, file_okay=False), default=None, metavar="DIR",
               help="Shared-memory filesystem to measure (default GPUKIT_SHM_PATH, else /dev/shm).")
 def doctor(as_json: bool, shm_path: str | None) -> int:
     """Check this machine for the traps that break PyTorch GPU runs, one line each with its fix.
@@ -71,7 +71,7 @@ def doctor(as_json: bool, shm_path: str | None) -> int:
     from gpukit.doctor._finding import worst
 
     _nvml.silence_notice()  # the driver check says "no driver" in its own words
-    result = run_checks(shm_path=shm_path, from_cli=True)
+    result = run_checks(shm_path=shm_path, from_cli=True, shm_source="--shm-path" if shm_path else None)
     if as_json:
         click.echo(json.dumps(result.to_dict(), default=str))
         return result.exit_code

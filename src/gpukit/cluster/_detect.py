@@ -27,7 +27,8 @@ from types import MappingProxyType
 from typing import Literal
 
 from gpukit.cluster._slurm import in_slurm_job, in_slurm_step, read_slurm, slurm_gpus
-from gpukit.errors import DistributedError
+from gpukit.cluster._vars import env_host, env_int, env_port
+from gpukit.errors import ConfigurationError, DistributedError
 
 __all__ = ["ClusterEnvironment", "environment", "announce", "KINDS"]
 
@@ -122,39 +123,31 @@ class ClusterEnvironment:
         return "; ".join(parts)
 
 
-def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int | None:
-    value = env.get(key)
-    if value is None or not value.strip():
-        return default
-    return int(value)
-
-
 def _launcher(env: Mapping[str, str], kind: Kind) -> dict[str, object]:
     """Fields from the torchrun variables (also PyTorchJob's, which follow the same names)."""
+    hint = ("RANK and WORLD_SIZE must both be set to integers (LOCAL_RANK, MASTER_ADDR, MASTER_PORT too for "
+            "several processes). Start the script with torchrun or `gpukit run`, or unset them.")
     try:
-        world_size = int(env["WORLD_SIZE"])
-        rank = int(env["RANK"])
-        local_rank = _int(env, "LOCAL_RANK", 0 if kind == "kubernetes" else rank)
-        local_world_size = _int(env, "LOCAL_WORLD_SIZE", 1 if kind == "kubernetes" else world_size)
-        master_port = _int(env, "MASTER_PORT")
+        world_size = env_int(env, "WORLD_SIZE", low=1, hint=hint)
+        rank = env_int(env, "RANK", hint=hint)
+        local_rank = env_int(env, "LOCAL_RANK", default=0 if kind == "kubernetes" else rank, hint=hint)
+        local_world_size = env_int(env, "LOCAL_WORLD_SIZE", default=1 if kind == "kubernetes" else world_size,
+                                   low=1, hint=hint)
+        master_port = env_port(env, "MASTER_PORT")
+        master_addr = env_host(env, "MASTER_ADDR")
         if kind == "kubernetes":  # a pod is a node; PET_* are what the operator gives torchrun
-            nodes = _int(env, "PET_NNODES", world_size)
-            node_rank = _int(env, "PET_NODE_RANK", rank)
+            nodes = env_int(env, "PET_NNODES", default=world_size, low=1, hint=hint)
+            node_rank = env_int(env, "PET_NODE_RANK", default=rank, hint=hint)
         else:
-            nodes = _int(env, "GROUP_WORLD_SIZE", max(1, world_size // max(1, local_world_size or 1)))
-            node_rank = _int(env, "GROUP_RANK", 0)
-    except (KeyError, ValueError) as exc:
-        shown = {k: env.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
-        raise DistributedError(
-            f"Incomplete or invalid launch environment {shown}: RANK and WORLD_SIZE must both "
-            "be set to integers (LOCAL_RANK, MASTER_ADDR, MASTER_PORT too for several "
-            "processes). Start the script with torchrun or `gpukit run`, or unset them."
-        ) from exc
+            nodes = env_int(env, "GROUP_WORLD_SIZE", default=max(1, world_size // local_world_size), low=1, hint=hint)
+            node_rank = env_int(env, "GROUP_RANK", default=0, hint=hint)
+    except ConfigurationError as exc:
+        raise DistributedError(f"Invalid launch environment: {exc}") from None
     if not 0 <= rank < world_size:
         raise DistributedError(f"RANK={rank} is outside 0..WORLD_SIZE-1 ({world_size}).")
     return dict(
         nodes=nodes, node_rank=node_rank, world_size=world_size, rank=rank, local_rank=local_rank,
-        local_world_size=local_world_size, master_addr=env.get("MASTER_ADDR") or None, master_port=master_port,
+        local_world_size=local_world_size, master_addr=master_addr, master_port=master_port,
     )
 
 
@@ -163,8 +156,8 @@ def _scheduler(env: Mapping[str, str]) -> dict[str, object]:
     if not in_slurm_job(env):
         return {"job_id": env.get("TORCHELASTIC_RUN_ID") or None}
     try:
-        restarts = int(env.get("SLURM_RESTART_COUNT") or 0)
-    except ValueError:
+        restarts = env_int(env, "SLURM_RESTART_COUNT", default=0)
+    except ConfigurationError:
         restarts = 0
     return {
         "job_id": env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"),

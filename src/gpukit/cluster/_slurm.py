@@ -13,9 +13,11 @@ Two ways to run under SLURM, both without gpukit flags:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import overload
 
-from gpukit.cluster._nodelist import parse_nodelist
+from gpukit.cluster._nodelist import MAX_HOSTS, parse_nodelist
+from gpukit.cluster._vars import check_host, env_host, env_int, env_port
 from gpukit.errors import ConfigurationError
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "PORT_SPAN",
     "slurm_port",
     "tasks_per_node",
+    "TasksPerNode",
     "in_slurm_job",
     "in_slurm_step",
     "slurm_gpus",
@@ -37,7 +40,10 @@ __all__ = [
 PORT_BASE = 15000
 PORT_SPAN = 20000
 
-_TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+_TASKS = re.compile(r"^(\d{1,6})(?:\(x(\d{1,12})\))?$")
+_JOB_ID = re.compile(r"^\d{1,10}$")
+#: most tasks SLURM_TASKS_PER_NODE may describe (repeats included): more nodes than a list can name
+MAX_NODES = MAX_HOSTS
 
 
 def slurm_port(job_id: str | int) -> int:
@@ -47,28 +53,72 @@ def slurm_port(job_id: str | int) -> int:
         ConfigurationError: ``job_id`` is not a number (an array job's ``123_4`` uses 123).
     """
     text = str(job_id).split("_")[0].strip()
-    if not text.isdigit():
+    if not _JOB_ID.match(text):
+        shown = str(job_id) if len(str(job_id)) <= 40 else str(job_id)[:40] + "..."
         raise ConfigurationError(
-            f"SLURM job id {job_id!r} is not a number, so no port can be derived from it; "
-            "set MASTER_PORT in the job script."
+            f"SLURM_JOB_ID={shown!r} is not a SLURM job id (a number of at most 10 digits), so no rendezvous "
+            "port can be derived from it; set MASTER_PORT in the job script (or unset SLURM_JOB_ID outside SLURM)."
         )
     return PORT_BASE + int(text) % PORT_SPAN
 
 
-def tasks_per_node(text: str) -> list[int]:
-    """Expand ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"`` -> ``[2, 2, 2, 1]``).
+class TasksPerNode(Sequence[int]):
+    """``SLURM_TASKS_PER_NODE`` as a sequence of per-node counts, kept compressed.
+
+    ``2(x99999)`` is one run, not a list of 99,999 numbers: indexing walks the runs.
+    """
+
+    def __init__(self, runs: list[tuple[int, int]]) -> None:
+        self.runs = runs  # (tasks, nodes) pairs, in node order
+
+    def __len__(self) -> int:
+        return sum(nodes for _, nodes in self.runs)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        for tasks, nodes in self.runs:
+            if 0 <= index < nodes:
+                return tasks
+            index -= nodes
+        raise IndexError("node index out of range")
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, TasksPerNode)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"TasksPerNode({self.runs})"
+
+
+def tasks_per_node(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> TasksPerNode:
+    """Read ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"`` -> ``[2, 2, 2, 1]``), without expanding repeats.
 
     Raises:
-        ConfigurationError: text not in SLURM's ``N`` / ``N(xM)`` comma-separated form.
+        ConfigurationError: text not in SLURM's ``N`` / ``N(xM)`` comma-separated form, or
+            describing more than :data:`MAX_NODES` nodes.
     """
-    counts: list[int] = []
-    for item in text.split(","):
+    shown = text if len(text) <= 80 else text[:80] + "..."
+    runs: list[tuple[int, int]] = []
+    for item in text[:100_000].split(","):
         match = _TASKS.match(item.strip())
-        if not match:
+        if not match or len(text) > 100_000:
             raise ConfigurationError(
-                f"Cannot read SLURM_TASKS_PER_NODE={text!r}: expected counts like '2(x3),1'."
+                f"Cannot read {variable}={shown!r}: expected counts like '2(x3),1' (tasks per node, "
+                "with (xN) for N nodes alike). SLURM sets it; unset it if a job script overrode it."
             )
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+        runs.append((int(match.group(1)), int(match.group(2) or 1)))
+    counts = TasksPerNode(runs)
+    if len(counts) > MAX_NODES:
+        raise ConfigurationError(f"{variable}={shown!r} describes {len(counts):,} nodes; gpukit reads at most "
+                                 f"{MAX_NODES:,}. SLURM sets it; unset it if a job script overrode it.")
     return counts
 
 
@@ -95,43 +145,34 @@ def slurm_gpus(env: Mapping[str, str]) -> tuple[str, ...] | None:
     return None
 
 
-def _int(env: Mapping[str, str], *keys: str, default: int | None = None) -> int:
-    for key in keys:
-        value = env.get(key)
-        if value is not None and value.strip():
-            try:
-                return int(value)
-            except ValueError:
-                raise ConfigurationError(
-                    f"{key}={value!r} is not an integer. SLURM sets it; a job script that "
-                    f"overrides it must give an integer (or unset it)."
-                ) from None
-    if default is None:
-        raise ConfigurationError(f"{' / '.join(keys)} is not set inside this SLURM step.")
-    return default
+def _int(env: Mapping[str, str], *keys: str, default: int | None = None, low: int = 0,
+         high: int = 2**31 - 1) -> int:
+    return env_int(env, *keys, default=default, low=low, high=high,
+                   hint="SLURM sets it; a job script that overrides it must give such an integer (or unset it).")
 
 
 def read_slurm(env: Mapping[str, str]) -> dict[str, object]:
     """The fields of a ``ClusterEnvironment`` for a SLURM job (see ``gpukit.cluster``)."""
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
     step = in_slurm_step(env)
-    nodelist_text = (
-        (env.get("SLURM_STEP_NODELIST") if step else None)
-        or env.get("SLURM_JOB_NODELIST")
-        or env.get("SLURM_NODELIST")
-    )
+    list_key = next((key for key in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                     if env.get(key) and (step or key != "SLURM_STEP_NODELIST")), "SLURM_JOB_NODELIST")
+    nodelist_text = env.get(list_key)
     hosts = tuple(parse_nodelist(nodelist_text)) if nodelist_text else ()
     if step:
-        nodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=max(1, len(hosts)))
-        node_rank = _int(env, "SLURM_NODEID", default=0)
-        world_size = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", default=nodes)
+        nodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=max(1, len(hosts)),
+                     low=1, high=MAX_NODES)
+        node_rank = _int(env, "SLURM_NODEID", default=0, high=MAX_NODES)
+        world_size = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", default=nodes, low=1)
         rank = _int(env, "SLURM_PROCID")
         local_rank = _int(env, "SLURM_LOCALID", default=0)
-        per_node_text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-        per_node = tasks_per_node(per_node_text) if per_node_text else [world_size // nodes] * nodes
+        per_node_key = "SLURM_STEP_TASKS_PER_NODE" if env.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
+        per_node_text = env.get(per_node_key)
+        per_node = (tasks_per_node(per_node_text, per_node_key) if per_node_text
+                    else TasksPerNode([(max(1, world_size // nodes), nodes)]))
         local_world_size = per_node[node_rank] if node_rank < len(per_node) else per_node[-1]
     else:  # the batch script (or an salloc shell): this one process, on the first node
-        nodes = _int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=max(1, len(hosts)))
+        nodes = _int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=max(1, len(hosts)), low=1, high=MAX_NODES)
         node_rank, world_size, rank, local_rank, local_world_size = 0, 1, 0, 0, 1
     if not 0 <= rank < world_size or not 0 <= node_rank < nodes or not 0 <= local_rank < local_world_size:
         raise ConfigurationError(
@@ -139,14 +180,14 @@ def read_slurm(env: Mapping[str, str]) -> dict[str, object]:
             f"SLURM_NODEID={node_rank} of {nodes} nodes, SLURM_LOCALID={local_rank} of "
             f"{local_world_size} on this node. Do not override SLURM_* variables in the job script."
         )
-    port_text = env.get("MASTER_PORT")
-    try:
-        master_port = int(port_text) if port_text else (slurm_port(job_id) if job_id else None)
-    except ValueError:
-        raise ConfigurationError(f"MASTER_PORT={port_text!r} is not a port number (1..65535).") from None
+    master_port = env_port(env, "MASTER_PORT")
+    if master_port is None and job_id:
+        master_port = slurm_port(job_id)
     return dict(
         nodes=nodes, node_rank=node_rank, world_size=world_size, rank=rank, local_rank=local_rank,
-        local_world_size=local_world_size, master_addr=env.get("MASTER_ADDR") or (hosts[0] if hosts else None),
+        local_world_size=local_world_size,
+        master_addr=env_host(env, "MASTER_ADDR") or (check_host(hosts[0], f"the first host of {list_key}") if hosts
+                                                     else None),
         master_port=master_port, hosts=hosts, in_step=step,
     )
 

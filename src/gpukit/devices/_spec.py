@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NoReturn
 
 from gpukit.errors import FakeSpecError
+
+#: largest spec file read (a spec for 64 GPUs with processes is a few KiB)
+MAX_SPEC_BYTES = 4 << 20
 
 __all__ = ["FakeSpec", "FakeGpu", "FakeMigDevice", "FakeProcess", "load_spec", "parse_spec", "COMPUTE_MODES"]
 
@@ -96,8 +100,17 @@ def load_spec(path: str | os.PathLike[str]) -> FakeSpec:
     """
     where = os.fspath(path)
     try:
+        info = os.stat(where)
+        if not stat.S_ISREG(info.st_mode):  # before open(): opening a FIFO waits for a writer forever
+            raise FakeSpecError(f"Fake-GPU spec {where!r} is not a regular file (a directory, FIFO or device). Point "
+                                "GPUKIT_FAKE_GPUS at a JSON spec file, e.g. one of examples/fake-gpus/*.json.")
+        if info.st_size > MAX_SPEC_BYTES:
+            raise FakeSpecError(f"Fake-GPU spec {where!r} is {info.st_size:,} bytes; a spec is at most "
+                                f"{MAX_SPEC_BYTES:,} bytes. Point GPUKIT_FAKE_GPUS at a JSON spec file.")
         with open(where, encoding="utf-8") as fh:
-            text = fh.read()
+            text = fh.read(MAX_SPEC_BYTES + 1)
+    except UnicodeDecodeError as exc:
+        raise FakeSpecError(f"Fake-GPU spec {where!r} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
     except FileNotFoundError:
         raise FakeSpecError(
             f"Fake-GPU spec {where!r} does not exist. Point GPUKIT_FAKE_GPUS at a JSON spec file, "
@@ -107,6 +120,8 @@ def load_spec(path: str | os.PathLike[str]) -> FakeSpec:
         raise FakeSpecError(f"Cannot read fake-GPU spec {where!r}: {exc.strerror or exc}.") from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise FakeSpecError(f"Fake-GPU spec {where!r} nests JSON too deeply to be a spec.") from None
     except json.JSONDecodeError as exc:
         raise FakeSpecError(
             f"Fake-GPU spec {where!r} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}."

@@ -93,6 +93,8 @@ class DoctorContext:
         torch: the installed torch build.
         from_cli: ``True`` for ``gpukit doctor`` (a fresh process, so CUDA cannot be initialised).
         shm_path: the shared-memory filesystem to measure.
+        shm_source: where ``shm_path`` came from: ``"--shm-path"``, ``"GPUKIT_SHM_PATH"`` or
+            ``"default"`` (only the default may be missing without a failure: a container without it).
         cuda_uuids: returns the UUIDs CUDA sees here, or ``None`` when CUDA is not initialised.
         cluster: where the job runs (:func:`gpukit.cluster.environment`); ``None`` when its
             variables are contradictory (``cluster_error`` says how).
@@ -107,6 +109,7 @@ class DoctorContext:
     torch: TorchBuild
     from_cli: bool = False
     shm_path: str = "/dev/shm"
+    shm_source: str = "default"
     cuda_uuids: Callable[[], list[str] | None] = cuda_device_uuids
     cluster: ClusterEnvironment | None = None
     cluster_error: str | None = None
@@ -114,7 +117,7 @@ class DoctorContext:
 
     @classmethod
     def gather(cls, *, env: Mapping[str, str] | None = None, from_cli: bool = False,
-               shm_path: str | os.PathLike[str] | None = None) -> DoctorContext:
+               shm_path: str | os.PathLike[str] | None = None, shm_source: str | None = None) -> DoctorContext:
         """Read the machine once: NVML snapshots, driver, torch build, the environment."""
         from gpukit.devices import driver_version, list_gpus, unavailable_reason
 
@@ -129,4 +132,6 @@ class DoctorContext:
             env=env, gpus=gpus, driver_version=driver_version(), nvml_reason=unavailable_reason(),
             torch=torch_build(), from_cli=from_cli, cluster=cluster, cluster_error=cluster_error,
             shm_path=os.fspath(shm_path) if shm_path is not None else env.get(SHM_PATH_ENV) or "/dev/shm",
+            shm_source=shm_source or ("shm_path" if shm_path is not None else
+                                      SHM_PATH_ENV if env.get(SHM_PATH_ENV) else "default"),
         )

@@ -14,10 +14,13 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
-import threading
 from typing import Any
 
+from gpukit.cluster._vars import check_port as valid_port
+from gpukit.cluster._vars import env_host, env_port
+from gpukit.cluster._vars import resolve as resolve_host
 from gpukit.doctor._context import DoctorContext
+from gpukit.errors import ConfigurationError
 from gpukit.doctor._finding import Finding
 from gpukit.launch._elastic import _route_addr
 
@@ -27,6 +30,7 @@ __all__ = ["DEFAULT_MASTER_PORT", "check_interface", "check_master", "check_port
 DEFAULT_MASTER_PORT = 29500
 _RESOLVE_TIMEOUT_S = 2.0
 _CONNECT_TIMEOUT_S = 1.0
+_INVALID_ADDR = "invalid MASTER_ADDR"
 
 
 def _interfaces() -> dict[str, dict[str, Any]]:
@@ -57,18 +61,7 @@ def nccl_interfaces(spec: str, names: list[str]) -> list[str]:
 
 def resolve(host: str, timeout_s: float = _RESOLVE_TIMEOUT_S) -> list[str] | None:
     """Addresses ``host`` resolves to; ``None`` if it does not (or DNS takes over ``timeout_s``)."""
-    result: list[list[str] | None] = [None]
-
-    def work() -> None:
-        try:
-            result[0] = sorted({str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)})
-        except (OSError, UnicodeError):
-            result[0] = None
-
-    thread = threading.Thread(target=work, name="gpukit-doctor-resolve", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    return result[0]
+    return resolve_host(host, timeout_s)
 
 
 def probe_tcp(addr: str, port: int, timeout_s: float = _CONNECT_TIMEOUT_S) -> str:
@@ -83,12 +76,22 @@ def probe_tcp(addr: str, port: int, timeout_s: float = _CONNECT_TIMEOUT_S) -> st
 
 
 def _master(ctx: DoctorContext) -> tuple[str | None, int, str]:
-    """``(address, port, where it came from)``: MASTER_ADDR/MASTER_PORT, else the detected cluster's."""
+    """``(address, port, where it came from)``: MASTER_ADDR/MASTER_PORT, else the detected cluster's.
+
+    A MASTER_ADDR that is no host name gives ``(None, port, "invalid MASTER_ADDR")`` (check_master
+    reports it); a MASTER_PORT that is no port gives the default port (check_port reports it).
+    """
     env, cluster = ctx.env, ctx.cluster
     port_text = env.get("MASTER_PORT", "")
-    port = int(port_text) if port_text.isdigit() else DEFAULT_MASTER_PORT
-    if env.get("MASTER_ADDR"):
-        return env["MASTER_ADDR"], port, "MASTER_ADDR"
+    try:
+        port = env_port(env, "MASTER_PORT") or DEFAULT_MASTER_PORT
+    except ConfigurationError:
+        port = DEFAULT_MASTER_PORT
+    if env.get("MASTER_ADDR", "").strip():
+        try:
+            return env_host(env, "MASTER_ADDR"), port, "MASTER_ADDR"
+        except ConfigurationError:
+            return None, port, _INVALID_ADDR
     if cluster is not None and cluster.master_addr:
         if not port_text and cluster.master_port is not None:
             port = cluster.master_port
@@ -184,6 +187,12 @@ def check_master(ctx: DoctorContext) -> list[Finding]:
     """Whether the master address resolves, is this machine or is reachable from it."""
     name = "network.master"
     addr, port, source = _master(ctx)
+    if source == _INVALID_ADDR:
+        try:
+            env_host(ctx.env, "MASTER_ADDR")
+        except ConfigurationError as exc:
+            return [Finding(name, "fail", str(exc), "export MASTER_ADDR=<node 0's address> (or unset it on one machine)",
+                            {"master_addr": ctx.env.get("MASTER_ADDR", "")[:300]})]
     if addr is None:
         return [Finding(name, "info", "no master address (MASTER_ADDR unset): a one-machine run; "
                         "`gpukit run` picks a free local port itself", None, {"master_addr": None})]
@@ -237,9 +246,12 @@ def check_port(ctx: DoctorContext) -> list[Finding]:
     explicit = "MASTER_PORT" in ctx.env
     origin = "MASTER_PORT" if explicit else source if source.endswith("detection") else "default"
     details: dict[str, Any] = {"port": port, "explicit": explicit, "source": origin}
-    if explicit and not (ctx.env["MASTER_PORT"].isdigit() and 0 < int(ctx.env["MASTER_PORT"]) < 65536):
-        return [Finding(name, "fail", f"MASTER_PORT={ctx.env['MASTER_PORT']!r} is not a port (1-65535)",
-                        f"export MASTER_PORT={DEFAULT_MASTER_PORT}", details)]
+    try:
+        if explicit:
+            valid_port(ctx.env["MASTER_PORT"], "MASTER_PORT")
+    except ConfigurationError as exc:
+        details["port"] = None
+        return [Finding(name, "fail", str(exc), f"export MASTER_PORT={DEFAULT_MASTER_PORT}", details)]
     if addr is not None:
         ifaces = ctx.extra.get("interfaces") or _interfaces()
         ips = resolve(addr) or []

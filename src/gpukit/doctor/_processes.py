@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from gpukit._util.units import format_bytes
-from gpukit.devices import GpuProcess, GpuSnapshot, _nvml, claim_holders, default_claim_dir
+from gpukit.devices import CLAIM_DIR_ENV, GpuProcess, GpuSnapshot, _nvml, claim_holders, default_claim_dir
 from gpukit.devices._claims import _read_owner
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
@@ -172,7 +172,17 @@ def _alive(pid: int | None) -> bool:
 def check_claims(ctx: DoctorContext) -> list[Finding]:
     """gpukit claims (``GPUKIT_CLAIM_DIR``): held by processes gone from here, or notes left behind."""
     name = "gpu.claims"
-    directory = default_claim_dir(ctx.env.get("GPUKIT_CLAIM_DIR") or None)
+    chosen = ctx.env.get(CLAIM_DIR_ENV) or None
+    directory = default_claim_dir(chosen)
+    source = f"{CLAIM_DIR_ENV}={str(directory)!r}" if chosen else f"the default claim directory {directory}"
+    if directory.exists() and not directory.is_dir():
+        return [Finding(name, "fail", f"{source} is not a directory: `gpukit run` and claim_gpus refuse it, so no "
+                        "GPU can be claimed", f"set {CLAIM_DIR_ENV} to a directory shared by every job on this "
+                        "machine (or unset it)", {"claim_dir": str(directory)})]
+    if directory.is_dir() and not os.access(directory, os.W_OK | os.X_OK):
+        return [Finding(name, "fail", f"{source} is not writable by this user, so no GPU can be claimed",
+                        f"make it writable (chmod 1777 {directory}) or set {CLAIM_DIR_ENV} to a writable "
+                        "directory shared by every job", {"claim_dir": str(directory)})]
     locks = sorted(directory.glob("*.lock")) if directory.is_dir() else []
     notes = sorted(directory.glob("*.owner")) if directory.is_dir() else []
     stems = sorted({p.name[: -len(".lock")] for p in locks})

@@ -109,7 +109,7 @@ def build_report(ctx: DoctorContext, findings: list[Finding]) -> dict[str, Any]:
 
 
 def run_checks(*, env: Mapping[str, str] | None = None, shm_path: str | os.PathLike[str] | None = None,
-               from_cli: bool = False) -> DoctorResult:
+               from_cli: bool = False, shm_source: str | None = None) -> DoctorResult:
     """Check this machine and process for the traps that break PyTorch GPU runs.
 
     Never imports torch (an already imported torch is asked whether CUDA is initialised) and
@@ -121,6 +121,7 @@ def run_checks(*, env: Mapping[str, str] | None = None, shm_path: str | os.PathL
         shm_path: the shared-memory filesystem to measure (default ``GPUKIT_SHM_PATH``, else
             ``/dev/shm``).
         from_cli: set by ``gpukit doctor``: a fresh process, whose CUDA state says nothing.
+        shm_source: how findings name ``shm_path`` (``"--shm-path"``; default ``"shm_path"``).
 
     Returns:
         A :class:`DoctorResult`: ``findings`` (each with ``status`` ok/info/warn/fail, ``message``
@@ -129,6 +130,6 @@ def run_checks(*, env: Mapping[str, str] | None = None, shm_path: str | os.PathL
     Raises:
         FakeSpecError: ``GPUKIT_FAKE_GPUS`` names a missing or malformed spec.
     """
-    ctx = DoctorContext.gather(env=env, from_cli=from_cli, shm_path=shm_path)
+    ctx = DoctorContext.gather(env=env, from_cli=from_cli, shm_path=shm_path, shm_source=shm_source)
     findings = [f for name, check in CHECKS for f in _guarded(name, check, ctx)]
     return DoctorResult(findings, build_report(ctx, findings))

@@ -9,6 +9,7 @@ device". Each worker keeps ``prefetch_factor`` (2) batches in flight.
 from __future__ import annotations
 
 import os
+import stat as stat_module
 
 from gpukit._util.cpu import auto_worker_count, usable_cpu_count
 from gpukit._util.units import format_bytes
@@ -33,10 +34,23 @@ def check_shm(ctx: DoctorContext) -> list[Finding]:
     """Size and free space of the shared-memory filesystem (``ctx.shm_path``, default ``/dev/shm``)."""
     name = "system.shm"
     path = ctx.shm_path
+    given = ctx.shm_source != "default"
     try:
+        kind = os.stat(path).st_mode
+        if not stat_module.S_ISDIR(kind):  # statvfs of a file measures the filesystem it lies on
+            what = "a FIFO" if stat_module.S_ISFIFO(kind) else "a regular file" if stat_module.S_ISREG(kind) else \
+                "a device or socket"
+            return [Finding(name, "fail", f"{path} ({ctx.shm_source}) is {what}, not the shared-memory "
+                            "directory DataLoader workers write to",
+                            f"point {ctx.shm_source} at the shared-memory mount (usually /dev/shm)",
+                            {"path": path, "source": ctx.shm_source})]
         stat = os.statvfs(path)
     except OSError as exc:
         missing = isinstance(exc, FileNotFoundError)
+        if given:  # a path someone chose that cannot be measured is their mistake, not the container's
+            return [Finding(name, "fail", f"cannot measure {path} ({ctx.shm_source}): {exc.strerror or exc}",
+                            f"point {ctx.shm_source} at the shared-memory mount (usually /dev/shm)",
+                            {"path": path, "source": ctx.shm_source})]
         return [Finding(name, "warn" if missing and os.name == "posix" else "info",
                         f"cannot measure {path}: {exc.strerror or exc}; DataLoader workers need shared memory",
                         _FIX if missing and os.name == "posix" else None, {"path": path})]
