@@ -6,10 +6,13 @@
   into models wrapped or not, with readable errors on a real mismatch.
 - :class:`CheckpointManager`: the full training state per step (models, optimizers,
   schedulers, scalers, data position, RNG states per rank), exact resume, rotation.
+- :func:`export_pretrained`: a folder Hugging Face ``from_pretrained`` loads (sharded
+  safetensors with an index above a size, plus the model's config).
 """
 
 from __future__ import annotations
 
+from gpukit.checkpoint._hf_export import export_pretrained
 from gpukit.checkpoint._io import auto_map_location, load, save
 from gpukit.checkpoint._manager import CheckpointManager
 from gpukit.checkpoint._prefixes import detect_prefixes, load_state_dict, strip_wrapper_prefixes
@@ -20,6 +23,7 @@ __all__ = [
     "load",
     "load_state_dict",
     "CheckpointManager",
+    "export_pretrained",
     "strip_wrapper_prefixes",
     "detect_prefixes",
     "capture_rng_state",

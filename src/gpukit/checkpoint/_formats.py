@@ -28,6 +28,7 @@ __all__ = [
     "sniff_format",
     "format_for_save",
     "metadata_entry",
+    "safetensors_metadata",
     "append_zip_metadata",
     "read_metadata",
     "check_readable_file",
@@ -62,6 +63,15 @@ def metadata_entry() -> dict[str, str]:
         "torch_version": torch.__version__,
         "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def safetensors_metadata(**extra: str) -> dict[str, str]:
+    """The ``__metadata__`` of every safetensors file gpukit writes.
+
+    ``{"format": "pt"}`` is what transformers 4.x requires before it loads a file ("File
+    metadata is not ['pt', 'tf', 'flax', 'mlx'] but None"); gpukit's own record follows it.
+    """
+    return {"format": "pt", **extra, **metadata_entry()}
 
 
 def format_for_save(path: Path, format: str | None) -> str:

@@ -23,6 +23,7 @@ from gpukit.checkpoint._formats import (
     format_for_save,
     metadata_entry,
     read_safetensors_header,
+    safetensors_metadata,
     sniff_format,
 )
 from gpukit.checkpoint._prefixes import strip_wrapper_prefixes
@@ -110,7 +111,7 @@ def _write_torch(state: Any) -> Callable[[BinaryIO], None]:
 
 def _write_safetensors(tensors: dict[str, torch.Tensor]) -> Callable[[BinaryIO], None]:
     def write(handle: BinaryIO) -> None:
-        handle.write(_safetensors().save(tensors, metadata=metadata_entry()))
+        handle.write(_safetensors().save(tensors, metadata=safetensors_metadata()))
 
     return write
 

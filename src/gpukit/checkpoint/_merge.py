@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 import torch
 
 from gpukit.checkpoint._atomic import atomic_write
-from gpukit.checkpoint._formats import SAFETENSORS_DTYPES, metadata_entry
+from gpukit.checkpoint._formats import SAFETENSORS_DTYPES, safetensors_metadata
 from gpukit.checkpoint._io import save
 from gpukit.checkpoint._sharded import METADATA_FILE, read_metadata
 from gpukit.errors import ConfigurationError
@@ -136,8 +136,7 @@ def merge_sharded(
         state = {k: cast(v) for k, v in _load(source, prefix, chosen, list(chosen)).items()}
         written = save(state, out, format="torch", rank_zero_only=False)
         return {"target": str(written), "format": fmt, "tensors": len(state), "size_bytes": written.stat().st_size}
-    header: dict[str, Any] = {"__metadata__": {"format": "pt", "gpukit_merged_from": str(source),
-                                               **metadata_entry()}}
+    header: dict[str, Any] = {"__metadata__": safetensors_metadata(gpukit_merged_from=str(source))}
     offset = 0
     for key, meta in chosen.items():
         out_dtype = dtype if dtype is not None and meta.properties.dtype.is_floating_point else meta.properties.dtype

@@ -103,3 +103,49 @@ def convert(source: str, target: str, strip_prefix: bool, to_cpu: bool, dtype: s
         raise UnsafeCheckpointError(f"{exc} On the command line: add --trust (only for files you trust).") from None
     click.echo(f"wrote {result['target']} ({result['format']}, {result['tensors']} tensors, "
                f"{format_bytes(result['size_bytes'])})")
+
+
+@ckpt.command()
+@click.argument("source", type=click.Path(path_type=str))
+@click.argument("directory", type=click.Path(path_type=str))
+@click.option("--config", "config", type=click.Path(path_type=str),
+              help="The model's config.json (or a Hugging Face model folder holding one) to write beside the weights.")
+@click.option("--select", help="The object holding the weights, e.g. 'model' in a gpukit checkpoint.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), help="Cast floating-point weights.")
+@click.option("--max-shard-size", default="5GB", show_default=True,
+              help="Split larger weights into shards of at most this size (e.g. 500MB, 2GiB), with an index.")
+@click.option("--trust", is_flag=True, help="Allow full unpickling of SOURCE (can run code; trusted files only).")
+def export(source: str, directory: str, config: str | None, select: str | None, dtype: str | None,
+           max_shard_size: str, trust: bool) -> None:
+    """Export SOURCE's weights as a folder Hugging Face from_pretrained loads.
+
+    DIRECTORY gets model.safetensors (or model-0000N-of-0000M.safetensors shards and
+    model.safetensors.index.json above --max-shard-size) and, with --config, config.json.
+    """
+    from gpukit._util.units import format_bytes
+    from gpukit.checkpoint._hf_export import export_pretrained
+    from gpukit.errors import UnsafeCheckpointError
+
+    try:
+        result = export_pretrained(source, directory, config=config, select=select, dtype=dtype,
+                                   max_shard_bytes=_decimal_size(max_shard_size), trust=trust)
+    except UnsafeCheckpointError as exc:
+        raise UnsafeCheckpointError(f"{exc} On the command line: add --trust (only for files you trust).") from None
+    shards = f"{len(result['files'])} shards + {result['index']}" if result["index"] else "1 file"
+    click.echo(f"wrote {result['directory']} ({shards}, {result['tensors']} tensors, "
+               f"{format_bytes(result['size_bytes'])})")
+    if result["config"] is None:
+        click.echo(f"note: {directory} has no config.json; from_pretrained needs one: add --config "
+                   "PATH/config.json, or save it with config.save_pretrained(DIR).")
+
+
+def _decimal_size(text: str) -> int:
+    """``5GB`` as transformers reads it (decimal: GB = 10**9, GiB = 2**30)."""
+    import re
+
+    from gpukit._util.units import parse_size
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT])[bB]\s*", text)
+    if match:
+        return int(float(match.group(1)) * 1000 ** ("kmgt".index(match.group(2).lower()) + 1))
+    return parse_size(text)
