@@ -58,6 +58,27 @@ def one_line_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     (["demo", "--batch-size", "9" * 30], "'--batch-size'"),
     (["demo", "--nproc", "100000"], "GPUKIT_MAX_NPROC=100000"),
     (["plan", "m:f", "--batch-shape", "9" * 20 + ",4"], "--batch-shape '99999999999999999999,4'"),
+    # issue 16.6: durations are finite, names and paths are not empty, addresses are addresses
+    (["select", "--wait", "inf"], "--wait 'inf': a timeout must be a finite number"),
+    (["select", "--wait", "1e309"], "--wait '1e309': a timeout must be a finite number"),
+    (["select", "--wait", "1e26"], "longer than any run"),
+    (["run", "--cpu", "--wait", "-5", "x.py"], "cannot be negative"),
+    (["run", "--cpu", "--wait", "inf", "x.py"], "--wait 'inf': a timeout must be a finite number"),
+    (["run", "--cpu", "--signal", "", "x.py"], "'--signal': '' is empty"),
+    (["run", "--cpu", "--record", "", "x.py"], "'--record': '' is not a path"),
+    (["run", "--cpu", "-m", "", "x.py"], "'-m' / '--module': '' is empty"),
+    (["run", "--cpu", "-m", "../evil", "x.py"], "is not a valid name"),
+    (["run", "--cpu", "--master-addr", "a..b", "x.py"], "'--master-addr': --master-addr='a..b' is not a host name"),
+    (["run", "--cpu", "--master-addr", "x" * 300, "x.py"], "300 characters long"),
+    (["run", "--cpu", "--local-addr", ".", "x.py"], "'--local-addr'"),
+    (["run", "--cpu", "--master-port", "9" * 400, "x.py"], "'--master-port'"),
+    (["run", "--cpu", "--master-port", "0", "x.py"], "'--master-port'"),
+    (["run", "--cpu", "--nnodes", "0", "x.py"], "'--nnodes'"),
+    (["run", "--cpu", "--node-rank", "-1", "x.py"], "'--node-rank'"),
+    (["run", "--cpu", "--max-restarts", "9" * 30, "x.py"], "'--max-restarts'"),
+    (["run", "--cpu", "--max-requeues", "-1", "x.py"], "'--max-requeues'"),
+    (["doctor", "--shm-path", "/nonexistent-gpukit-test"], "'--shm-path': Directory '/nonexistent-gpukit-test' does not exist"),
+    (["doctor", "--shm-path", "/etc/passwd"], "'--shm-path'"),
 ])
 def test_bad_numbers_are_one_line(capsys: pytest.CaptureFixture[str], args: list[str], expected: str) -> None:
     assert expected in one_line_error(capsys, *args)
@@ -263,3 +284,14 @@ def test_session_seed_outside_torch_range_is_one_clear_error(seed: int) -> None:
 
     with pytest.raises(ConfigurationError, match=r"ints from 0 to 2\*\*63 - 1"):
         gpukit.Session(seed=seed)
+
+
+def test_a_master_address_that_does_not_resolve_is_an_error_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from gpukit.cli.run import RESOLVE_TIMEOUT_S
+
+    started = time.monotonic()
+    err = one_line_error(capsys, "run", "--cpu", "--master-addr", "nan", "--rdzv-timeout", "20", "x.py")
+    assert "--master-addr 'nan' does not resolve" in err and "port" not in err.split("resolve")[1]
+    assert time.monotonic() - started < RESOLVE_TIMEOUT_S + 3

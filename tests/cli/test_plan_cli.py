@@ -63,3 +63,24 @@ def test_plan_errors_are_one_line(models: str, args: list[str], message: str, ca
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("gpukit: error:") and message in err
+
+
+def test_fsdp_without_nproc_uses_the_visible_gpus_and_says_so(models: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpukit.devices import _nvml
+
+    examples = Path(__file__).resolve().parents[2] / "examples" / "fake-gpus"
+    args = ["plan", f"{models}:mlp", "--batch-shape", "64,32", "--strategy", "fsdp", "--json"]
+    monkeypatch.setenv("GPUKIT_FAKE_GPUS", str(examples / "shared-4gpu.json"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    _nvml.shutdown()
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "planning FSDP over 2 rank(s), the GPUs visible here" in result.stderr
+    by_default = json.loads(result.stdout)
+    explicit = json.loads(CliRunner().invoke(cli, [*args, "--nproc", "2"]).stdout)
+    assert by_default == explicit
+    monkeypatch.setenv("GPUKIT_FAKE_GPUS", str(examples / "no-driver.json"))
+    _nvml.shutdown()
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code != 0 and "no GPU is visible here to count: give --nproc N" in str(result.exception)
+    _nvml.shutdown()

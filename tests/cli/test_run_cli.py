@@ -15,7 +15,9 @@ def _params(*args: str) -> dict:
 
 def test_bare_wait_does_not_swallow_the_script():
     params = _params("--wait", "train.py", "--lr", "3")
-    assert params["wait"] == "forever"
+    from gpukit.cli._common import WAIT_NO_LIMIT
+
+    assert params["wait"] == WAIT_NO_LIMIT
     assert params["command"] == ("train.py", "--lr", "3")
 
 

@@ -65,7 +65,7 @@ def test_wait_with_timeout(capsys: pytest.CaptureFixture[str]) -> None:
     ("args", "message"),
     [
         (["--min-free", "8 GB of RAM"], "expected a byte count (e.g. 8589934592) or a number with a unit: 8GiB"),
-        (["--wait", "soon"], "--wait 'soon': give the longest wait in seconds"),
+        (["--wait", "soon"], "--wait 'soon' is not a number of seconds"),
         (["--exclude", "first"], "Cannot exclude 'first'"),
         (["-n", "0"], "Invalid value for '-n' / '--count'"),
         (["--format", "json"], "Invalid value for '--format'"),

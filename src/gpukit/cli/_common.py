@@ -1,14 +1,20 @@
 """Helpers shared by the commands (no torch import: ``ls`` and ``select`` use them).
 
-Numeric options use the validated click types below, so a bad value is one usage line
+Every option is read by one validator per kind, so a bad value is one usage line
 (``gpukit: error: Invalid value for '--grace': ...``, exit 2) before anything starts:
-``nan`` and ``inf`` pass click's own ``FloatRange`` (every comparison with NaN is false),
-and huge integers would reach torch or ``time.sleep`` and fail there with a traceback.
+
+* numbers: :class:`FiniteFloatRange` (``nan`` and ``inf`` pass click's own ``FloatRange``, since
+  every comparison with NaN is false) and ``click.IntRange`` with both bounds (huge integers would
+  reach torch or ``time.sleep`` and fail there with a traceback);
+* durations: :class:`FiniteFloatRange` in seconds, and :func:`parse_wait_seconds` for ``--wait``;
+* paths: :class:`NonEmptyPath` (``--record ''`` would record into the current directory);
+* names: :class:`Name` (``--signal ''`` would silently mean the default) and :class:`HostName`.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import click
@@ -18,7 +24,12 @@ from gpukit.errors import ConfigurationError
 
 __all__ = [
     "FiniteFloatRange",
+    "NonEmptyPath",
+    "Name",
+    "HostName",
+    "WAIT_NO_LIMIT",
     "MAX_DURATION_S",
+    "MAX_NPROC",
     "MAX_SEED",
     "MAX_BATCH",
     "parse_size_option",
@@ -31,6 +42,12 @@ MAX_DURATION_S = 10_000_000
 MAX_SEED = 2**63 - 1
 #: largest batch dimension or batch size an option accepts (torch indexes with int64)
 MAX_BATCH = 2**31 - 1
+#: bound on process and GPU counts, so huge integers never reach the launcher (whose own cap,
+#: ``GPUKIT_MAX_NPROC``, relates --nproc to the machine)
+MAX_NPROC = 1 << 20
+#: what a bare ``--wait`` (no TIMEOUT) stands for; a NUL cannot come from the command line
+WAIT_NO_LIMIT = "\x00no-limit"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -60,13 +77,70 @@ def parse_size_option(option: str, value: str | None) -> int | None:
 
 
 def parse_wait_seconds(value: str) -> float:
-    """``--wait TIMEOUT`` -> seconds; ``inf`` means no limit. NaN, negatives and absurd values are usage errors."""
+    """``--wait TIMEOUT`` -> seconds; :data:`WAIT_NO_LIMIT` (a bare ``--wait``) -> ``inf``.
+
+    A TIMEOUT must be a finite number of seconds from 0 to :data:`MAX_DURATION_S`: ``inf``,
+    ``1e309``, NaN, negatives and absurd values are usage errors that say which.
+    """
+    if value == WAIT_NO_LIMIT:
+        return math.inf
+    fix = f"give seconds from 0 to {MAX_DURATION_S:,} (e.g. --wait 600), or --wait alone to wait without limit."
     try:
         seconds = float(value)
     except ValueError:
-        raise click.UsageError(f"--wait {value!r}: give the longest wait in seconds (e.g. --wait 600), "
-                               "or --wait alone to wait without limit.") from None
-    if math.isnan(seconds) or seconds < 0 or MAX_DURATION_S < seconds < math.inf:
-        raise click.UsageError(f"--wait {value!r}: a timeout cannot be negative or NaN; give seconds from 0 to "
-                               f"{MAX_DURATION_S:,} (e.g. --wait 600), or --wait alone to wait without limit.")
+        raise click.UsageError(f"--wait {value!r} is not a number of seconds: {fix}") from None
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise click.UsageError(f"--wait {value!r}: a timeout must be a finite number; {fix}")
+    if seconds < 0:
+        raise click.UsageError(f"--wait {value!r}: a timeout cannot be negative; {fix}")
+    if seconds > MAX_DURATION_S:
+        raise click.UsageError(f"--wait {value!r}: {seconds:.3g} s is longer than any run (at most "
+                               f"{MAX_DURATION_S:,} s, ~116 days); {fix}")
     return seconds
+
+
+class NonEmptyPath(click.Path):
+    """A ``click.Path`` that refuses an empty or blank value (``--record ''`` is a typo, not ``.``)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and (not value.strip() or _CONTROL.search(value)):
+            self.fail(f"{value!r} is not a path: give a {'directory' if not self.file_okay else 'file'} name, "
+                      "e.g. runs/exp1.", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class Name(click.ParamType):
+    """A name (signal, module, ...): not empty, at most ``max_chars``, no control characters.
+
+    ``pattern`` (optional) says what the name must look like; ``example`` is shown on error.
+    """
+
+    name = "name"
+
+    def __init__(self, example: str, pattern: str | None = None, max_chars: int = 256) -> None:
+        self.example = example
+        self.pattern = re.compile(pattern) if pattern else None
+        self.max_chars = max_chars
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value)
+        shown = repr(text if len(text) <= 60 else text[:60] + "...")
+        if not text.strip():
+            self.fail(f"{shown} is empty; give a name, e.g. {self.example}.", param, ctx)
+        if len(text) > self.max_chars or _CONTROL.search(text) or (self.pattern and not self.pattern.match(text)):
+            self.fail(f"{shown} is not a valid name here; give e.g. {self.example}.", param, ctx)
+        return text.strip()
+
+
+class HostName(click.ParamType):
+    """An IP address or RFC 1123 host name (``gpukit.cluster._vars.check_host``)."""
+
+    name = "address"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from gpukit.cluster._vars import check_host
+
+        try:
+            return check_host(str(value), param.opts[0] if param is not None else "address")
+        except ConfigurationError as exc:
+            self.fail(str(exc), param, ctx)

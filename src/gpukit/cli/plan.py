@@ -75,6 +75,22 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+def _visible_gpu_count() -> int:
+    """``--strategy fsdp`` without ``--nproc``: shard over the GPUs visible here (said on stderr), or refuse."""
+    import os
+
+    from gpukit.devices import _nvml, list_gpus, resolve_visible
+
+    _nvml.silence_notice()
+    visible = len(resolve_visible(os.environ.get("CUDA_VISIBLE_DEVICES"), list_gpus()))
+    if visible < 1:
+        raise ConfigurationError("--strategy fsdp shards the model over --nproc processes, and no GPU is visible "
+                                 "here to count: give --nproc N (the number of GPUs the run will use).")
+    click.echo(f"gpukit: planning FSDP over {visible} rank(s), the GPUs visible here; give --nproc N to plan for "
+               "another count.", err=True)
+    return visible
+
+
 @click.command(short_help="Predict peak training memory of a model, without a GPU.")
 @click.argument("model")
 @click.option("--batch-shape", "shapes", multiple=True, required=True, help="Shape of one model input, e.g. 64,3,32,32 (repeat for several inputs).")
@@ -84,11 +100,11 @@ def _shape(text: str) -> tuple[int, ...]:
 @click.option("--device", default="cuda", show_default=True, help="Device type to plan for (no GPU is needed).")
 @click.option("--strategy", type=click.Choice(["single", "ddp", "fsdp"]), default="single", show_default=True,
               help="fsdp: per-rank memory with parameters, gradients and optimizer state sharded over --nproc.")
-@click.option("--nproc", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
-              help="Processes the model is sharded over (with --strategy fsdp).")
+@click.option("--nproc", type=click.IntRange(1, 1 << 20), default=None,
+              help="Processes the model is sharded over (with --strategy fsdp) [default: the GPUs visible here].")
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")
 def plan(model: str, shapes: tuple[str, ...], dtypes: tuple[str, ...], precision: str, optimizer: str, device: str,
-         strategy: str, nproc: int, as_json: bool) -> None:
+         strategy: str, nproc: int | None, as_json: bool) -> None:
     """Predict peak training memory of MODEL (a 'module:factory' returning an nn.Module).
 
     Nothing is allocated on the GPU: the step runs on fake tensors.
@@ -100,6 +116,8 @@ def plan(model: str, shapes: tuple[str, ...], dtypes: tuple[str, ...], precision
         raise ConfigurationError(f"--precision {precision!r}: plan for one of {', '.join(_PRECISIONS)} "
                                  "('auto' depends on the GPU that will run it, so name the precision).")
     dims = [_shape(s) for s in shapes]
+    if strategy == "fsdp" and nproc is None:
+        nproc = _visible_gpu_count()
     factory = _load_factory(model)  # a typo in MODEL is reported before torch loads (unless the module imports it)
 
     import torch
@@ -127,5 +145,5 @@ def plan(model: str, shapes: tuple[str, ...], dtypes: tuple[str, ...], precision
         from gpukit.memory import shard_estimate
         from gpukit.strategies._wrap import unit_param_counts, units_to_shard
 
-        estimate = shard_estimate(estimate, nproc, unit_param_counts(built, units_to_shard(built)))
+        estimate = shard_estimate(estimate, nproc or 1, unit_param_counts(built, units_to_shard(built)))
     click.echo(json.dumps(estimate.to_dict(), indent=2) if as_json else str(estimate))

@@ -10,12 +10,23 @@ from typing import Any
 
 import click
 
-from gpukit.cli._common import FiniteFloatRange, parse_size_option, parse_wait_seconds
+from gpukit.cli._common import (
+    MAX_NPROC,
+    WAIT_NO_LIMIT,
+    FiniteFloatRange,
+    HostName,
+    Name,
+    NonEmptyPath,
+    parse_size_option,
+    parse_wait_seconds,
+)
+from gpukit.cluster._nodelist import MAX_HOSTS
 from gpukit.errors import ConfigurationError
 
 __all__ = ["run"]
 
-_WAIT_FOREVER = "forever"
+#: how long `gpukit run` waits for the master address to resolve before calling it unknown
+RESOLVE_TIMEOUT_S = 5.0
 _DURATION = re.compile(r"^\d+(\.\d+)?\s*[a-zA-Z]+$")  # 10m, 2h, 30s: what --wait is often given
 
 
@@ -55,7 +66,7 @@ class _RunCommand(click.Command):
                     raise click.BadParameter(
                         f"{following!r} is not a number of seconds: give --wait 600 for 10 minutes, "
                         "or --wait alone to wait without limit.", ctx=ctx, param_hint="'--wait'")
-                out.append(f"--wait={_WAIT_FOREVER}")
+                out.append(f"--wait={WAIT_NO_LIMIT}")
                 i += 1
                 continue
             param = options.get(name)
@@ -74,8 +85,22 @@ class _RunCommand(click.Command):
 def _wait_timeout(value: str | None) -> tuple[bool, float | None]:
     if value is None:
         return False, None
-    seconds = None if value == _WAIT_FOREVER else parse_wait_seconds(value)
-    return True, None if seconds is None or math.isinf(seconds) else seconds
+    seconds = parse_wait_seconds(value)
+    return True, None if math.isinf(seconds) else seconds
+
+
+def _check_master_resolves(topology: Any, given: str | None) -> None:
+    """A master address that does not resolve is an error now, not a rendezvous timeout later."""
+    from gpukit.cluster._vars import resolve
+
+    if topology.single_machine or not topology.master_addr:
+        return
+    if resolve(str(topology.master_addr), RESOLVE_TIMEOUT_S) is None:
+        source = "--master-addr" if given else "the master address (MASTER_ADDR or the scheduler's first node)"
+        raise ConfigurationError(
+            f"{source} {topology.master_addr!r} does not resolve to an address (looked up for at most "
+            f"{RESOLVE_TIMEOUT_S:g} s): give node 0's IP address or a host name every node resolves "
+            "(check /etc/hosts and DNS).")
 
 
 def _gpu_request(text: str | None, cpu: bool) -> Any:
@@ -99,27 +124,28 @@ def _gpu_request(text: str | None, cpu: bool) -> Any:
 @click.option("--min-free", "min_free", metavar="SIZE", help="Only GPUs with this much free memory, e.g. 8GiB.")
 @click.option("--max-util", "max_util", type=FiniteFloatRange(0, 100, unit="percent"), metavar="PCT", help="Only GPUs at most this busy (%).")
 @click.option("--wait", "wait", metavar="[TIMEOUT]", help="Wait (up to TIMEOUT seconds) for GPUs to become free.")
-@click.option("--nproc", type=int, help="Worker processes on this node [default: number of GPUs, or 1].")
+@click.option("--nproc", type=click.IntRange(1, MAX_NPROC), help="Worker processes on this node [default: number of GPUs, or 1].")
 @click.option("--cpu", is_flag=True, help="Run on the CPU with gloo (how DDP is tried without GPUs).")
-@click.option("--max-restarts", type=int, default=0, show_default=True, help="Restart the workers after a failure.")
+@click.option("--max-restarts", type=click.IntRange(0, 10_000), default=0, show_default=True, help="Restart the workers after a failure.")
 @click.option("--grace", type=FiniteFloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS", help="Seconds from SIGTERM to SIGKILL when stopping.")
-@click.option("--nnodes", type=int, help="Machines taking part [default: from SLURM/Kubernetes, else 1].")
-@click.option("--node-rank", type=int, help="This machine's number; node 0 hosts the rendezvous [default: from SLURM/Kubernetes, else 0].")
-@click.option("--master-addr", metavar="ADDR", help="Address of node 0 (several machines) [default: SLURM's first node].")
-@click.option("--master-port", type=int, help="Rendezvous port on node 0 [default: 15000 + SLURM job id % 20000, else 29500].")
-@click.option("--local-addr", metavar="ADDR", help="This node's address as others reach it [default: the route to the master].")
+@click.option("--nnodes", type=click.IntRange(1, MAX_HOSTS), help="Machines taking part [default: from SLURM/Kubernetes, else 1].")
+@click.option("--node-rank", type=click.IntRange(0, MAX_HOSTS - 1), help="This machine's number; node 0 hosts the rendezvous [default: from SLURM/Kubernetes, else 0].")
+@click.option("--master-addr", type=HostName(), metavar="ADDR", help="Address of node 0 (several machines) [default: SLURM's first node].")
+@click.option("--master-port", type=click.IntRange(1, 65535), help="Rendezvous port on node 0 [default: 15000 + SLURM job id % 20000, else 29500].")
+@click.option("--local-addr", type=HostName(), metavar="ADDR", help="This node's address as others reach it [default: the route to the master].")
 @click.option("--rdzv-timeout", type=FiniteFloatRange(min=0, min_open=True), default=300.0, show_default=True, metavar="SECONDS", help="Wait this long for the master and the other nodes.")
 @click.option("--timeout", "timeout", type=FiniteFloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Collective timeout of the workers' Sessions (GPUKIT_TIMEOUT_S) [default: 1800]; a rank "
                    "that stalls is named with its stack after min(60, SECONDS/2).")
-@click.option("--signal", "preempt_signal", metavar="USR2|USR1|TERM", envvar="GPUKIT_PREEMPT_SIGNAL",
+@click.option("--signal", "preempt_signal", type=Name("USR2", max_chars=16), metavar="USR2|USR1|TERM", envvar="GPUKIT_PREEMPT_SIGNAL",
               help="The scheduler's preemption warning (#SBATCH --signal=B:USR2@90): workers save and stop, "
                    "then the SLURM job is requeued [default: USR2].")
-@click.option("--max-requeues", type=int, envvar="GPUKIT_MAX_REQUEUES", metavar="N",
+@click.option("--max-requeues", type=click.IntRange(0, 1_000_000), envvar="GPUKIT_MAX_REQUEUES", metavar="N",
               help="Requeue a preempted SLURM job only while SLURM_RESTART_COUNT < N [default: 10].")
-@click.option("-m", "--module", metavar="MODULE", help="Run a module (python -m MODULE) instead of a script.")
+@click.option("-m", "--module", type=Name("pkg.train", pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$"),
+              metavar="MODULE", help="Run a module (python -m MODULE) instead of a script.")
 @click.option("-v", "--verbose", is_flag=True, help="Show torch elastic's own log lines.")
-@click.option("--record", "record", metavar="DIR", type=click.Path(file_okay=False),
+@click.option("--record", "record", metavar="DIR", type=NonEmptyPath(file_okay=False),
               help="Record the run (step times, session.log scalars, GPU figures) in DIR for `gpukit report DIR`.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]...")
 def run(
@@ -173,6 +199,9 @@ def run(
     else:
         raise click.UsageError("Give the script to run (gpukit run [OPTIONS] SCRIPT [ARGS]...) or -m MODULE.")
     waiting, wait_timeout_s = _wait_timeout(wait)
+    topology = node_topology(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port,
+                             local_addr=local_addr, rdzv_timeout_s=rdzv_timeout)
+    _check_master_resolves(topology, master_addr)
     options: dict[str, Any] = {
         "module": module is not None,
         "nproc": nproc,
@@ -180,8 +209,7 @@ def run(
         "gpus": _gpu_request(gpus, cpu),
         "max_restarts": max_restarts,
         "grace_s": grace,
-        "topology": node_topology(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                                  master_port=master_port, local_addr=local_addr, rdzv_timeout_s=rdzv_timeout),
+        "topology": topology,
         "min_free_memory": parse_size_option("--min-free", min_free),
         "max_utilization": max_util,
         "wait": waiting,

@@ -11,7 +11,7 @@ import math
 
 import click
 
-from gpukit.cli._common import FiniteFloatRange, parse_size_option, parse_wait_seconds
+from gpukit.cli._common import MAX_NPROC, WAIT_NO_LIMIT, FiniteFloatRange, parse_size_option, parse_wait_seconds
 
 __all__ = ["select"]
 
@@ -19,17 +19,17 @@ _FORMATS = ("indices", "uuids", "env")
 
 
 @click.command("select")
-@click.option("-n", "--count", type=click.IntRange(min=1), default=1, show_default=True, help="How many GPUs.")
+@click.option("-n", "--count", type=click.IntRange(1, MAX_NPROC), default=1, show_default=True, help="How many GPUs.")
 @click.option("--min-free", metavar="SIZE", default=None,
               help="Least free memory per GPU: 8GiB, 8000MiB, 8G, or bytes.")
 @click.option("--max-util", metavar="PCT", type=FiniteFloatRange(0, 100, unit="percent"), default=None,
               help="Highest GPU utilization in percent.")
-@click.option("--max-procs", metavar="N", type=click.IntRange(min=0), default=None,
+@click.option("--max-procs", metavar="N", type=click.IntRange(0, 1 << 20), default=None,
               help="Most processes already on a GPU (0: idle GPUs only).")
 @click.option("--exclude", metavar="LIST", default="", help="Comma-separated GPU indices or UUID prefixes to skip.")
 @click.option("--order", type=click.Choice(["free-memory", "utilization", "index"]), default="free-memory",
               show_default=True, help="Ranking; ties go to lower utilization, fewer processes, lower index.")
-@click.option("--wait", "wait", metavar="[TIMEOUT]", is_flag=False, flag_value="inf", default=None,
+@click.option("--wait", "wait", metavar="[TIMEOUT]", is_flag=False, flag_value=WAIT_NO_LIMIT, default=None,
               help="Wait until enough GPUs qualify; TIMEOUT in seconds (no value: no limit).")
 @click.option("--format", "fmt", type=click.Choice(_FORMATS), default="indices", show_default=True,
               help="indices: 3,0   uuids: GPU-…,GPU-…   env: CUDA_VISIBLE_DEVICES=3,0")
