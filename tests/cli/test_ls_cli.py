@@ -206,14 +206,17 @@ def test_watch_in_a_terminal_follows_a_resize_and_stops_on_ctrl_c() -> None:
     try:
         wide = _read_pty(master, lambda t: "Util history" in t and "GPU memory" in t)
         assert "Util history" in wide and "Memory history" in wide, wide
-        set_size(master, 70)
+        assert "Free" in wide and "Temp" in wide  # room for everything at 160 columns
+        set_size(master, 80)
         proc.send_signal(signal.SIGWINCH)
         started = time.monotonic()
         after = _read_pty(master, lambda t: t.count("GPU memory") >= 1, timeout_s=20)
         assert time.monotonic() - started < 20 and "GPU memory" in after, after
         frame = after[after.rindex("4 GPUs"):]
-        assert "Util history" not in frame
-        assert max(len(line) for line in frame.replace("\r", "\n").splitlines()) <= 70
+        # at 80 columns the sparklines (the point of --watch) stay, and the hint is whole
+        assert "Util history" in frame and "Memory history" in frame and "█" in frame, frame
+        assert "Ctrl-C to stop" in frame, frame
+        assert max(len(line) for line in frame.replace("\r", "\n").splitlines()) <= 80
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0 and "Traceback" not in err, err
@@ -232,3 +235,28 @@ def test_watch_into_a_closed_pipe_exits_quietly(json_lines: bool) -> None:
     result = subprocess.run(["bash", "-c", shell], env=env, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip().endswith("status 0"), result
     assert result.stderr == "", result.stderr
+
+
+@pytest.mark.parametrize("columns", [80, 100, 64])
+def test_watch_frames_keep_the_sparklines_and_the_hint_at_narrow_widths(columns: int, monkeypatch) -> None:
+    from rich.console import Console
+
+    from gpukit.cli import ls as ls_module
+    from gpukit.cli._gpu_table import GpuHistory, render_gpus
+    from gpukit.devices import _nvml
+
+    monkeypatch.setenv("GPUKIT_FAKE_GPUS", str(EXAMPLES / "shared-4gpu.json"))
+    _nvml.shutdown()
+    state = ls_module._collect()
+    history = GpuHistory()
+    for _ in range(20):
+        history.add(state["gpus"])
+    console = Console(width=columns, record=True, color_system=None, force_terminal=False)
+    console.print(render_gpus(state["gpus"], state["claims"], ls_module._header(state), width=columns,
+                              history=history, hint=" · Ctrl-C to stop"))
+    text = console.export_text()
+    lines = text.splitlines()
+    _nvml.shutdown()
+    assert lines[0].endswith(" · Ctrl-C to stop") and all(len(line) <= columns for line in lines), text
+    assert "trend" in lines[2] or "history" in lines[2], text
+    assert "█" * 6 in text and "▁" * 6 in text, text  # GPUs 3 and 2: busy and idle, six samples or more

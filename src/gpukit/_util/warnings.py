@@ -10,7 +10,7 @@ import torch
 
 import gpukit
 
-__all__ = ["warn_at_user_code", "user_stacklevel"]
+__all__ = ["warn_at_user_code", "user_stacklevel", "is_internal"]
 
 _INTERNAL_DIRS = tuple(
     os.path.dirname(os.path.abspath(module.__file__)) + os.sep
@@ -19,7 +19,9 @@ _INTERNAL_DIRS = tuple(
 )
 
 
-def _is_internal(filename: str) -> bool:
+def is_internal(filename: str) -> bool:
+    """Whether ``filename`` lies in the installed gpukit or torch package (by their real
+    directories: a user's own folder named ``gpukit`` is user code)."""
     return os.path.abspath(filename).startswith(_INTERNAL_DIRS)
 
 
@@ -31,7 +33,7 @@ def user_stacklevel() -> int:
     """
     frame = sys._getframe(1)
     level = 1
-    while frame.f_back is not None and _is_internal(frame.f_code.co_filename):
+    while frame.f_back is not None and is_internal(frame.f_code.co_filename):
         frame = frame.f_back
         level += 1
     return level

@@ -129,8 +129,7 @@ _PRIORITY = ["GPU", "Name", "Memory used/total", "Free", "Util", "Claimed by", "
 _LEFT = {"Name", "Bus-Id", "Mode", "Claimed by", "Util history", "Memory history"}
 
 
-def _rows(gpus: list[GpuSnapshot], claims: Mapping[str, Claim],
-          history: GpuHistory | None = None) -> list[dict[str, tuple[str, str]]]:
+def _rows(gpus: list[GpuSnapshot], claims: Mapping[str, Claim]) -> list[dict[str, tuple[str, str]]]:
     rows: list[dict[str, tuple[str, str]]] = []
     for gpu in gpus:
         if not gpu.usable:
@@ -153,9 +152,6 @@ def _rows(gpus: list[GpuSnapshot], claims: Mapping[str, Claim],
             "Procs": (str(len(gpu.processes)), ""),
             "Claimed by": (_claim(gpu, claims), "bold"),
         })
-        if history is not None:
-            util, mem = history.cells(gpu)
-            rows[-1].update({"Util history": (util, "cyan"), "Memory history": (mem, "magenta")})
         for mig in gpu.mig_devices:
             profile = (mig.name or "").rsplit(" MIG ", 1)[-1]
             rows.append({
@@ -204,22 +200,53 @@ def _table(columns: list[_Column], name_width: int | None = None) -> Any:
     return table
 
 
+_SPARK_MIN = 6  # a sparkline narrower than this shows no trend
+_NAME_MIN = 8
+
+
+def _spark_width(columns: dict[str, _Column], required: list[str], width: int) -> int:
+    """Sparkline width so the required columns and both sparklines fit ``width`` (``ls --watch``)."""
+    fixed = sum(columns[n].width + _GAP for n in required if n != "Name") + _NAME_MIN + 2 * _GAP
+    return max(_SPARK_MIN, min(SPARK_WIDTH, (width - fixed) // 2))
+
+
 def gpu_table(gpus: list[GpuSnapshot], claims: Mapping[str, Claim], *, width: int = 200,
               history: GpuHistory | None = None) -> Any:
     """The GPU half: one row per GPU, MIG devices indented beneath their GPU.
 
     Columns that do not fit in ``width`` characters are left out, least useful first (mode,
     bus id, memory utilization, process count, power, temperature); ``--json`` has them all.
+    With ``history`` (``ls --watch``) the sparklines are kept (narrowed to fit, down to 6
+    samples) before free memory, temperature and power: the trend is the point of watching.
     """
-    rows = _rows(gpus, claims, history)
+    rows = _rows(gpus, claims)
     names = [n for n in _ORDER if n not in ("Claimed by", "Util history", "Memory history")
              or any(r.get(n, ("", ""))[0] for r in rows)]
     columns = {n: _Column(n, "left" if n in _LEFT else "right", [r.get(n, ("", "")) for r in rows])
                for n in names}
     required = [n for n in ("GPU", "Name", "Memory used/total", "Free", "Util", "Claimed by") if n in columns]
+    if history is not None:
+        required = [n for n in required if n != "Free"]
+        spark = _spark_width(columns, required, width)
+        by_gpu = {id(g): history.cells(g, spark) for g in gpus}
+        short = spark < len("Memory history")  # narrow: shorter headers, so the sparklines keep the room
+        for name, header, part, style in (("Util history", "Util trend", 0, "cyan"),
+                                          ("Memory history", "Mem trend", 1, "magenta")):
+            cells = [(by_gpu[id(g)][part], style) if g.usable else ("", "") for g in gpus]
+            columns[name] = _Column(header if short else name, "left", _align_to_rows(cells, gpus))
+            required.append(name)
     shown = _fit(columns, width, required)
     others = sum(columns[n].width + _GAP for n in shown if n != "Name")
-    return _table([columns[n] for n in shown], name_width=max(8, width - others))
+    return _table([columns[n] for n in shown], name_width=max(_NAME_MIN, width - others))
+
+
+def _align_to_rows(cells: list[tuple[str, str]], gpus: list[GpuSnapshot]) -> list[tuple[str, str]]:
+    """One cell per GPU -> one per table row (MIG devices get rows of their own, with no sparkline)."""
+    out: list[tuple[str, str]] = []
+    for cell, gpu in zip(cells, gpus):
+        out.append(cell)
+        out.extend(("", "") for _ in (gpu.mig_devices if gpu.usable else ()))
+    return out
 
 
 def process_table(gpus: list[GpuSnapshot], *, width: int = 200) -> Any:
@@ -245,13 +272,16 @@ def process_table(gpus: list[GpuSnapshot], *, width: int = 200) -> Any:
 
 
 def render_gpus(gpus: list[GpuSnapshot], claims: Mapping[str, Claim], header: str, *, width: int,
-                history: GpuHistory | None = None) -> Any:
+                history: GpuHistory | None = None, hint: str = "") -> Any:
     """Header line, GPU table, process table, as one renderable (for print or rich Live).
 
     With ``history`` (``ls --watch``) the GPU table adds utilization and memory sparklines.
+    ``hint`` (``" · Ctrl-C to stop"``) ends the header line whole: the header is shortened first.
     """
     from rich.console import Group
     from rich.text import Text
 
-    return Group(Text(header, style="bold", overflow="ellipsis", no_wrap=True), Text(""),
+    room = width - len(hint)
+    line = header if len(header) <= room else header[: max(0, room - 1)] + "…"
+    return Group(Text(line + hint, style="bold", overflow="ellipsis", no_wrap=True), Text(""),
                  gpu_table(gpus, claims, width=width, history=history), Text(""), process_table(gpus, width=width))

@@ -143,8 +143,8 @@ def _watch(as_json: bool, interval_s: float) -> None:
         history.add(state["gpus"])
         console.width = _terminal_width()  # rich fixes its width at start; follow the terminal
         stop = " · Ctrl-C to stop" if console.is_terminal else ""
-        return render_gpus(state["gpus"], state["claims"], _header(state) + stop, width=console.width,
-                           history=history)
+        return render_gpus(state["gpus"], state["claims"], _header(state), width=console.width,
+                           history=history, hint=stop)
 
     def wait() -> None:
         redraw.wait(interval_s)

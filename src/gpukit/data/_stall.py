@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from gpukit._util.units import format_bytes
-from gpukit._util.warnings import warn_at_user_code
+from gpukit._util.warnings import is_internal, warn_at_user_code
 from gpukit.errors import ConfigurationError, DataStallError
 
 __all__ = ["DEFAULT_DATA_TIMEOUT_S", "SharedMemoryWarning", "StallGuard", "resolve_data_timeout"]
@@ -234,7 +234,7 @@ class StallGuard:
 
     def _hang_message(self, exc: _DataTimeout | None, frame: Any = None) -> str:
         frames = traceback.extract_tb(exc.__traceback__) if exc else traceback.extract_stack(frame)
-        user = [f for f in frames if "/torch/" not in f.filename and "/gpukit/" not in f.filename]
+        user = [f for f in frames if not is_internal(f.filename)]
         where = f" at {user[-1].filename}:{user[-1].lineno} ({user[-1].name})" if user else ""
         return (
             f"The dataset produced no batch within the data timeout ({self.timeout_s:g} s); "
