@@ -1,88 +1,226 @@
-"""Benchmark: gpukit.save / gpukit.load vs plain torch.save / torch.load on a ~1 GiB state.
+"""Benchmark: save and restore of a model + Adam state, gpukit vs plain torch, Fabric and Accelerate.
 
-    python bench/checkpoint.py [--size-mib 1024] [--reps 5] [--dir DIR]
+    python bench/checkpoint.py [--size-mib 504] [--reps 5] [--dir DIR]
 
-Both sides write into the same temporary directory, repetitions are interleaved (the order
-alternates each round) and medians are reported. The ratio is plain time / gpukit time
-(>= 0.9 means gpukit's safety costs at most 10%). gpukit's save does more work on purpose:
-it writes a temp file, fsyncs it, renames it and fsyncs the directory; plain torch.save leaves
-the data in the page cache. The time gpukit's save spends inside fsync is measured too and
-reported, so the cost of durability itself is visible.
+Every restore runs in a fresh process, as a resumed job does: the process builds the model
+and optimizer, restores the checkpoint saved by the previous repetition (timed: the restore
+call only), then saves a new one (timed) and exits. Tools take turns within each repetition
+(the order rotates), medians are reported, and each row is a ratio against the others measured
+in the same run. Peak memory is the process's peak RSS during the restore over its RSS just
+before it (``/proc/self/clear_refs`` resets the peak), so "restore held the weights twice"
+shows as a larger figure. The weights restored are checked against the ones saved.
+
+Peers (when installed: ``pip install 'gpukit[bench]'``): Lightning Fabric's ``fabric.save`` /
+``fabric.load`` and Accelerate's ``save_state`` / ``load_state`` (safetensors for the model).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from unittest import mock
 
-import torch
-
-import gpukit
+TOOLS = ("torch", "torch-mmap", "gpukit", "fabric", "accelerate")
 
 
-def _state(size_mib: int) -> dict[str, torch.Tensor]:
-    per_tensor = 16 * 1024 * 1024 // 4  # 16 MiB of float32 each, like the layers of a mid-size model
-    return {f"layers.{i}.weight": torch.randn(per_tensor) for i in range(max(1, size_mib // 16))}
+def _model(size_mib: int):  # noqa: ANN202
+    import torch
+
+    torch.manual_seed(0)
+    layers = max(1, round(size_mib / 3 / 16))  # 16 MiB of weights per layer; Adam adds 2x
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(layers)])
+    optimizer = torch.optim.Adam(model.parameters())
+    return model, optimizer
 
 
-def _time(fn: Callable[[], object]) -> float:
-    # Flush everything first (untimed): torch.save leaves its file as dirty pages, and without
-    # this the kernel writes them back during whichever operation comes next.
-    os.sync()
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def _step(model, optimizer) -> None:  # noqa: ANN001
+    import torch
+
+    model(torch.randn(4, 2048)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _checksum(model) -> float:  # noqa: ANN001
+    return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+
+def _rss_bytes(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _setup(tool: str, model, optimizer, where: Path):  # noqa: ANN001, ANN202
+    """(save(), restore()) of ``tool`` for this model and optimizer, writing under ``where``."""
+    import torch
+
+    if tool in ("torch", "torch-mmap"):
+        path = where / "state.pt"
+        mmap = tool == "torch-mmap"
+
+        def save() -> None:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+
+        def restore() -> None:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+
+        return save, restore
+    if tool == "gpukit":
+        from gpukit import CheckpointManager
+
+        manager = CheckpointManager(where / "ckpt", keep_last=1)
+        counter = [0]
+
+        def save() -> None:
+            counter[0] += 1
+            manager.save(counter[0], model=model, optimizer=optimizer)
+
+        def restore() -> None:
+            manager.resume(model=model, optimizer=optimizer, restore_rng=False)
+
+        return save, restore
+    if tool == "fabric":
+        from lightning.fabric import Fabric
+
+        fabric = Fabric(accelerator="cpu", devices=1)
+        model, optimizer = fabric.setup(model, optimizer)
+        path = where / "fabric.ckpt"
+        return (lambda: fabric.save(path, {"model": model, "optimizer": optimizer}),
+                lambda: fabric.load(path, {"model": model, "optimizer": optimizer}))
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    path = where / "accelerate"
+    return lambda: accelerator.save_state(str(path)), lambda: accelerator.load_state(str(path))
+
+
+def child(tool: str, where: Path, size_mib: int, restore_first: bool) -> None:
+    """One repetition of ``tool`` in this (fresh) process; prints a JSON line."""
+    model, optimizer = _model(size_mib)
+    _step(model, optimizer)  # the optimizer state exists, as after training
+    save, restore = _setup(tool, model, optimizer, where)
+    out: dict[str, float | None] = {}
+    if restore_first:
+        with __import__("torch").no_grad():
+            for p in model.parameters():
+                p.zero_()  # so a restore that did nothing cannot pass the check
+        rss_before = _rss_bytes("VmRSS")
+        peak_ok = _reset_peak()
+        start = time.perf_counter()
+        restore()
+        out["restore_s"] = time.perf_counter() - start
+        out["restore_peak_extra_bytes"] = (_rss_bytes("VmHWM") - rss_before) if peak_ok else None
+        out["checksum"] = _checksum(model)
+    if tool != "torch-mmap":
+        os.sync()
+        start = time.perf_counter()
+        save()
+        out["save_s"] = time.perf_counter() - start
+        out["saved_checksum"] = _checksum(model)
+    print(json.dumps(out))
+
+
+def _available(tool: str) -> bool:
+    module = {"fabric": "lightning.fabric", "accelerate": "accelerate"}.get(tool)
+    if module is None:
+        return True
+    import importlib.util
+
+    return importlib.util.find_spec(module.split(".")[0]) is not None
+
+
+def _run_child(tool: str, where: Path, size_mib: int, restore_first: bool) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--child", tool, "--dir", str(where), "--size-mib", str(size_mib)]
+    if restore_first:
+        cmd.append("--restore")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise SystemExit(f"{tool} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _load_average() -> str:
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--size-mib", type=int, default=504)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where to write (default: the system temp dir)")
+    parser.add_argument("--child", choices=TOOLS, help=argparse.SUPPRESS)
+    parser.add_argument("--restore", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    state = _state(args.size_mib)
-    nbytes = sum(t.numel() * t.element_size() for t in state.values())
-    times: dict[str, list[float]] = {k: [] for k in ("torch.save", "gpukit.save", "torch.load", "gpukit.load")}
-    fsync_s: list[float] = []
-    real_fsync = os.fsync
-
-    def timed_fsync(fd: int) -> None:
-        start = time.perf_counter()
-        real_fsync(fd)
-        fsync_s[-1] += time.perf_counter() - start
-
+    if args.child:
+        child(args.child, Path(args.dir), args.size_mib, args.restore)
+        return
+    tools = [t for t in TOOLS if _available(t)]
+    missing = [t for t in TOOLS if t not in tools]
+    results: dict[str, list[dict[str, float]]] = {t: [] for t in tools}
+    load_before = _load_average()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        plain, safe = Path(tmp) / "plain.pt", Path(tmp) / "safe.pt"
-
-        def gpukit_save() -> None:
-            fsync_s.append(0.0)
-            with mock.patch("os.fsync", timed_fsync):
-                gpukit.save(state, safe)
-
-        saves = [("torch.save", lambda: torch.save(state, plain)), ("gpukit.save", gpukit_save)]
-        loads = [("torch.load", lambda: torch.load(plain, weights_only=True)), ("gpukit.load", lambda: gpukit.load(safe))]
+        dirs = {t: Path(tmp) / t for t in tools}
+        for tool in tools:  # the first checkpoint of each tool (untimed)
+            dirs[tool].mkdir()
+            if tool == "torch-mmap":
+                continue
+            expected = _run_child(tool, dirs[tool], args.size_mib, restore_first=False)["saved_checksum"]
+        shutil.rmtree(dirs.get("torch-mmap", Path(tmp) / "none"), ignore_errors=True)
         for rep in range(args.reps):
-            for name, fn in saves if rep % 2 == 0 else saves[::-1]:
-                times[name].append(_time(fn))
-            for name, fn in loads if rep % 2 == 0 else loads[::-1]:
-                times[name].append(_time(fn))
-        assert os.path.getsize(safe) >= nbytes
-    median = {k: statistics.median(v) for k, v in times.items()}
-    print(f"state: {nbytes / 2**30:.2f} GiB in {len(state)} tensors, {args.reps} interleaved repetitions, medians")
-    for name, value in median.items():
-        samples = " ".join(f"{t:.2f}" for t in times[name])
-        print(f"  {name:<24} {value:7.3f} s   ({nbytes / 2**20 / value:7.0f} MiB/s)   samples: {samples}")
-    fsync_median = statistics.median(fsync_s)
-    print(f"  of which fsync (inside gpukit.save) {fsync_median:.3f} s "
-          f"({100 * fsync_median / median['gpukit.save']:.0f}% of gpukit.save)")
-    print(f"save ratio (torch.save / gpukit.save): {median['torch.save'] / median['gpukit.save']:.2f}")
-    print(f"load ratio (torch.load / gpukit.load): {median['torch.load'] / median['gpukit.load']:.2f}")
+            order = tools[rep % len(tools):] + tools[: rep % len(tools)]
+            for tool in order:
+                if tool == "torch-mmap":  # reads the plain torch file
+                    shutil.copytree(dirs["torch"], dirs["torch-mmap"], dirs_exist_ok=True)
+                result = _run_child(tool, dirs[tool], args.size_mib, restore_first=True)
+                if abs(result["checksum"] - expected) > 1e-6 * max(1.0, abs(expected)):
+                    raise SystemExit(f"{tool}: restored weights differ from the saved ones")
+                results[tool].append(result)
+    med = {t: {k: statistics.median(r[k] for r in results[t]) for k in results[t][0]
+               if results[t][0][k] is not None} for t in tools}
+    mib = lambda b: f"{b / 2**20:6.0f} MiB"  # noqa: E731
+    print(f"model + Adam state of ~{args.size_mib} MiB, {args.reps} repetitions (tools interleaved, fresh "
+          f"process per restore), medians; load average {load_before} -> {_load_average()}"
+          + (f"; not installed: {', '.join(missing)}" if missing else ""))
+    print(f"{'tool':<11} {'restore':>9} {'peak extra':>11} {'save':>9}   ratios: restore / accelerate, "
+          "save / torch.save")
+    for tool in tools:
+        row = med[tool]
+        restore_ratio = (f"{row['restore_s'] / med['accelerate']['restore_s']:.2f}"
+                         if "accelerate" in med else "n/a")
+        save_ratio = (f"{row['save_s'] / med['torch']['save_s']:.2f}" if "save_s" in row else "-")
+        peak = mib(row["restore_peak_extra_bytes"]) if "restore_peak_extra_bytes" in row else "n/a"
+        save = f"{row['save_s']:8.3f}s" if "save_s" in row else "        -"
+        print(f"{tool:<11} {row['restore_s']:8.3f}s {peak:>11} {save}   {restore_ratio:>6} {save_ratio:>6}")
+    print("restore samples: " + "; ".join(
+        f"{t} " + " ".join(f"{r['restore_s']:.2f}" for r in results[t]) for t in tools))
+    print("save samples: " + "; ".join(
+        f"{t} " + " ".join(f"{r['save_s']:.2f}" for r in results[t]) for t in tools if "save_s" in results[t][0]))
+
 
 if __name__ == "__main__":
     main()

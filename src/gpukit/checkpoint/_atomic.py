@@ -31,6 +31,7 @@ __all__ = [
     "clean_temp_files",
     "fsync_directory",
     "write_error",
+    "drop_cached_pages",
 ]
 
 _TEMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
@@ -58,12 +59,14 @@ class _GuardedFile(io.FileIO):
         return written
 
 
-def _drop_cached_pages(path: Path) -> None:
-    """Ask the kernel to drop the cached pages of the file about to be replaced.
+def drop_cached_pages(path: Path) -> None:
+    """Ask the kernel to drop the cached pages of a file about to be replaced or deleted.
 
     The old file stays on disk untouched (it must, until the new one is complete); only its
-    page-cache copy goes, as an in-place ``O_TRUNC`` write would drop it. Measured on Linux:
-    without this, writing a 1 GiB replacement next to a cached 1 GiB original took ~2x longer.
+    page-cache copy goes, as an in-place ``O_TRUNC`` write would drop it, and the new file's
+    pages reuse that memory. Measured on Linux: without this, writing a 1 GiB replacement next
+    to a cached 1 GiB original took ~2x longer; on a VM whose untouched memory is slow to hand
+    out, a 480 MiB checkpoint written next to the one it replaces took 2-5x longer.
     """
     advise = getattr(os, "posix_fadvise", None)
     if advise is None:
@@ -219,7 +222,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]
         directory.mkdir(parents=True, exist_ok=True)
         clean_temp_files(directory, for_name=target.name)
         temp = temp_path_for(target)
-        _drop_cached_pages(target)
+        drop_cached_pages(target)
         handle, raw = _open_temp_file(temp)
         with handle:
             write(handle)

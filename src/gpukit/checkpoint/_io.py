@@ -26,10 +26,11 @@ from gpukit.checkpoint._formats import (
     safetensors_metadata,
     sniff_format,
 )
+from gpukit.checkpoint._lazy import LazyCheckpoint, open_lazy
 from gpukit.checkpoint._prefixes import strip_wrapper_prefixes
 from gpukit.errors import CheckpointError, ConfigurationError, GpukitError, UnsafeCheckpointError
 
-__all__ = ["save", "load", "to_saveable", "auto_map_location"]
+__all__ = ["save", "load", "load_lazy", "to_saveable", "auto_map_location"]
 
 # Messages of torch's weights-only unpickler that mean "this would run or import code".
 _UNSAFE_PATTERNS = (
@@ -293,3 +294,16 @@ def load(
     if format == "safetensors" or (format is None and detected == SAFETENSORS):
         return _load_safetensors(source, map_location)
     return _load_torch(source, map_location, trust)
+
+
+def load_lazy(path: str | os.PathLike[str]) -> LazyCheckpoint:
+    """Open a checkpoint for restoring in place: tensors are read only when used, straight into
+    the model's own tensors where they fit (see ``_lazy.py``). Same safety and errors as
+    :func:`load` with ``map_location="cpu"``; files it cannot open that way are read whole.
+    """
+    source = Path(path)
+    size = check_readable_file(source)
+    lazy = open_lazy(source, size, lambda p: _load_torch(p, "meta", trust=False))
+    if lazy is None:
+        lazy = LazyCheckpoint(source, size, load(source, map_location="cpu"))
+    return lazy

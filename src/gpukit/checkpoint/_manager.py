@@ -21,17 +21,19 @@ import json
 import os
 import re
 import shutil
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from gpukit.checkpoint._atomic import atomic_write, clean_temp_files, fsync_directory
+from gpukit.checkpoint._atomic import atomic_write, clean_temp_files, drop_cached_pages, fsync_directory
 from gpukit.checkpoint._dist import DistContext, current_dist
 from gpukit.checkpoint._formats import MARKER_NAME, metadata_entry
-from gpukit.checkpoint._io import load, save, to_saveable
-from gpukit.checkpoint._prefixes import load_state_dict
+from gpukit.checkpoint._io import load, load_lazy, save, to_saveable
+from gpukit.checkpoint._lazy import LazyCheckpoint
+from gpukit.checkpoint._prefixes import match_state_dict
 from gpukit.checkpoint._resume_checks import check_world_size, read_marker, warn_damaged_newer
 from gpukit.checkpoint._rng import capture_rng_state, restore_rng_state
 from gpukit.checkpoint._sharded import METADATA_FILE, restore_sharded, split_sharded, write_sharded
@@ -183,6 +185,7 @@ class CheckpointManager:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 self._clean_debris()
+                self._drop_doomed_pages(step)
                 staging.mkdir()
             except OSError as exc:
                 error = f"cannot create {staging}: {exc.strerror or exc}"
@@ -236,6 +239,22 @@ class CheckpointManager:
             return f"finalising {final}: {exc}"
         return None
 
+    def _drop_doomed_pages(self, step: int) -> None:
+        """Drop the page cache of checkpoints this save replaces or rotates out (see drop_cached_pages).
+
+        They stay on disk, complete, until the new checkpoint is; only their cached copy goes,
+        so the new files reuse that memory. Nothing reads them again unless this save fails.
+        """
+        existing = self.checkpoints()
+        keep = None if self.keep_last is None else self.keep_last - 1
+        doomed = [p for p in existing if p == self.step_directory(step)]
+        if keep is not None:
+            doomed += existing[: max(0, len(existing) - keep)]
+        for directory in doomed:
+            for entry in os.scandir(directory):
+                if entry.is_file(follow_symlinks=False):
+                    drop_cached_pages(Path(entry.path))
+
     def _rotate(self) -> None:
         if self.keep_last is None:
             return
@@ -282,28 +301,41 @@ class CheckpointManager:
         saved_world = int(marker["world_size"])
         rank = dist.rank if dist.rank < saved_world else 0  # another world size: checked below
         try:
-            shared_file = load(directory / SHARED_FILE, map_location="cpu")
+            shared_file = load_lazy(directory / SHARED_FILE)  # tensors stay on disk until placed
             rank_file = load(directory / rank_file_name(rank), map_location="cpu")
         except CheckpointError as exc:  # damaged although its sizes are right: say how to go on
             raise CheckpointError(f"{exc} To resume from the checkpoint before it, move {directory} "
                                   "out of the checkpoint directory.") from None
+        with shared_file:
+            self._restore(directory, dist, saved_world, shared_file, rank_file, objects, strict)
+        if restore_rng:
+            restore_rng_state(rank_file["rng"])
+        emit("checkpoint", resumed_step=int(marker["step"]), path=str(directory))
+        return int(marker["step"])
+
+    def _restore(
+        self, directory: Path, dist: DistContext, saved_world: int, shared_file: LazyCheckpoint,
+        rank_file: dict[str, Any], objects: dict[str, Any], strict: bool,
+    ) -> None:
+        """Put the saved state into ``objects``; models are filled straight from the file."""
         check_world_size(directory, saved_world, dist.world_size, rank_file["objects"], list(objects))
-        objects = restore_sharded(directory, objects, dist, shared_file["objects"])  # FSDP models/optimizers
-        available = {**shared_file["objects"], **rank_file["objects"]}
+        shared = shared_file.tree["objects"]
+        objects = restore_sharded(directory, objects, dist, shared, shared_file.materialize)  # FSDP
+        available = {**shared, **rank_file["objects"]}
         for name, obj in objects.items():
             if name not in available:
                 raise CheckpointError(
                     f"{directory} has no state for {name!r}; it holds: {', '.join(sorted(available)) or 'nothing'}."
                 )
             if isinstance(obj, nn.Module):
-                load_state_dict(obj, available[name], strict=strict)
+                inner, remapped, own = match_state_dict(obj, available[name], strict=strict)  # checks first
+                filled = OrderedDict(shared_file.fill_state_dict(remapped, own))
+                if hasattr(remapped, "_metadata"):
+                    filled._metadata = remapped._metadata  # type: ignore[attr-defined]
+                inner.load_state_dict(filled, strict=strict)
             else:
                 try:
-                    obj.load_state_dict(available[name])
+                    obj.load_state_dict(shared_file.materialize(available[name]))
                 except CheckpointError as exc:  # e.g. a mid-epoch data position, other world size
                     raise CheckpointError(f"Cannot resume {name!r} from {directory}: {exc}") from exc
-        if restore_rng:
-            restore_rng_state(rank_file["rng"])
-        self.extra = dict(shared_file["gpukit"].get("extra") or {})
-        emit("checkpoint", resumed_step=int(marker["step"]), path=str(directory))
-        return int(marker["step"])
+        self.extra = dict(shared_file.materialize(shared_file.tree["gpukit"].get("extra")) or {})

@@ -24,6 +24,7 @@ __all__ = [
     "detect_prefixes",
     "describe_wrappers",
     "load_state_dict",
+    "match_state_dict",
 ]
 
 #: prefix -> the wrapper that adds it
@@ -189,6 +190,24 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any], strict: boo
         StateDictMismatchError: missing or unexpected keys (with ``strict``), or shape
             mismatches (always), listed grouped, with the prefixes and wrappers detected.
     """
+    inner, remapped, _ = match_state_dict(model, state_dict, strict)
+    return inner.load_state_dict(remapped, strict=strict)
+
+
+def match_state_dict(
+    model: nn.Module, state_dict: Mapping[str, Any], strict: bool = True
+) -> tuple[nn.Module, "OrderedDict[str, Any]", dict[str, Any]]:
+    """The checks and key matching of :func:`load_state_dict`, without loading anything.
+
+    Only shapes are compared, so ``state_dict`` may hold meta tensors (a checkpoint not read yet).
+
+    Returns:
+        ``(inner, remapped, own)``: the unwrapped model, ``state_dict`` keyed by the model's
+        real names (``_metadata`` kept), and the model's own state dict by the same names.
+
+    Raises:
+        The errors of :func:`load_state_dict`.
+    """
     from gpukit.placement import unwrap_model
 
     _check_is_state_dict(state_dict)
@@ -223,7 +242,7 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any], strict: boo
         for name, value in metadata.items():
             target = _match(name + ".", modules)
             remapped._metadata[(modules[target] if target is not None else name)] = value  # type: ignore[attr-defined]
-    return inner.load_state_dict(remapped, strict=strict)
+    return inner, remapped, own
 
 
 _MODEL_ENTRIES = ("model", "state_dict", "model_state_dict", "module", "net", "network", "ema")
