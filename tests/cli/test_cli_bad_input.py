@@ -132,15 +132,19 @@ def test_claim_dir_not_writable(tmp_path: Path) -> None:
             if shutil.which("setpriv") is None:
                 pytest.skip("running as root without setpriv: cannot drop to an unprivileged user")
             as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-            # a clone in a private folder (mktemp -d: mode 0700) is unreadable to nobody
-            probe = subprocess.run([*as_user, sys.executable, "-c", "import gpukit.cli"], cwd=base,
-                                   capture_output=True, text=True, timeout=120)
-            if probe.returncode != 0:
-                import gpukit
+            # a clone in a private folder (mktemp -d: mode 0700) is unreadable to nobody: its Python
+            # then imports another gpukit (or none), and cannot read the fake-GPU spec
+            import gpukit
 
+            ours = str(Path(gpukit.__file__).resolve())
+            check = ("import os, gpukit; open(os.environ['GPUKIT_FAKE_GPUS']).close(); "
+                     f"assert os.path.realpath(gpukit.__file__) == {ours!r}, gpukit.__file__")
+            probe = subprocess.run([*as_user, sys.executable, "-c", check], cwd=base, capture_output=True,
+                                   text=True, timeout=120)
+            if probe.returncode != 0:
                 last = (probe.stderr.strip().splitlines() or ["?"])[-1]
-                pytest.skip(f"the unprivileged user (uid 65534) cannot import gpukit from "
-                            f"{Path(gpukit.__file__).parent} ({last}): a parent folder is private to its owner")
+                pytest.skip(f"the unprivileged user (uid 65534) cannot use this checkout ({last}): a parent "
+                            f"folder of {Path(ours).parents[2]} is private to its owner")
         for claim_dir, problem in ((base, "not writable by this user"), (base / "new", "cannot create it")):
             env = {**os.environ, "GPUKIT_CLAIM_DIR": str(claim_dir)}
             result = subprocess.run([*as_user, sys.executable, "-m", "gpukit", "run", "--gpus", "1", str(script)],
