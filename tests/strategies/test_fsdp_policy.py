@@ -119,3 +119,16 @@ def test_cpu_offload_and_bf16_mixed_gather_in_bf16_keep_fp32_shards() -> None:
         assert all(p.dtype == torch.float32 for p in model.parameters())  # the shards the optimizer steps
     finally:
         session.close()
+
+
+def test_banner_names_the_real_unit_count(capsys: pytest.CaptureFixture[str]) -> None:
+    import gpukit
+
+    session = gpukit.Session(strategy=FSDPStrategy(auto_wrap={nn.Linear}), accelerator="cpu", verbose=True)
+    try:
+        assert "units chosen at setup" in capsys.readouterr().err  # before setup: no count yet
+        session.setup(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)))
+        err = capsys.readouterr().err
+        assert session.strategy.units == ["2", "0"] and "3 unit(s)" in err and "1 unit(s)" not in err
+    finally:
+        session.close()

@@ -46,6 +46,7 @@ from gpukit.monitor._record import Recorder, session_recorder
 from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
 from gpukit.strategies import Strategy, select_strategy
+from gpukit.strategies._checkpointing import configure_strategy
 
 __all__ = ["Session"]
 
@@ -77,6 +78,9 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             samples, events; ``gpukit report DIR`` plots it); default ``GPUKIT_RECORD_DIR`` or none.
         timeout_s: how long a collective waits for a rank that stopped before it raises;
             default ``GPUKIT_TIMEOUT_S`` (``gpukit run --timeout``) or 1800.
+        activation_checkpointing: recompute blocks' activations in backward instead of keeping
+            them: True (every block), "selective" (every other block), a set of module classes
+            or a callable ``(module, name) -> bool``; works with every strategy (see docs/memory.md).
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -97,6 +101,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         watch_memory: bool | int = False,
         record: str | os.PathLike[str] | None = None,
         timeout_s: float | None = None,
+        activation_checkpointing: Any = None,
     ) -> None:
         if (
             not isinstance(accumulate_grad_batches, int)
@@ -116,11 +121,12 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             devices=devices, precision=precision, strategy=strategy, seed=seed,
             accumulate_grad_batches=accumulate_grad_batches, sync_batchnorm=sync_batchnorm,
             accelerator=accelerator, verbose=verbose, oom=oom, watch_memory=watch_memory, record=record,
-            timeout_s=timeout_s,
+            timeout_s=timeout_s, activation_checkpointing=activation_checkpointing,
         )
         self.strategy: Strategy = select_strategy(
             devices, strategy, accelerator, sync_batchnorm=sync_batchnorm
         )
+        configure_strategy(self.strategy, activation_checkpointing, verbose=verbose)
         if timeout_s is not None:  # before setup_environment creates the process group
             self.strategy.timeout_s = parse_timeout_s(timeout_s)
         self.accelerator: Accelerator = self.strategy.accelerator

@@ -6,11 +6,13 @@
 - ``"pipeline"``: the model's layers split over several devices in one process
   (:func:`gpukit.parallel.split`).
 - ``"fsdp"``: FSDP2 ``fully_shard``, parameters/gradients/optimizer state sharded over processes.
+- ``activation_checkpointing=`` (any strategy): blocks recompute their activations in backward.
 - ``"auto"``: ddp when several processes are launched or asked for, else single.
 """
 
 from __future__ import annotations
 
+from gpukit.strategies._checkpointing import apply_activation_checkpointing
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies._select import ACCELERATORS, STRATEGIES, select_strategy
 from gpukit.strategies._syncbn import HostSyncBatchNorm, convert_sync_batchnorm
@@ -32,6 +34,7 @@ __all__ = [
     "PipelineStrategy",
     "REDUCE_OPS",
     "STRATEGIES",
+    "apply_activation_checkpointing",
     "SingleDeviceStrategy",
     "Strategy",
     "convert_sync_batchnorm",

@@ -5,9 +5,9 @@ holds one unit's full parameters, not the model's. The default policy, in this o
 
 1. every module whose class is a known transformer block (``nn.TransformerEncoderLayer``,
    ``nn.TransformerDecoderLayer``);
-2. every element of a stack of blocks: an ``nn.ModuleList`` of two or more modules of one
-   class that hold parameters (``model.layers``, ``model.h``, ``model.blocks`` in GPT-style
-   models);
+2. every element of a stack of blocks: an ``nn.ModuleList`` or ``nn.Sequential`` of two or
+   more modules of one class that hold parameters (``model.layers``, ``model.h``,
+   ``model.blocks`` in GPT-style models, the residual stages of a ResNet);
 3. every other module whose own parameters (not its children's) number at least
    ``min_unit_params`` and that is not inside a unit chosen above (a large embedding or
    output layer);
@@ -26,7 +26,7 @@ from torch import nn
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["AutoWrap", "BLOCK_TYPES", "DEFAULT_MIN_UNIT_PARAMS", "unit_param_counts", "units_to_shard"]
+__all__ = ["AutoWrap", "BLOCK_TYPES", "DEFAULT_MIN_UNIT_PARAMS", "find_blocks", "unit_param_counts", "units_to_shard"]
 
 #: module classes that are a unit of their own under the default policy
 BLOCK_TYPES: tuple[type[nn.Module], ...] = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
@@ -39,10 +39,31 @@ AutoWrap = Union[None, Collection[type], Callable[[nn.Module, str], bool]]
 def _stack_elements(root: nn.Module) -> set[int]:
     found: set[int] = set()
     for module in root.modules():
-        if isinstance(module, nn.ModuleList) and len(module) >= 2:
-            kinds = {type(m) for m in module}
+        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) >= 2:
+            kinds = {_plain_class(m) for m in module}
             if len(kinds) == 1 and any(True for _ in module[0].parameters()):
                 found.update(id(m) for m in module)
+    return found
+
+
+def _plain_class(module: nn.Module) -> type:
+    """The user's class of ``module`` (activation checkpointing swaps in a subclass of it)."""
+    cls = type(module)
+    return cls.__bases__[0] if getattr(cls, "_gpukit_checkpointed", False) else cls
+
+
+def find_blocks(root: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's blocks (rules 1 and 2 above), outermost only, in the order they are defined.
+
+    FSDP makes each a unit; activation checkpointing recomputes each in backward.
+    """
+    stacked = _stack_elements(root)
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in root.named_modules():
+        if module is root or any(name.startswith(f"{outer}.") for outer, _ in found):
+            continue
+        if isinstance(module, BLOCK_TYPES) or id(module) in stacked:
+            found.append((name, module))
     return found
 
 

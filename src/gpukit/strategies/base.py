@@ -31,6 +31,13 @@ class Strategy:
         self.root_device = device
         #: set by the Session before ``setup_module``; DataParallel needs its autocast dtype
         self.precision: Precision = Precision(device)
+        #: which blocks recompute their activations in backward (see ``_checkpointing``);
+        #: ``Session(activation_checkpointing=...)`` sets it, ``setup_module`` applies it
+        self.activation_checkpointing: Any = None
+        #: qualified names of the checkpointed blocks, after ``setup_module``
+        self.checkpointed: list[str] = []
+        #: print what set-up chose (the session sets it on rank 0 when verbose)
+        self.announce = False
 
     # -- where this process sits ---------------------------------------------------------
     @property
@@ -70,7 +77,17 @@ class Strategy:
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Move ``module`` to the device and wrap it as the strategy needs."""
-        return module.to(self.root_device)
+        return self.checkpoint_activations(module).to(self.root_device)
+
+    def checkpoint_activations(self, module: nn.Module) -> nn.Module:
+        """Apply ``self.activation_checkpointing`` to the plain ``module`` (before any wrapping)."""
+        from gpukit.strategies._checkpointing import apply_activation_checkpointing
+
+        self.checkpointed = apply_activation_checkpointing(module, self.activation_checkpointing)
+        return module
+
+    def _describe_checkpointing(self) -> str:
+        return f", activation checkpointing on {len(self.checkpointed)} block(s)" if self.checkpointed else ""
 
     def setup_optimizer(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Fit ``optimizer`` to the set-up ``module`` (FSDP swaps in sharded parameters); no-op here."""
@@ -121,7 +138,7 @@ class Strategy:
 
     def describe(self) -> str:
         """One line for the user: what runs where."""
-        return f"{self.name} on {self.root_device}"
+        return f"{self.name} on {self.root_device}{self._describe_checkpointing()}"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.describe()!r})"

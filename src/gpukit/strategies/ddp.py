@@ -133,7 +133,7 @@ class DDPStrategy(Strategy):
         return nn.SyncBatchNorm.convert_sync_batchnorm(module)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
-        module = unwrap_model(module).to(self.root_device)
+        module = self.checkpoint_activations(unwrap_model(module)).to(self.root_device)
         device_ids = [self.root_device] if self.root_device.index is not None else None
         return DistributedDataParallel(module, device_ids=device_ids)
 
@@ -208,5 +208,5 @@ class DDPStrategy(Strategy):
     def describe(self) -> str:
         return (
             f"ddp rank {self.rank}/{self.world_size} on {self.root_device} "
-            f"with {self.accelerator.distributed_backend}"
+            f"with {self.accelerator.distributed_backend}{self._describe_checkpointing()}"
         )

@@ -36,7 +36,7 @@ class DataParallelStrategy(Strategy):
         self.devices = list(devices)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
-        module = unwrap_model(module).to(self.root_device)
+        module = self.checkpoint_activations(unwrap_model(module)).to(self.root_device)
         device_ids = [d.index for d in self.devices if d.index is not None]
         if not device_ids:
             # the CPU (or MPS): nothing to split, and DataParallel(device_ids=None) would grab

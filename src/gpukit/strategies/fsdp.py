@@ -20,6 +20,7 @@ ever holds the full model; the initial values then differ from a CPU-built model
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +32,7 @@ from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
 from gpukit.placement import unwrap_model
 from gpukit.precision import NORM_LAYERS, MixedPrecision
+from gpukit.strategies._checkpointing import check_policy
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies._wrap import DEFAULT_MIN_UNIT_PARAMS, AutoWrap, units_to_shard
 from gpukit.strategies.ddp import DDPStrategy
@@ -56,6 +58,9 @@ class FSDPStrategy(DDPStrategy):
         reshard_after_forward: free gathered parameters after each unit's forward (less
             memory; backward gathers them again). False keeps them until backward.
         timeout_s: collective timeout.
+        activation_checkpointing: True (every block), "selective", a set of classes or a
+            callable (see ``gpukit.strategies._checkpointing``); applied inside each unit,
+            before ``fully_shard``.
 
     Raises:
         ConfigurationError: a bad ``auto_wrap`` or ``min_unit_params``.
@@ -75,6 +80,7 @@ class FSDPStrategy(DDPStrategy):
         cpu_offload: bool = False,
         reshard_after_forward: bool = True,
         timeout_s: float | None = None,
+        activation_checkpointing: Any = None,
     ) -> None:
         if isinstance(min_unit_params, bool) or not isinstance(min_unit_params, int) or min_unit_params < 1:
             raise ConfigurationError(f"min_unit_params={min_unit_params!r}; use an int >= 1.")
@@ -86,7 +92,8 @@ class FSDPStrategy(DDPStrategy):
         self.min_unit_params = min_unit_params
         self.cpu_offload = bool(cpu_offload)
         self.reshard_after_forward = bool(reshard_after_forward)
-        self.units: list[str] = []  # qualified names of the units, after setup_module
+        self.activation_checkpointing = check_policy(activation_checkpointing)
+        self.units: list[str] | None = None  # qualified names of the units, after setup_module
         self._param_names: dict[int, str] = {}
 
     @property
@@ -102,6 +109,7 @@ class FSDPStrategy(DDPStrategy):
             accelerator, device, env, num_processes, auto_wrap=self.auto_wrap,
             min_unit_params=self.min_unit_params, cpu_offload=self.cpu_offload,
             reshard_after_forward=self.reshard_after_forward, timeout_s=self.timeout_s,
+            activation_checkpointing=self.activation_checkpointing,
         )
 
     def _policies(self) -> dict[str, Any]:
@@ -137,10 +145,13 @@ class FSDPStrategy(DDPStrategy):
         # "-true" precisions keep norm layers in fp32; a unit must hold one dtype
         always = NORM_LAYERS if self.precision.param_dtype != torch.float32 else ()
         units = units_to_shard(module, self.auto_wrap, self.min_unit_params, always=always)
+        self.checkpoint_activations(module)  # inside each unit: its hooks gather before the recompute
         for _name, unit in units:
             fully_shard(unit, mesh=mesh, **policies)
         fully_shard(module, mesh=mesh, **policies)
         self.units = [name for name, _ in units]
+        if self.announce:  # the session's banner came before the units were chosen
+            print(f"gpukit: {self.describe()}", file=sys.stderr)
         if on_meta:
             _materialise(module, torch.device("cpu") if self.cpu_offload else self.root_device, self.rank)
         return module
@@ -174,9 +185,11 @@ class FSDPStrategy(DDPStrategy):
 
     def describe(self) -> str:
         offload = ", CPU offload" if self.cpu_offload else ""
+        # units are chosen when the model is set up; the session's banner comes before that
+        units = f"{len(self.units) + 1} unit(s)" if self.units is not None else "units chosen at setup"
         return (
             f"fsdp rank {self.rank}/{self.world_size} on {self.root_device} with "
-            f"{self.accelerator.distributed_backend}, {len(self.units) + 1} unit(s){offload}"
+            f"{self.accelerator.distributed_backend}, {units}{offload}{self._describe_checkpointing()}"
         )
 
 

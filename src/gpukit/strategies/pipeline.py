@@ -20,6 +20,7 @@ from gpukit.errors import ConfigurationError
 from gpukit.parallel import resolve_stage_devices, split
 from gpukit.parallel._split import check_chunks
 from gpukit.placement import unwrap_model
+from gpukit.strategies._checkpointing import check_policy
 from gpukit.strategies.base import Strategy
 
 __all__ = ["PipelineStrategy"]
@@ -34,6 +35,8 @@ class PipelineStrategy(Strategy):
         chunks: micro-batches per forward (1: the plain model-parallel tutorial; ~4x the
             number of stages keeps the devices busy).
         balance, layers, example_input, deferred_batchnorm, verbose: as for ``split``.
+        activation_checkpointing: True (every block), "selective", a set of classes or a
+            callable (see ``gpukit.strategies._checkpointing``); applied before the split.
 
     Raises:
         ConfigurationError: devices of different types, or ``chunks`` not an int >= 1.
@@ -52,6 +55,7 @@ class PipelineStrategy(Strategy):
         example_input: Any = None,
         deferred_batchnorm: bool = False,
         verbose: bool = True,
+        activation_checkpointing: Any = None,
     ) -> None:
         check_chunks(chunks)
         stage_devices = resolve_stage_devices(devices)
@@ -70,14 +74,16 @@ class PipelineStrategy(Strategy):
         self.example_input = example_input
         self.deferred_batchnorm = deferred_batchnorm
         self.verbose = verbose
+        self.activation_checkpointing = check_policy(activation_checkpointing)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         return split(
-            unwrap_model(module), self.devices, self.balance, self.chunks, layers=self.layers,
+            self.checkpoint_activations(unwrap_model(module)), self.devices, self.balance, self.chunks, layers=self.layers,
             example_input=self.example_input, precision=self.precision.name,
             deferred_batchnorm=self.deferred_batchnorm, verbose=self.verbose,
         )
 
     def describe(self) -> str:
         shown = ", ".join(str(d) for d in self.devices)
-        return f"pipeline over [{shown}], chunks={self.chunks}, outputs on {self.root_device}"
+        return (f"pipeline over [{shown}], chunks={self.chunks}, outputs on {self.root_device}"
+                f"{self._describe_checkpointing()}")
