@@ -47,6 +47,7 @@ from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
 from gpukit.strategies import Strategy, select_strategy
 from gpukit.strategies._checkpointing import configure_strategy
+from gpukit.strategies._compile import check_compile, compile_module, compile_request
 
 __all__ = ["Session"]
 
@@ -81,6 +82,9 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         activation_checkpointing: recompute blocks' activations in backward instead of keeping
             them: True (every block), "selective" (every other block), a set of module classes
             or a callable ``(module, name) -> bool``; works with every strategy (see docs/memory.md).
+        compile: True or a dict of ``torch.compile`` options: ``setup`` compiles the model the
+            way the strategy needs (the DDP wrapper, each FSDP unit). A ``torch.compile(model)``
+            given to ``setup`` is compiled the same way with its own settings, not dropped.
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -102,6 +106,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         record: str | os.PathLike[str] | None = None,
         timeout_s: float | None = None,
         activation_checkpointing: Any = None,
+        compile: bool | dict[str, Any] | None = None,
     ) -> None:
         if (
             not isinstance(accumulate_grad_batches, int)
@@ -122,7 +127,9 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             accumulate_grad_batches=accumulate_grad_batches, sync_batchnorm=sync_batchnorm,
             accelerator=accelerator, verbose=verbose, oom=oom, watch_memory=watch_memory, record=record,
             timeout_s=timeout_s, activation_checkpointing=activation_checkpointing,
+            compile=compile,
         )
+        self._compile = check_compile(compile)
         self.strategy: Strategy = select_strategy(
             devices, strategy, accelerator, sync_batchnorm=sync_batchnorm
         )
@@ -197,9 +204,11 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         self._require_launched("session.setup()")
         if optimizer is not None:
             check_optimizer(model, optimizer)
+        model, compiling = compile_request(model, self._compile)  # a torch.compile wrapper comes off here
         model = self.strategy.prepare_module(model)
         model = self.precision.convert_module(model)
         model = self.strategy.setup_module(model)
+        model = compile_module(self.strategy, model, compiling)  # ... and goes back on what the strategy built
         self._memory_track_model(model)  # inference guard; run_step's default model
         if optimizer is None:
             return model

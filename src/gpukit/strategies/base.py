@@ -89,6 +89,10 @@ class Strategy:
     def _describe_checkpointing(self) -> str:
         return f", activation checkpointing on {len(self.checkpointed)} block(s)" if self.checkpointed else ""
 
+    def compile_targets(self, module: nn.Module) -> list[nn.Module]:
+        """The parts of the set-up ``module`` to compile in place (see ``_compile.py``): all of it here."""
+        return [module]
+
     def setup_optimizer(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Fit ``optimizer`` to the set-up ``module`` (FSDP swaps in sharded parameters); no-op here."""
         return optimizer

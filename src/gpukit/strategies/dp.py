@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.parallel import parallel_apply
 
 from gpukit.accelerators import Accelerator
+from gpukit.errors import ConfigurationError
 from gpukit.placement import unwrap_model
 from gpukit.strategies.base import Strategy
 
@@ -47,6 +48,13 @@ class DataParallelStrategy(Strategy):
         )
         wrapped.gpukit_autocast = (self.root_device.type, self.precision.autocast_dtype)
         return wrapped
+
+    def compile_targets(self, module: nn.Module) -> list[nn.Module]:
+        if isinstance(module, nn.DataParallel):
+            raise ConfigurationError(
+                "torch.compile does not work with DataParallel (its replicas are copied each step); use "
+                "strategy='ddp' (one process per GPU), which compiles, or compile=False.")
+        return [module]
 
     def describe(self) -> str:
         shown = ", ".join(str(d) for d in self.devices)

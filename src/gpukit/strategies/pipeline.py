@@ -83,6 +83,11 @@ class PipelineStrategy(Strategy):
             deferred_batchnorm=self.deferred_batchnorm, verbose=self.verbose,
         )
 
+    def compile_targets(self, module: nn.Module) -> list[nn.Module]:
+        raise ConfigurationError(
+            "compiling is not supported with strategy='pipeline' (its stages run as separate, hand-driven "
+            "pieces); compile single layers yourself (layer.compile()) before session.setup, or use compile=False.")
+
     def describe(self) -> str:
         shown = ", ".join(str(d) for d in self.devices)
         return (f"pipeline over [{shown}], chunks={self.chunks}, outputs on {self.root_device}"
