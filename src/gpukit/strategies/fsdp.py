@@ -158,7 +158,7 @@ class FSDPStrategy(DDPStrategy):
 
     def compile_targets(self, module: nn.Module) -> list[nn.Module]:
         """Each unit after ``fully_shard`` (its gather/free hooks stay outside the graphs); the root if alone."""
-        return [module.get_submodule(name) for name in self.units] or [module]
+        return [module.get_submodule(name) for name in self.units or ()] or [module]
 
     def setup_optimizer(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Point ``optimizer`` at the sharded parameters that replaced the ones it was built with."""
