@@ -37,8 +37,8 @@ def _load_factory(target: str) -> object:
     return factory
 
 
-def _build(target: str, factory: object) -> object:
-    """Call the factory; its own errors become one line naming it, not a traceback through gpukit."""
+def _build(target: str, factory: object) -> tuple[object, object]:
+    """Call the factory: ``(model, example batch or None)``; its errors become one line naming it."""
     import torch
 
     try:
@@ -54,25 +54,45 @@ def _build(target: str, factory: object) -> object:
             f"Model {target!r}: {target.partition(':')[2]}() raised {type(exc).__name__}: {exc}{where} "
             "(gpukit plan calls the factory with no arguments)."
         ) from None
+    example = None
+    if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
+        built, example = built  # (model, example inputs): a dict for model(**inputs), a tensor or a tuple
+        if not isinstance(example, (dict, tuple, list, torch.Tensor)):
+            raise ConfigurationError(f"{target!r} returned (model, {type(example).__name__}); the second item must be "
+                                     "the example inputs: a dict of tensors (model(**inputs)), a tensor or a tuple.")
     if not isinstance(built, torch.nn.Module):
-        raise ConfigurationError(f"{target!r} returned {type(built).__name__}, not a torch.nn.Module.")
-    return built
+        raise ConfigurationError(f"{target!r} returned {type(built).__name__}, not a torch.nn.Module (or a "
+                                 "(model, example_inputs) pair).")
+    return built, example
 
 
-def _shape(text: str) -> tuple[int, ...]:
+def _shape(text: str, option: str = "--batch-shape") -> tuple[int, ...]:
     try:
         dims = tuple(int(part) for part in text.split(","))
     except ValueError:
         dims = ()
     if not dims or any(d < 1 for d in dims):
-        raise ConfigurationError(f"--batch-shape {text!r}: expected positive integers separated by commas, e.g. 64,3,32,32.")
+        raise ConfigurationError(f"{option} {text!r}: expected positive integers separated by commas, e.g. 64,3,32,32.")
     numel = math.prod(dims)
     if max(dims) > MAX_BATCH or numel > _MAX_INPUT_NUMEL:
         raise ConfigurationError(
-            f"--batch-shape {text!r}: {numel:.3g} elements is beyond any device (each dimension at most "
+            f"{option} {text!r}: {numel:.3g} elements is beyond any device (each dimension at most "
             f"{MAX_BATCH:,}, the whole input at most {_MAX_INPUT_NUMEL:.3g} elements); give the shape of one "
             "batch, e.g. 64,3,32,32.")
     return dims
+
+
+def _keyword_input(text: str) -> tuple[str, tuple[int, ...], str]:
+    """``--input input_ids=8,512:int64`` -> ("input_ids", (8, 512), "int64")."""
+    name, sep, rest = text.partition("=")
+    shape, _, dtype = rest.partition(":")
+    if not sep or not name.isidentifier():
+        raise ConfigurationError(f"--input {text!r}: expected NAME=SHAPE[:DTYPE], e.g. --input input_ids=8,512:int64 "
+                                 "(NAME is the forward argument's name).")
+    dtype = dtype or "float32"
+    if dtype not in _DTYPES:
+        raise ConfigurationError(f"--input {text!r}: dtype {dtype!r} is not one of {', '.join(_DTYPES)}.")
+    return name, _shape(shape, f"--input {name}="), dtype
 
 
 def _visible_gpu_count() -> int:
@@ -93,7 +113,9 @@ def _visible_gpu_count() -> int:
 
 @click.command(short_help="Predict peak training memory of a model, without a GPU.")
 @click.argument("model")
-@click.option("--batch-shape", "shapes", multiple=True, required=True, help="Shape of one model input, e.g. 64,3,32,32 (repeat for several inputs).")
+@click.option("--batch-shape", "shapes", multiple=True, help="Shape of one positional model input, e.g. 64,3,32,32 (repeat for several inputs).")
+@click.option("--input", "keyword_inputs", multiple=True, metavar="NAME=SHAPE[:DTYPE]",
+              help="A keyword input, e.g. input_ids=8,512:int64 (repeat: labels=8,512:int64); model(**inputs).")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(_DTYPES), help="dtype of each input (default float32; int64 for token ids).")
 @click.option("--precision", default="32-true", show_default=True, help="Precision to plan for: 32-true, bf16-mixed, 16-mixed, bf16-true or 16-true (checked by gpukit.precision).")
 @click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["adam", "adamw", "sgd", "none"]))
@@ -103,13 +125,24 @@ def _visible_gpu_count() -> int:
 @click.option("--nproc", type=click.IntRange(1, 1 << 20), default=None,
               help="Processes the model is sharded over (with --strategy fsdp) [default: the GPUs visible here].")
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")
-def plan(model: str, shapes: tuple[str, ...], dtypes: tuple[str, ...], precision: str, optimizer: str, device: str,
-         strategy: str, nproc: int | None, as_json: bool) -> None:
+def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], dtypes: tuple[str, ...], precision: str,
+         optimizer: str, device: str, strategy: str, nproc: int | None, as_json: bool) -> None:
     """Predict peak training memory of MODEL (a 'module:factory' returning an nn.Module).
 
-    Nothing is allocated on the GPU: the step runs on fake tensors.
+    The inputs: --batch-shape (positional), --input NAME=SHAPE[:DTYPE] (keyword; a Hugging Face
+    model given labels= is planned on its own loss), or a factory that returns
+    (model, example_inputs). Nothing is allocated on the GPU: the step runs on fake tensors.
     """
     # Everything that needs no torch is checked before torch loads (it takes seconds).
+    if shapes and keyword_inputs:
+        raise ConfigurationError("Give the inputs either positionally (--batch-shape) or by name (--input NAME=SHAPE), "
+                                 "not both.")
+    named = [_keyword_input(text) for text in keyword_inputs]
+    if len({n for n, _, _ in named}) != len(named):
+        raise ConfigurationError(f"--input names one argument twice: {', '.join(n for n, _, _ in named)}.")
+    if dtypes and keyword_inputs:
+        raise ConfigurationError("--dtype goes with --batch-shape; with --input write the dtype in it: "
+                                 "--input input_ids=8,512:int64.")
     if dtypes and len(dtypes) != len(shapes):
         raise ConfigurationError(f"Got {len(shapes)} --batch-shape but {len(dtypes)} --dtype; give one --dtype per input or none.")
     if precision.strip().lower() not in _PRECISIONS + _SHORT_NAMES:
@@ -131,16 +164,28 @@ def plan(model: str, shapes: tuple[str, ...], dtypes: tuple[str, ...], precision
         raise ConfigurationError(f"--device {device!r}: give a torch device type such as cuda, cpu or mps "
                                  "(no such device is needed: nothing is allocated).") from None
     dtype_names = dtypes or ("float32",) * len(shapes)
-    built = _build(model, factory)
+    built, example = _build(model, factory)
+    if example is not None and (shapes or named):
+        raise ConfigurationError(f"{model!r} returns its own example inputs; drop --batch-shape/--input, or return "
+                                 "the model alone.")
+    if example is None and not (shapes or named):
+        raise ConfigurationError("No inputs to plan with: give --batch-shape 64,3,32,32 (positional), --input "
+                                 "NAME=SHAPE[:DTYPE] (keyword, e.g. input_ids=8,512:int64), or let the factory "
+                                 "return (model, example_inputs).")
     with torch.device("meta"):  # only shapes and dtypes matter
-        inputs = [torch.empty(d, dtype=getattr(torch, t)) for d, t in zip(dims, dtype_names)]
+        positional = [torch.empty(d, dtype=getattr(torch, t)) for d, t in zip(dims, dtype_names)]
+        keywords = {n: torch.empty(d, dtype=getattr(torch, t)) for n, d, t in named}
+    batch = example if example is not None else keywords or (
+        positional[0] if len(positional) == 1 else tuple(positional))
     try:
-        estimate = estimate_memory(built, optimizer, inputs[0] if len(inputs) == 1 else tuple(inputs),
-                                   precision=precision, device=device)
+        estimate = estimate_memory(built, optimizer, batch, precision=precision, device=device)
     except MemoryPlanError as exc:
-        given = ", ".join(f"{t}[{','.join(map(str, d))}]" for d, t in zip(dims, dtype_names))
-        raise MemoryPlanError(f"{exc} Inputs given: {given}; check --batch-shape and --dtype "
-                              "(token ids need --dtype int64).") from None
+        if example is not None:
+            raise MemoryPlanError(f"{exc} Inputs: the factory's example inputs.") from None
+        given = ", ".join([f"{t}[{','.join(map(str, d))}]" for d, t in zip(dims, dtype_names)] +
+                          [f"{n}={t}[{','.join(map(str, d))}]" for n, d, t in named])
+        raise MemoryPlanError(f"{exc} Inputs given: {given}; check --batch-shape/--input and the dtypes "
+                              "(token ids need int64).") from None
     if strategy == "fsdp":  # per rank: the default wrapping policy's units, sharded over nproc
         from gpukit.memory import shard_estimate
         from gpukit.strategies._wrap import unit_param_counts, units_to_shard

@@ -154,6 +154,10 @@ def _call(model: torch.nn.Module, state: dict[str, torch.Tensor], batch: Any) ->
 
 
 def _default_loss(output: Any) -> torch.Tensor:
+    # a model that computes its own loss (Hugging Face models given labels=) returns it as .loss
+    own = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if isinstance(own, torch.Tensor) and own.is_floating_point() and own.dim() == 0:
+        return own
     leaves = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not leaves:
         raise MemoryPlanError("estimate_memory: the model returned no floating-point tensor; pass loss_fn=...")
@@ -209,7 +213,8 @@ def estimate_memory(
             (``model(*batch)``) or a dict (``model(**batch)``); only shapes and dtypes are used.
         precision: ``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"``, ``"16-true"``.
         device: the device to plan for (``"cuda"`` by default; no GPU is needed).
-        loss_fn: ``loss_fn(output) -> scalar``; by default the mean of the outputs.
+        loss_fn: ``loss_fn(output) -> scalar``; by default the model's own ``output.loss``
+            (Hugging Face models given ``labels``), else the mean of the outputs.
 
     Returns:
         A :class:`MemoryEstimate` breakdown.
