@@ -53,12 +53,16 @@ def test_unpicklable_functions_are_refused_before_anything_starts():
         launch_function(fail_on_rank_one, nproc=0, cpu=True, echo=None)
 
 
-def test_function_from_an_interactive_main_is_refused(monkeypatch):
+def test_function_from_an_interactive_main_is_refused_where_fork_is_not(monkeypatch):
+    # where fork exists it is run in forked workers (tests/launch/test_notebook_launch.py)
+    import multiprocessing
+
     fake_main = types.ModuleType("__main__")  # like a REPL or notebook: no __file__
     monkeypatch.setitem(sys.modules, "__main__", fake_main)
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])  # as on Windows
 
     def typed_in_repl() -> None: ...
 
     typed_in_repl.__module__ = "__main__"
-    with pytest.raises(ConfigurationError, match="interactive session"):
+    with pytest.raises(ConfigurationError, match="defined interactively.*cannot fork. Put the function in a .py"):
         launch_function(typed_in_repl, nproc=1, cpu=True, echo=None)

@@ -26,6 +26,7 @@ from gpukit.launch._cluster import node_topology, scheduler_gpu_count
 from gpukit.launch._worker import run_function
 from gpukit.launch._elastic import Topology, run_workers
 from gpukit.launch._gpus import DevicePlan, GpuRequest, plan_devices
+from gpukit.launch._notebook import check_fork, needs_fork, run_forked_function
 from gpukit.launch._orphans import LAUNCHER_PID_ENV
 from gpukit.launch._preemption import PREEMPT_SIGNAL_ENV, parse_preempt_signal
 from gpukit.launch._preemption import preempt_signal as default_preempt_signal
@@ -191,8 +192,11 @@ def launch_function(
     ``torch.distributed.init_process_group()`` works inside ``fn`` with no arguments.
 
     Args:
-        fn: A module-level function (workers are started with spawn and import it).
-        args: Picklable positional arguments for ``fn``.
+        fn: A module-level function (workers are started with spawn and import it). In a
+            notebook, REPL or ``python -c``, a function (or args) defined there is run in
+            workers forked from this process instead (refused with the reason where fork
+            cannot work: no fork on the platform, or CUDA initialised here for GPU workers).
+        args: Picklable positional arguments for ``fn`` (any, when forked).
         nproc: Number of worker processes.
         cpu: Run on the CPU (gloo); GPUs are hidden from the workers.
         gpus: ``None`` (``nproc`` GPUs if the machine has any, else CPU), a count,
@@ -214,18 +218,22 @@ def launch_function(
         RunInterruptedError: (a ``LaunchError``) this process got Ctrl-C/SIGTERM meanwhile.
     """
     _check_run_settings(nproc, max_restarts, grace_s)
-    _check_picklable(fn, args)
+    fork = needs_fork(fn, args)  # defined in a notebook: workers are forked from it (see _notebook.py)
+    if not fork:
+        _check_picklable(fn, args)
     topology = Topology()
     plan = plan_devices(gpus, cpu=cpu, nproc=nproc, min_free_memory=min_free_memory,
                         max_utilization=max_utilization, wait=wait, wait_timeout_s=wait_timeout_s)
     try:
+        if fork:
+            check_fork(f"launch_function({getattr(fn, '__qualname__', fn)!r})", uses_gpus=plan.gpu_count > 0)
         _announce(echo, plan, nproc, topology)
         run_id = f"gpukit-{uuid.uuid4().hex[:12]}"
         plan.label_claim(run_id, nproc, topology.node_rank)
         values = run_workers(
-            run_function, (fn, *args), nproc=nproc, topology=topology,
+            run_forked_function if fork else run_function, (fn, *args), nproc=nproc, topology=topology,
             env=_worker_env(plan, nproc=nproc, grace_s=grace_s, run_id=run_id), run_id=run_id,
-            max_restarts=max_restarts, grace_s=grace_s, verbose=verbose,
+            max_restarts=max_restarts, grace_s=grace_s, verbose=verbose, start_method="fork" if fork else "spawn",
         )
     finally:
         plan.release()

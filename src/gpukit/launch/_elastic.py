@@ -210,8 +210,9 @@ def _make_agent_class() -> type:
     class GpukitAgent(LocalElasticAgent):  # type: ignore[misc]
         """LocalElasticAgent whose every stop is SIGTERM, ``grace_s``, SIGKILL."""
 
-        def __init__(self, spec: Any, logs_specs: Any, grace_s: float, preempt_signal: int | None) -> None:
-            super().__init__(spec, logs_specs=logs_specs, start_method="spawn")
+        def __init__(self, spec: Any, logs_specs: Any, grace_s: float, preempt_signal: int | None,
+                     start_method: str = "spawn") -> None:
+            super().__init__(spec, logs_specs=logs_specs, start_method=start_method)
             self.grace_s = grace_s
             self.preempt_signal = preempt_signal
             self.attempts = 0
@@ -295,6 +296,7 @@ def run_workers(
     grace_s: float = 10.0,
     verbose: bool = False,
     preempt_signal: int | None = None,
+    start_method: str = "spawn",
 ) -> dict[int, Any]:
     """Start ``nproc`` workers on this node under the elastic agent and supervise them.
 
@@ -310,6 +312,8 @@ def run_workers(
         verbose: Keep torch elastic's own log lines.
         preempt_signal: The scheduler's preemption warning (e.g. SIGUSR2): stops the run
             like SIGTERM (workers get SIGTERM, save, exit); repeated, it changes nothing.
+        start_method: ``"spawn"``, or ``"fork"`` for function workers launched from a notebook
+            (see ``_notebook.py``).
 
     Returns:
         Return values by global rank (``None`` for script workers).
@@ -347,7 +351,8 @@ def run_workers(
                 max_restarts=max_restarts,
                 monitor_interval=_MONITOR_INTERVAL_S,
             )
-            agent = _make_agent_class()(spec, DefaultLogsSpecs(log_dir=log_dir), grace_s, preempt_signal)
+            agent = _make_agent_class()(spec, DefaultLogsSpecs(log_dir=log_dir), grace_s, preempt_signal,
+                                        start_method)
             close_rendezvous = True
             monitor = StallMonitor(run_dir, stall_threshold_s(collective_timeout_s()), _stderr_line)
             try:

@@ -28,7 +28,10 @@ def start_process_services(strategy: Any, verbose: bool) -> None:
     )
     from gpukit.launch._requeue import requeue_at_exit
 
-    install_preemption_handler(session_stop_signals())  # SIGTERM becomes `should_stop`
+    from gpukit.launch._notebook import is_kernel
+
+    if not is_kernel():  # a notebook kernel keeps its own SIGTERM (and its forked workers inherit none)
+        install_preemption_handler(session_stop_signals())  # SIGTERM becomes `should_stop`
     if strategy.launched:  # under gpukit run: the launcher names a rank that stalls
         from gpukit.launch._heartbeat import start_heartbeat
 

@@ -1,0 +1,125 @@
+"""Launching from a notebook (or a REPL, or ``python -c``): workers forked from this process.
+
+Workers are normally started fresh (spawn) and import the function they run. A function
+defined in a notebook cell lives in the kernel's ``__main__``, which a fresh process cannot
+import ("Can't get attribute 'train_fn' on <module '__main__'>", visible only on the
+kernel's raw stderr). As ``accelerate.notebook_launcher`` does, such launches fork the
+workers instead: they start as copies of the kernel, with every function and object of its
+cells, and nothing needs pickling on the way in (return values still travel back pickled).
+
+Forking is refused, with the reason and the ways out, where it cannot work: on platforms
+without ``fork``, and when CUDA is already initialised in this process and the workers are
+to use GPUs (a forked child cannot use its parent's CUDA context).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from gpukit.errors import ConfigurationError
+
+__all__ = ["is_interactive", "is_kernel", "needs_fork", "check_fork", "run_forked_function", "FORK"]
+
+FORK = "fork"
+
+
+def is_interactive() -> bool:
+    """Whether this process runs interactive code: a notebook kernel, a REPL or ``python -c``.
+
+    Their ``__main__`` has no file, so a spawned worker cannot import what it defines.
+    """
+    main = sys.modules.get("__main__")
+    return main is None or not getattr(main, "__file__", None)
+
+
+def is_kernel() -> bool:
+    """Whether this process is a notebook kernel or an interactive prompt (not a launched worker).
+
+    A Session there installs no stop-signal handler: SIGTERM means "shut the kernel down",
+    and workers forked from it would inherit the handler.
+    """
+    from gpukit.launch._orphans import LAUNCHER_PID_ENV
+
+    interactive = "ipykernel" in sys.modules or hasattr(sys, "ps1") or bool(sys.flags.interactive)
+    return interactive and not os.environ.get(LAUNCHER_PID_ENV)
+
+
+class _Discard:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def needs_fork(fn: Callable[..., Any], args: tuple[Any, ...]) -> bool:
+    """Whether ``fn(*args)`` can only reach workers by fork.
+
+    True in an interactive process when ``fn`` or ``args`` use something defined there (a
+    function, a class, an instance of one) or cannot be pickled at all. Nothing is kept: the
+    objects are pickled into a sink that discards the bytes.
+    """
+    if not is_interactive():
+        return False  # a script: spawned workers import its __main__ from its file
+    import pickle
+    import types
+
+    found = []
+
+    class _Finder(pickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, (types.FunctionType, type)):
+                if obj.__module__ == "__main__":
+                    found.append(obj)
+            elif type(obj).__module__ == "__main__":
+                found.append(obj)
+            return NotImplemented
+
+    try:
+        _Finder(_Discard()).dump((fn, args))
+    except Exception:  # noqa: BLE001 - unpicklable: only a fork gets it to the workers
+        return True
+    return bool(found)
+
+
+def check_fork(what: str, *, uses_gpus: bool) -> None:
+    """Raise ConfigurationError saying why workers cannot be forked here, if they cannot.
+
+    Args:
+        what: the call being made, for the message (``"session.launch(train_fn)"``).
+        uses_gpus: whether the workers will use GPUs (then CUDA must not be initialised here).
+    """
+    if FORK not in multiprocessing.get_all_start_methods():
+        raise ConfigurationError(
+            f"{what}: the function is defined interactively (a notebook cell, a REPL or python -c), so "
+            f"workers would have to be forked from this process, and this platform ({sys.platform}) cannot "
+            "fork. Put the function in a .py file next to the notebook and import it from there.")
+    torch = sys.modules.get("torch")
+    if uses_gpus and torch is not None and torch.cuda.is_initialized():
+        raise ConfigurationError(
+            f"{what}: the function is defined interactively (a notebook cell), so the workers are forked from "
+            "this kernel -- but CUDA is already initialised here (an earlier cell used the GPU: .cuda(), "
+            ".to('cuda'), torch.cuda.*, a model or Session on a GPU), and forked workers cannot use CUDA then. "
+            "Restart the kernel and call launch before any GPU work (create models and tensors inside the "
+            "function), or put the function in a .py file and import it (workers are then started fresh).")
+
+
+def _reset_inherited_signals() -> None:
+    # the kernel's own handlers (ipykernel's SIGINT, anything a cell installed) are not the worker's
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def run_forked_function(fn: Callable[..., Any], *args: Any) -> Any:
+    """Entry point of a forked function worker: the supervision of a spawned one, then ``fn(*args)``."""
+    from gpukit.launch._worker import run_function
+
+    _reset_inherited_signals()
+    threads = os.environ.get("OMP_NUM_THREADS")
+    torch = sys.modules.get("torch")
+    if threads and threads.isdigit() and torch is not None:
+        torch.set_num_threads(int(threads))  # the kernel's torch read its thread count long before the fork
+    return run_function(fn, *args)
