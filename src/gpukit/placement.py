@@ -9,7 +9,7 @@ DistributedDataParallel and ``torch.compile`` wrappers so state dicts have clean
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -23,7 +23,7 @@ from gpukit.accelerators import (
 )
 from gpukit.errors import ConfigurationError, DeviceError
 
-__all__ = ["resolve_device", "to_device", "unwrap_model", "visible_mapping_text"]
+__all__ = ["resolve_device", "to_device", "device_mover", "unwrap_model", "visible_mapping_text"]
 
 T = TypeVar("T")
 
@@ -131,6 +131,12 @@ def to_device(obj: T, device: str | int | torch.device) -> T:
     Returns:
         The same structure with moved leaves (modules are moved in place and returned).
     """
+    return device_mover(device)(obj)
+
+
+def device_mover(device: str | int | torch.device) -> Callable[[Any], Any]:
+    """``to_device`` with the device resolved once: ``move = device_mover(d)``, then ``move(batch)``
+    per batch (what a loader does, without re-resolving the device every step)."""
     if not isinstance(device, torch.device):
         device = resolve_device(device)
     # Only a pinned source makes an async copy safe and useful, and only to a GPU.
@@ -138,7 +144,17 @@ def to_device(obj: T, device: str | int | torch.device) -> T:
         async_ok = get_accelerator(device).benefits_from_pinned_memory
     except ConfigurationError:  # e.g. "meta": a valid torch device gpukit does not manage
         async_ok = False
-    return _move(obj, device, async_ok)
+    target: torch.device = device
+    if target.type != "cpu":
+        return lambda obj: _move(obj, target, async_ok)
+
+    def to_host(obj: Any) -> Any:
+        # the usual batch on the host: a tuple/list of CPU tensors, already where it goes
+        if type(obj) in (tuple, list) and all(type(t) is torch.Tensor and t.is_cpu for t in obj):
+            return obj
+        return _move(obj, target, async_ok)
+
+    return to_host
 
 
 def _move(obj: Any, device: torch.device, async_ok: bool) -> Any:

@@ -12,7 +12,8 @@ from gpukit.data._loader import DeviceLoader, build_loader
 from gpukit.data._sampler import ResumableBatchSampler
 from gpukit.data._stall import DEFAULT_DATA_TIMEOUT_S, SharedMemoryWarning
 from gpukit.data._timing import StepTiming, StepTimings, TimingSummary
-from gpukit.data._tune import LoaderSettings, Trial, TuneResult, tune_loader
+from gpukit.data._tune import tune_loader
+from gpukit.data._tune_result import LoaderSettings, Trial, TuneResult
 from gpukit.data._workers import auto_num_workers, seed_worker
 
 __all__ = [

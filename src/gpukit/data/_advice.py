@@ -6,7 +6,9 @@ DDP) and the loader's settings. Each cause has one rule and one fix:
 * data loading with ``num_workers=0`` -> ``num_workers="auto"`` (the number it would pick);
 * workers started afresh each epoch (``persistent_workers=False``), whose first batch carries
   the start-up (``spawn`` re-imports the training script) -> ``persistent_workers=True``;
-* data loading with fewer workers than spare cores -> ``num_workers="tune"``;
+* data loading with fewer workers than spare cores -> ``num_workers="tune"``; when tuning
+  already chose them, the choice is contradicted -> its cache entry is dropped (``"retune"``:
+  the next run measures again) -- advice never asks for what is already on;
 * data loading with every spare core already working -> a cheaper ``__getitem__``;
 * host-to-device copy with ``pin_memory`` off on a GPU -> ``pin_memory=True``;
 * host-to-device copy with pinned memory -> smaller batches on the wire.
@@ -20,6 +22,7 @@ from typing import Any
 
 from gpukit.data._timing import PassTotals, TimingSummary
 from gpukit.accelerators import Accelerator
+from gpukit.data._tune_cache import RETUNE_ENV
 from gpukit.data._workers import MAX_AUTO_WORKERS, auto_num_workers, usable_cpu_count
 
 __all__ = ["EpochReport", "LoaderFacts", "diagnose", "loader_facts", "ADVICE_SHARE"]
@@ -28,6 +31,8 @@ __all__ = ["EpochReport", "LoaderFacts", "diagnose", "loader_facts", "ADVICE_SHA
 ADVICE_SHARE = 0.10
 #: the first batch of an epoch carrying this share of the epoch's data wait means restarts
 _RESTART_SHARE = 0.5
+#: a tuned loader waiting this many times longer per batch than tuning measured is re-tuned
+_CONTRADICTS = 2.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,8 @@ class LoaderFacts:
     pinning_helps: bool
     auto_workers: int  # what num_workers="auto" picks for this dataset and device
     spare_workers: int  # CPUs per process - 1 (at most 8): workers that would not slow the loop
+    tuned_by: str | None = None  # where num_workers="tune" took the settings from (None: not tuned)
+    tuned_wait_s: float | None = None  # the wait per batch tuning measured for them (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,7 @@ class EpochReport:
         data_share: data wait / step time, mean over ranks.
         h2d_share: copy / step time, mean over ranks (``None``: no copy measured).
         worst_rank: the rank with the largest data share.
-        causes: what was found: ``"workers"``, ``"restarts"``, ``"more_workers"``,
+        causes: what was found: ``"workers"``, ``"restarts"``, ``"more_workers"``, ``"retune"``,
             ``"dataset"``, ``"pinning"``, ``"copy_size"``; empty when the loader keeps up.
         line: the one-line diagnosis printed on rank 0.
     """
@@ -68,9 +75,10 @@ class EpochReport:
 
 
 def loader_facts(
-    loader: Any, accelerator: Accelerator, local_world_size: int, copies: bool
+    loader: Any, accelerator: Accelerator, local_world_size: int, copies: bool, tuned: Any = None
 ) -> LoaderFacts:
-    """The :class:`LoaderFacts` of a torch DataLoader (``copies``: batches go to a device)."""
+    """The :class:`LoaderFacts` of a torch DataLoader (``copies``: batches go to a device;
+    ``tuned``: the :class:`~gpukit.data.TuneResult` its settings came from, if any)."""
     context = getattr(loader, "multiprocessing_context", None)
     if isinstance(context, str):
         method: str | None = context
@@ -87,6 +95,9 @@ def loader_facts(
         start_method=method, pinning_helps=copies and accelerator.benefits_from_pinned_memory,
         auto_workers=auto_num_workers(loader.dataset, accelerator, local_world_size),
         spare_workers=max(0, min(MAX_AUTO_WORKERS, per_process - 1)),
+        tuned_by=None if tuned is None else (
+            f"the tuning cache {tuned.cache_path}" if tuned.from_cache else "this run's tuning"),
+        tuned_wait_s=1.0 / tuned.batches_per_s if tuned is not None and tuned.batches_per_s else None,
     )
 
 
@@ -141,6 +152,20 @@ def _data_advice(totals: PassTotals, facts: LoaderFacts) -> tuple[str, str]:
             else "workers restart at each epoch"
         )
         return "restarts", f"{why}: persistent_workers=True"
+    if facts.tuned_by is not None:
+        wait_s = totals.wait_s / max(1, totals.steps)
+        if workers < facts.spare_workers and (
+            facts.tuned_wait_s is None or wait_s > _CONTRADICTS * facts.tuned_wait_s
+        ):
+            measured = (f" ({1e3 * wait_s:.1f} ms per batch; tuning measured {1e3 * facts.tuned_wait_s:.1f})"
+                        if facts.tuned_wait_s is not None else "")
+            return "retune", (
+                f"num_workers={workers} came from {facts.tuned_by}, which this epoch contradicts"
+                f"{measured} -> the cached choice is dropped and the next run measures again "
+                f"({RETUNE_ENV}=1 forces it)")
+        return "dataset", (
+            f"num_workers={workers} came from {facts.tuned_by} (measured fastest here) -> make "
+            "__getitem__ cheaper (decode once and cache, smaller inputs) or augment on the device")
     if workers == 0:
         if facts.auto_workers:
             return "workers", f'num_workers=0 -> try num_workers="auto" ({facts.auto_workers})'

@@ -26,13 +26,14 @@ from torch.utils.data import (
 
 from gpukit.accelerators import Accelerator
 from gpukit.errors import CheckpointError, ConfigurationError
-from gpukit.placement import to_device
-from gpukit.data._advice import diagnose, loader_facts
+from gpukit.placement import device_mover
+from gpukit.data._advice import LoaderFacts, diagnose, loader_facts
 from gpukit.data._sampler import ResumableBatchSampler
 from gpukit.data._stall import StallGuard, resolve_data_timeout
 from gpukit.data._timing import PassTotals, StepTimings
 from gpukit.data._epoch_gather import EpochGather
 from gpukit.data._tune import tune_for_ranks
+from gpukit.data._tune_result import TuneResult
 from gpukit.data._workers import auto_num_workers, chain_worker_init, track_worker_pool
 
 __all__ = ["DeviceLoader", "build_loader"]
@@ -68,6 +69,7 @@ class DeviceLoader:
         timings: StepTimings | None = None,
         data_timeout_s: float | None = None,
         local_world_size: int = 1,
+        tuned: TuneResult | None = None,
     ) -> None:
         self.loader = loader
         self.timings = timings if timings is not None else StepTimings()
@@ -85,6 +87,10 @@ class DeviceLoader:
         self._epoch = 0
         self._consumed = 0
         self._in_progress = False
+        self._move: Callable[[Any], Any] | None = None
+        self._facts: LoaderFacts | None = None
+        #: how ``num_workers="tune"`` chose this loader's settings (``None``: not tuned)
+        self.tuned: TuneResult | None = tuned
 
     @property
     def dataset(self) -> Dataset:
@@ -124,8 +130,12 @@ class DeviceLoader:
             # an order gpukit does not control can only be skipped by drawing batches
             raw = iter(self.loader)
             batches = itertools.islice(raw, skip, None)
-        device = self.device
-        move = None if device is None else (lambda batch: to_device(batch, device))
+        if self._move is None and self.device is not None:
+            self._move = device_mover(self.device)  # resolved once, not per batch
+        if isinstance(self._batch_sampler, ResumableBatchSampler):
+            # augmentation seeds only matter to workers; without them, plain index lists
+            self._batch_sampler.seeded = bool(self.loader.num_workers)
+        move = self._move
         guard = self._guard
         guard.begin(raw)
         try:
@@ -140,9 +150,14 @@ class DeviceLoader:
 
     def _pass_end(self, totals: PassTotals) -> None:
         per_rank = self.timings.gather_pass(totals, self._gather)
-        copies = self.device is not None and not self.timings.accelerator.is_host
-        facts = loader_facts(self.loader, self.timings.accelerator, self.local_world_size, copies)
-        self.timings.record_epoch(diagnose(per_rank, facts))
+        if self._facts is None:  # the loader's settings do not change between epochs
+            copies = self.device is not None and not self.timings.accelerator.is_host
+            self._facts = loader_facts(self.loader, self.timings.accelerator, self.local_world_size,
+                                       copies, tuned=self.tuned)
+        report = diagnose(per_rank, self._facts)
+        if "retune" in report.causes and self.tuned is not None:
+            self.tuned.forget()  # the next run measures again instead of trusting the cache
+        self.timings.record_epoch(report)
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the data: ``{"epoch", "batches_consumed", "seed", "batch_size",
@@ -245,6 +260,7 @@ def build_loader(
         drop_last = given.drop_last if given is not None else False
     if num_workers is None:
         num_workers = given.num_workers if given is not None else "auto"
+    tuned: TuneResult | None = None
     if num_workers == "auto":
         num_workers = auto_num_workers(dataset, accelerator, local_world_size)
     elif num_workers == "tune":
@@ -253,12 +269,13 @@ def build_loader(
             world_size=world_size, local_world_size=local_world_size, broadcast=broadcast,
             verbose=timings is not None and timings.report,
         )
-        num_workers = tuned.num_workers
-        pin_memory = tuned.pin_memory if pin_memory is None else pin_memory
+        chosen = tuned.settings
+        num_workers = chosen.num_workers
+        pin_memory = chosen.pin_memory if pin_memory is None else pin_memory
         if num_workers:
-            loader_kwargs["prefetch_factor"] = tuned.prefetch_factor
+            loader_kwargs["prefetch_factor"] = chosen.prefetch_factor
             if explicit_persistent is None:
-                explicit_persistent = tuned.persistent_workers
+                explicit_persistent = chosen.persistent_workers
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
         raise ConfigurationError(
             f"num_workers={num_workers!r}; use 'auto', 'tune' (measure on this machine) or an "
@@ -286,7 +303,7 @@ def build_loader(
     )
     target = device if move_to_device else None
     wrap = dict(seed=seed, world_size=world_size, timings=timings, data_timeout_s=data_timeout_s,
-                local_world_size=local_world_size)
+                local_world_size=local_world_size, tuned=tuned)
 
     custom = given is not None and not _plain_sampling(given)
     if isinstance(dataset, IterableDataset) or custom:

@@ -16,10 +16,13 @@ fresh, can draw the same augmentations as the uninterrupted one.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import BatchSampler, DistributedSampler
+
+from gpukit.data._workers import seed_batch
 
 __all__ = ["ResumableBatchSampler", "SeededBatch", "batch_seed"]
 
@@ -33,8 +36,6 @@ class SeededBatch(list):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[Any]:
         # the fetcher iterates the batch right before it loads the samples (in a worker)
-        from gpukit.data._workers import seed_batch
-
         seed_batch(self.seed)
         return super().__iter__()
 
@@ -56,6 +57,9 @@ class ResumableBatchSampler(BatchSampler):
     def __init__(self, sampler: DistributedSampler, batch_size: int, drop_last: bool) -> None:
         super().__init__(sampler, batch_size, drop_last)
         self.skip_batches = 0
+        #: give batches their augmentation seeds; only workers use them (``seed_batch`` is a
+        #: no-op in the training process), so a loader without workers turns this off
+        self.seeded = True
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -66,6 +70,10 @@ class ResumableBatchSampler(BatchSampler):
         # in _reset) and draws only from the second; clearing on the first call lost the skip.
         skip, self.skip_batches = self.skip_batches, 0
         s = self.sampler
-        for index, batch in enumerate(super().__iter__()):
+        batches = super().__iter__()
+        if not self.seeded:
+            yield from itertools.islice(batches, skip, None)
+            return
+        for index, batch in enumerate(batches):
             if index >= skip:
                 yield SeededBatch(batch, batch_seed(s.seed, s.rank, s.epoch, index))

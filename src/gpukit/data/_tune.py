@@ -11,9 +11,16 @@ reported apart, and paid once per run with ``persistent_workers``). The search:
 4. on a device that copies from the host, ``pin_memory`` on against off (batches are moved
    there as the training loop moves them, so the copy is part of the score).
 
-The winner is cached per (dataset fingerprint, batch size, machine) in
-``$GPUKIT_CACHE_DIR`` (default ``~/.cache/gpukit``; see ``_tune_cache``), so the next run
-starts tuned.
+A winner with workers is confirmed against ``num_workers=0``, both measured again side by
+side: it must win by more than the spread between a setting's two measurements (at least
+:data:`_GAIN`), otherwise the simpler setting is kept. Each trial is bounded in time; when
+the budget runs out before the search is done, the result says so (``complete=False``), the
+best measured is used for this run and nothing is cached.
+
+A complete result is cached per (dataset fingerprint, batch size, machine) in
+``$GPUKIT_CACHE_DIR/loader_tuning.json`` (default ``~/.cache/gpukit``; see ``_tune_cache``),
+so the next run starts tuned; ``GPUKIT_RETUNE=1`` measures again, and an epoch whose loader is
+much slower than tuning measured drops the entry (see ``_advice``).
 """
 
 from __future__ import annotations
@@ -21,14 +28,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpukit.accelerators import Accelerator
-from gpukit.data._tune_cache import _cache_key, _read_cache, _write_cache
+from gpukit.data._tune_cache import RETUNE_ENV, _cache_key, _read_cache, _write_cache
+from gpukit.data._tune_result import DEFAULT_TUNE_BUDGET_S, LoaderSettings, Trial, TuneResult
 from gpukit.data._workers import usable_cpu_count
 from gpukit.errors import ConfigurationError
 
@@ -37,82 +45,9 @@ __all__ = [
     "tune_loader",
 ]
 
-#: total measuring time of one tuning (worker start-ups add to it); GPUKIT_TUNE_BUDGET_S sets it
-DEFAULT_TUNE_BUDGET_S = 6.0
 _GAIN = 1.05  # a setting must be 5% faster to replace the best so far
 _MIN_BATCHES = 3  # batches a trial times at least (when the dataset has them)
-
-
-@dataclass(frozen=True)
-class LoaderSettings:
-    """DataLoader settings tuning chooses among."""
-
-    num_workers: int
-    pin_memory: bool = False
-    prefetch_factor: int | None = None
-    persistent_workers: bool = False
-
-    def as_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``torch.utils.data.DataLoader``."""
-        kwargs: dict[str, Any] = dict(num_workers=self.num_workers, pin_memory=self.pin_memory)
-        if self.num_workers:
-            kwargs["prefetch_factor"] = self.prefetch_factor or 2
-            kwargs["persistent_workers"] = self.persistent_workers
-        return kwargs
-
-    def short(self) -> str:
-        """The measured part of the settings (persistence changes start-ups, not batches/s)."""
-        text = f"num_workers={self.num_workers}"
-        if self.num_workers:
-            text += f", prefetch_factor={self.prefetch_factor or 2}"
-        return text + (", pin_memory=True" if self.pin_memory else "")
-
-    def __str__(self) -> str:
-        text = f"num_workers={self.num_workers}, pin_memory={self.pin_memory}"
-        if self.num_workers:
-            text += (f", prefetch_factor={self.prefetch_factor or 2}, "
-                     f"persistent_workers={self.persistent_workers}")
-        return text
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One measured candidate: batches/s after start-up (``None``: no batch came in time)."""
-
-    settings: LoaderSettings
-    batches_per_s: float | None
-    startup_s: float
-    batches: int
-
-
-@dataclass(frozen=True)
-class TuneResult:
-    """What tuning tried and chose.
-
-    Attributes:
-        settings: the chosen settings.
-        trials: every measured candidate, in the order tried (empty when from the cache).
-        elapsed_s: time tuning took.
-        from_cache: the settings came from an earlier run's tuning on this machine.
-        key: the cache key (dataset fingerprint, batch size, machine).
-    """
-
-    settings: LoaderSettings
-    trials: tuple[Trial, ...]
-    elapsed_s: float
-    from_cache: bool
-    key: str
-
-    def report(self) -> str:
-        """Lines for the user: each trial, then the choice."""
-        if self.from_cache:
-            return f"gpukit: loader settings from the tuning cache ({self.key[:12]}): {self.settings}"
-        lines = [f"gpukit: loader tuning ({self.elapsed_s:.1f} s):"]
-        for t in self.trials:
-            rate = f"{t.batches_per_s:8.1f} batches/s" if t.batches_per_s else "  no batches in time"
-            lines.append(f"  {rate}  start-up {t.startup_s:5.2f} s  {t.settings.short()}")
-        lines.append(f"  chose {self.settings}")
-        return "\n".join(lines)
+_CONFIRM_BY = 1.5  # confirm a winner with workers only while within 1.5x the budget
 
 
 def tune_loader(
@@ -162,10 +97,10 @@ def tune_loader(
     copies = target is not None and not accelerator.is_host
     cap = max_workers if max_workers is not None else max(1, usable_cpu_count() // max(1, local_world_size))
     key = _cache_key(dataset, batch_size, step_fn, target, local_world_size, cap)
-    if cache:
+    if cache and os.environ.get(RETUNE_ENV) != "1":
         cached = _read_cache(key)
         if cached is not None:
-            result = TuneResult(cached, (), 0.0, True, key)
+            result = TuneResult(cached[0], (), 0.0, True, key, budget_s=time_budget_s, batches_per_s=cached[1])
             if verbose:
                 print(result.report(), flush=True)
             return result
@@ -174,22 +109,28 @@ def tune_loader(
     planned = 1 + len(_worker_counts(cap)) + 1 + int(copies and accelerator.benefits_from_pinned_memory)
     slice_s = time_budget_s / planned
     consume = _consumer(step_fn, target)
-    for settings in _candidates(trials, cap, copies and accelerator.benefits_from_pinned_memory,
-                                start, time_budget_s, planned, verbose):
+    search = _Search(trials, cap, copies and accelerator.benefits_from_pinned_memory, start, time_budget_s)
+    for settings in search.run(planned, verbose):
         trials.append(_measure(dataset, batch_size, settings, collate_fn, consume, slice_s))
     winner = _fastest(trials)
+    complete = not search.cut
     if winner is not trials[0]:
         # confirm against num_workers=0, measured again right after: on a machine shared with
         # other work, a slow moment during one trial must not decide
-        for settings in (trials[0].settings, winner.settings):
-            trials.append(_measure(dataset, batch_size, settings, collate_fn, consume, slice_s))
-        winner = _fastest(_best_of_each(trials))
+        if complete and time.perf_counter() - start <= _CONFIRM_BY * time_budget_s:
+            again = [_measure(dataset, batch_size, t.settings, collate_fn, consume, slice_s)
+                     for t in (trials[0], winner)]
+            trials += again
+            winner = _confirmed(trials[0], winner, *again)
+        else:
+            complete = False
     best = winner.settings
     if best.num_workers:  # start-up is paid once per run, not once per epoch
         best = replace(best, persistent_workers=True)
-    result = TuneResult(best, tuple(trials), time.perf_counter() - start, False, key)
-    if cache:
-        _write_cache(key, best)
+    result = TuneResult(best, tuple(trials), time.perf_counter() - start, False, key, complete,
+                        time_budget_s, winner.batches_per_s)
+    if cache and complete:  # an incomplete search is never remembered
+        _write_cache(key, best, winner.batches_per_s)
     if verbose:
         print(result.report(), flush=True)
     return result
@@ -198,27 +139,34 @@ def tune_loader(
 def tune_for_ranks(
     dataset: Dataset, batch_size: int, *, device: torch.device | None, rank: int, world_size: int,
     local_world_size: int, broadcast: Callable[[Any], Any] | None, verbose: bool,
-) -> LoaderSettings:
+) -> TuneResult:
     """``num_workers="tune"``: rank 0 tunes (for its share of the node's CPUs) and every rank
-    gets its settings; without ``broadcast`` (no session) each process tunes for itself."""
+    gets its result; without ``broadcast`` (no session) each process tunes for itself."""
     shared = world_size > 1 and broadcast is not None
-    settings = None
+    result = None
     if rank == 0 or not shared:
-        settings = tune_loader(dataset, batch_size, device=device, local_world_size=local_world_size,
-                               verbose=verbose and rank == 0).settings
+        result = tune_loader(dataset, batch_size, device=device, local_world_size=local_world_size,
+                             verbose=verbose and rank == 0)
     if shared:
-        settings = broadcast(settings)  # type: ignore[misc]
-    return settings  # type: ignore[return-value]
+        result = broadcast(result)  # type: ignore[misc]
+    return result  # type: ignore[return-value]
 
 
-def _best_of_each(trials: list[Trial]) -> list[Trial]:
-    """One trial per setting, its fastest measurement, in the order first tried."""
-    best: dict[LoaderSettings, Trial] = {}
-    for trial in trials:
-        kept = best.get(trial.settings)
-        if kept is None or (trial.batches_per_s or 0.0) > (kept.batches_per_s or 0.0):
-            best[trial.settings] = trial
-    return list(best.values())  # a dict keeps the order keys were first seen
+def _confirmed(first_simple: Trial, first_other: Trial, again_simple: Trial, again_other: Trial) -> Trial:
+    """The simpler setting unless the other beats it by more than the measurement's own noise.
+
+    Each setting was measured twice; the margin is the larger of :data:`_GAIN` and the spread
+    between a setting's two measurements (how much the same setting moved on this machine).
+    """
+    def rates(a: Trial, b: Trial) -> tuple[float, float]:
+        return a.batches_per_s or 0.0, b.batches_per_s or 0.0
+
+    simple, other = rates(first_simple, again_simple), rates(first_other, again_other)
+    spread = max(abs(x - y) / max(min(x, y), 1e-9) for x, y in (simple, other))
+    margin = max(_GAIN - 1.0, spread)
+    if sum(other) / 2 > sum(simple) / 2 * (1.0 + margin):
+        return first_other if first_other.batches_per_s == max(other) else again_other
+    return first_simple
 
 
 def _fastest(trials: list[Trial]) -> Trial:
@@ -230,18 +178,26 @@ def _fastest(trials: list[Trial]) -> Trial:
     return best
 
 
-def _candidates(
-    trials: list[Trial], cap: int, try_pinning: bool, start: float, budget_s: float,
-    planned: int, verbose: bool,
-) -> Iterator[LoaderSettings]:
-    """The adaptive search of the module docstring; reads ``trials`` as they are appended."""
-    from gpukit._util.progress import progress
+class _Search:
+    """The adaptive search of the module docstring; reads ``trials`` as they are appended.
+    ``cut`` tells afterwards whether the time budget stopped it before it was done."""
 
-    def search() -> Iterator[LoaderSettings]:
+    def __init__(self, trials: list[Trial], cap: int, try_pinning: bool, start: float, budget_s: float) -> None:
+        self.trials, self.cap, self.try_pinning = trials, cap, try_pinning
+        self.start, self.budget_s = start, budget_s
+        self.cut = False
+
+    def _time_left(self) -> bool:
+        if time.perf_counter() - self.start > self.budget_s:
+            self.cut = True
+        return not self.cut
+
+    def _search(self) -> Iterator[LoaderSettings]:
+        trials = self.trials
         yield LoaderSettings(0)
         previous: Trial | None = None
-        for workers in _worker_counts(cap):
-            if time.perf_counter() - start > budget_s:
+        for workers in _worker_counts(self.cap):
+            if not self._time_left():
                 return
             yield LoaderSettings(workers)
             latest = trials[-1]
@@ -252,12 +208,19 @@ def _candidates(
                 break
             previous = latest
         best = _fastest(trials)
-        if best.settings.num_workers and time.perf_counter() - start <= budget_s:
+        if best.settings.num_workers:
+            if not self._time_left():
+                return
             yield replace(best.settings, prefetch_factor=4)
-        if try_pinning and time.perf_counter() - start <= budget_s:
+        if self.try_pinning:
+            if not self._time_left():
+                return
             yield replace(_fastest(trials).settings, pin_memory=True)
 
-    yield from progress(search(), total=planned, description="tuning loader", enabled=verbose)
+    def run(self, planned: int, verbose: bool) -> Iterator[LoaderSettings]:
+        from gpukit._util.progress import progress
+
+        yield from progress(self._search(), total=planned, description="tuning loader", enabled=verbose)
 
 
 def _worker_counts(cap: int) -> list[int]:
@@ -285,8 +248,12 @@ def _measure(
     try:
         for batch in it:
             consume(batch)
-            stamps.append(time.perf_counter())
-            if len(stamps) - warm >= 2 * _MIN_BATCHES and stamps[-1] - t0 >= slice_s:
+            now = time.perf_counter()
+            stamps.append(now)
+            timed = len(stamps) - warm
+            # enough batches and time; or, with slow batches on a busy machine, a hard stop
+            # (two timed batches give a rate) so one trial cannot eat the whole budget
+            if (timed >= 2 * _MIN_BATCHES and now - t0 >= slice_s) or (timed >= 2 and now - t0 >= 2 * slice_s):
                 break
     finally:
         del it  # shuts the workers down

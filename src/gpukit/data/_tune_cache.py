@@ -2,6 +2,8 @@
 
 One JSON file, ``$GPUKIT_CACHE_DIR/loader_tuning.json`` (default ``~/.cache/gpukit``), written
 atomically under a file lock; a cache that cannot be read or written only means tuning again.
+``GPUKIT_RETUNE=1`` ignores what is cached (and replaces it with the new measurement); an
+entry whose choice a real epoch contradicts is dropped (``_forget_cache``).
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from gpukit.data._workers import usable_cpu_count
 from gpukit.errors import GpukitError
 
 if TYPE_CHECKING:
-    from gpukit.data._tune import LoaderSettings
+    from gpukit.data._tune_result import LoaderSettings
 
-__all__ = ["cache_dir", "dataset_fingerprint"]
+__all__ = ["RETUNE_ENV", "cache_dir", "cache_file", "dataset_fingerprint"]
 
 _CACHE_FILE = "loader_tuning.json"
+#: set to 1 to measure again instead of using the cached settings
+RETUNE_ENV = "GPUKIT_RETUNE"
 
 
 def cache_dir() -> Path:
@@ -36,6 +40,11 @@ def cache_dir() -> Path:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "gpukit"
+
+
+def cache_file() -> Path:
+    """The tuning cache file."""
+    return cache_dir() / _CACHE_FILE
 
 
 def dataset_fingerprint(dataset: Any) -> str:
@@ -77,22 +86,27 @@ def _cache_key(dataset: Any, batch_size: int, step_fn: Any, device: torch.device
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _read_cache(key: str) -> LoaderSettings | None:
+def _read_cache(key: str) -> tuple[LoaderSettings, float | None] | None:
+    """The cached settings of ``key`` and the batches/s they were measured at (if recorded)."""
     try:
-        from gpukit.data._tune import LoaderSettings
+        from gpukit.data._tune_result import LoaderSettings
 
-        entry = json.loads((cache_dir() / _CACHE_FILE).read_text()).get(key)
-        return LoaderSettings(**entry["settings"]) if entry else None
+        entry = json.loads(cache_file().read_text()).get(key)
+        if not entry:
+            return None
+        rate = entry.get("batches_per_s")
+        return LoaderSettings(**entry["settings"]), float(rate) if isinstance(rate, (int, float)) else None
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None  # no cache yet, or an unreadable one: measure
 
 
-def _write_cache(key: str, settings: LoaderSettings) -> None:
+def _write_cache(key: str, settings: LoaderSettings | None, batches_per_s: float | None = None) -> None:
+    """Store ``settings`` (measured at ``batches_per_s``) under ``key`` (``None``: remove it)."""
     from filelock import FileLock
 
     from gpukit.checkpoint._atomic import atomic_write
 
-    path = cache_dir() / _CACHE_FILE
+    path = cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(path) + ".lock", timeout=10):
@@ -100,8 +114,20 @@ def _write_cache(key: str, settings: LoaderSettings) -> None:
                 entries = json.loads(path.read_text())
             except (OSError, ValueError):
                 entries = {}
-            entries[key] = {"settings": asdict(settings), "time": time.time()}
+            if not isinstance(entries, dict):
+                entries = {}
+            if settings is None:
+                if entries.pop(key, None) is None:
+                    return
+            else:
+                entries[key] = {"settings": asdict(settings), "batches_per_s": batches_per_s,
+                                "time": time.time()}
             data = json.dumps(entries, indent=1).encode()
             atomic_write(path, lambda f: f.write(data))
     except (OSError, GpukitError, TimeoutError):
         pass  # a cache that cannot be written only means tuning again next time
+
+
+def _forget_cache(key: str) -> None:
+    """Remove ``key``'s entry: the next ``num_workers="tune"`` measures again."""
+    _write_cache(key, None)
