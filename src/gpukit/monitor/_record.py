@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from gpukit.accelerators import Accelerator
 
-__all__ = ["RECORD_DIR_ENV", "RECORD_FORMAT", "RECORD_VERSION", "Recorder", "record_path", "session_recorder"]
+__all__ = ["RECORD_DIR_ENV", "RECORD_FORMAT", "RECORD_VERSION", "Recorder", "record_path", "start_recorder"]
 
 RECORD_DIR_ENV = "GPUKIT_RECORD_DIR"
 RECORD_FORMAT = "gpukit-record"
@@ -309,23 +309,27 @@ def _tensorboard_sink(tensorboard: Any, directory: Path, rank: int) -> Any:
     return TensorBoardSink(Path(tensorboard) / f"rank{rank}")
 
 
-def session_recorder(session: Any, record: str | os.PathLike[str] | None) -> Recorder | None:
-    """The recorder a launched Session holds: ``record``, else ``GPUKIT_RECORD_DIR``, else none."""
+def start_recorder(
+    record: str | os.PathLike[str] | None, *, strategy: Any, precision: Any, accelerator: Any,
+    timings: Any = None,
+) -> Recorder | None:
+    """The recorder a launched Session holds: ``record``, else ``GPUKIT_RECORD_DIR``, else none.
+
+    ``timings`` (the Session's step-time breakdown) gets the recorder as a listener.
+    """
     directory = record if record is not None else os.environ.get(RECORD_DIR_ENV) or None
-    if directory is None or not session.strategy.launched:
+    if directory is None or not strategy.launched:
         return None
-    strategy = session.strategy
     meta = {"device": str(strategy.root_device), "strategy": strategy.describe(),
-            "precision": session.precision.name}
+            "precision": precision.name}
     if strategy.root_device.type == "cuda":  # the GPU's name and NVML index, for the report
         from gpukit.monitor._system import _gpu_snapshot
 
         snapshot = _gpu_snapshot(strategy.root_device.index or 0)
         meta.update(gpu_name=getattr(snapshot, "name", None), gpu_index=getattr(snapshot, "index", None))
     recorder = Recorder(directory, rank=strategy.rank, world_size=strategy.world_size,
-                        local_rank=strategy.local_rank, meta=meta, accelerator=session.accelerator,
+                        local_rank=strategy.local_rank, meta=meta, accelerator=accelerator,
                         device=strategy.root_device)
-    timings = getattr(session, "timings", None)  # the step-time breakdown of the session's loaders
     if timings is not None:
         timings.add_listener(recorder.on_step)
     atexit.register(recorder.close)  # a script that never calls session.close() still ends its record

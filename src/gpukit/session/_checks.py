@@ -1,10 +1,6 @@
-"""What the Session checks and starts around it, kept out of ``session.py`` (the facade).
-
-* :func:`start_process_services`: the per-process wiring every Session needs -- stop signals
-  become ``session.should_stop``, a heartbeat lets ``gpukit run`` name a rank that stalls,
-  ``srun python`` jobs requeue themselves, and the cluster it runs in is announced once;
-* :func:`check_optimizer` and :func:`not_launched_error`: the set-up errors, with their fixes.
-"""
+"""The Session's set-up errors, with their fixes: :func:`check_session_options`,
+:func:`check_optimizer` (an optimizer that is not the model's) and :func:`not_launched_error`
+(several processes needed, one running)."""
 
 from __future__ import annotations
 
@@ -16,31 +12,26 @@ from torch import nn
 from gpukit.errors import ConfigurationError, DistributedError
 from gpukit.placement import unwrap_model
 
-__all__ = ["check_optimizer", "not_launched_error", "start_process_services"]
+__all__ = ["check_optimizer", "check_session_options", "choice_banner", "not_launched_error"]
 
 
-def start_process_services(strategy: Any, verbose: bool) -> None:
-    """Install the stop-signal handler, the heartbeat (when launched), requeue-at-exit and
-    the one-line cluster announcement (rank 0, when verbose)."""
-    from gpukit.launch._preemption import (
-        install_preemption_handler,
-        session_stop_signals,
-    )
-    from gpukit.launch._requeue import requeue_at_exit
+def check_session_options(accumulate_grad_batches: Any, seed: Any) -> None:
+    """Refuse a Session's counting options that are not what they must be, before any set-up."""
+    if (
+        not isinstance(accumulate_grad_batches, int)
+        or isinstance(accumulate_grad_batches, bool)
+        or accumulate_grad_batches < 1
+    ):
+        raise ConfigurationError(f"accumulate_grad_batches={accumulate_grad_batches!r}; use an int >= 1.")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
+        raise ConfigurationError(f"seed={seed!r}; use an int or None (ints from 0 to 2**63 - 1).")
 
-    from gpukit.launch._notebook import is_kernel
 
-    if not is_kernel():  # a notebook kernel keeps its own SIGTERM (and its forked workers inherit none)
-        install_preemption_handler(session_stop_signals())  # SIGTERM becomes `should_stop`
-    if strategy.launched:  # under gpukit run: the launcher names a rank that stalls
-        from gpukit.launch._heartbeat import start_heartbeat
-
-        start_heartbeat(strategy.rank, strategy.world_size)
-    requeue_at_exit()  # `srun python`: rank 0 requeues a job stopped by --signal, at exit
-    if verbose:
-        from gpukit.cluster import announce
-
-        announce()  # once, rank 0: the SLURM / Kubernetes job this process belongs to
+def choice_banner(strategy: Any, precision: Any, config: dict[str, Any]) -> str:
+    """The line a verbose Session prints on rank 0: what it chose, and what was chosen for the user."""
+    auto = {k: ", chosen automatically" if config.get(k) == "auto" else "" for k in ("strategy", "precision")}
+    return (f"gpukit: strategy {strategy.describe()}{auto['strategy']}; "
+            f"precision {precision.name}{auto['precision']}")
 
 
 def not_launched_error(what: str, strategy: Any, devices: Any) -> DistributedError:

@@ -1,8 +1,10 @@
-"""The memory side of :class:`gpukit.Session`: OOM back-off, leak watching, inference guards.
+"""The memory component of :class:`gpukit.Session`: OOM back-off, leak watching, inference guards.
 
-Session inherits :class:`SessionMemoryMixin`; every method here is a thin layer over
-:mod:`gpukit.memory`, which owns the logic. What the mixin adds is the composition with the
-session: autocast, ``accumulate_grad_batches``, the GradScaler and DDP's gradient sync.
+The Session holds one :class:`SessionMemory` and delegates ``run_step``, ``watch_memory``,
+``memory_report``, ``free_memory`` and ``oom_backoff`` to it. Every method here is a thin layer
+over :mod:`gpukit.memory`, which owns the logic; what the component adds is the composition with
+the session's step: autocast, accumulation, the GradScaler and DDP's gradient sync, which it gets
+as callables from the Session that builds it.
 
 How ``run_step`` keeps the maths of a step when it backs off (``oom="backoff"``):
 
@@ -34,10 +36,10 @@ from gpukit.placement import unwrap_model
 
 if TYPE_CHECKING:
     from gpukit.accelerators import Accelerator
-    from gpukit.precision import Precision
+    from gpukit.session._steps import StepCounter
     from gpukit.strategies import Strategy
 
-__all__ = ["SessionMemoryMixin", "OOM_MODES", "DEFAULT_WATCH_EVERY_N_STEPS"]
+__all__ = ["SessionMemory", "check_memory_options", "OOM_MODES", "DEFAULT_WATCH_EVERY_N_STEPS"]
 
 OOM_MODES = (None, "raise", "backoff")
 DEFAULT_WATCH_EVERY_N_STEPS = 10
@@ -49,7 +51,7 @@ _FIXES = (
 )
 
 
-def _check_options(oom: str | None, watch_memory: bool | int, sync_batchnorm: bool) -> int | None:
+def check_memory_options(oom: str | None, watch_memory: bool | int, sync_batchnorm: bool) -> int | None:
     """Validate the Session's memory options; returns the leak-check interval or ``None``."""
     if oom not in OOM_MODES:
         raise ConfigurationError(
@@ -78,33 +80,44 @@ def _drop_grads(params: list[nn.Parameter]) -> None:
         param.grad = None
 
 
-class SessionMemoryMixin:
-    """Memory methods of :class:`gpukit.Session` (see the module docstring)."""
+class SessionMemory:
+    """Memory methods of :class:`gpukit.Session` (see the module docstring).
 
-    # provided by Session
-    accelerator: Accelerator
-    strategy: Strategy
-    precision: Precision
-    accumulate_grad_batches: int
-    _micro_step: int
-    device: torch.device
-    world_size: int
+    Args:
+        oom: the Session's ``oom`` option (already checked by :func:`check_memory_options`).
+        watch_every: steps between leak checks from the first step, or ``None``.
+        strategy, accelerator: the Session's.
+        steps: the Session's step counter (is the next micro-batch an accumulation boundary?).
+        autocast, accumulate, backward: the Session's own methods, composed around ``step_fn``.
+        require_launched: raises the Session's "not launched" error for a method name.
+    """
 
-    if TYPE_CHECKING:  # Session's methods, used here
-
-        def autocast(self) -> contextlib.AbstractContextManager[Any]: ...
-        def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]: ...
-        def backward(self, loss: torch.Tensor, **kwargs: Any) -> None: ...
-        def _require_launched(self, what: str) -> None: ...
-
-    def _init_memory(self, oom: str | None, watch_memory: bool | int, sync_batchnorm: bool) -> None:
+    def __init__(
+        self, oom: str | None, watch_every: int | None, *, strategy: Strategy, accelerator: Accelerator,
+        steps: StepCounter,
+        autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+        accumulate: Callable[[nn.Module], contextlib.AbstractContextManager[Any]],
+        backward: Callable[[torch.Tensor], None],
+        require_launched: Callable[[str], None],
+    ) -> None:
         self._oom = oom
-        self._watch_every = _check_options(oom, watch_memory, sync_batchnorm)
+        self._watch_every = watch_every
+        self._strategy = strategy
+        self._accelerator = accelerator
+        self._steps = steps
+        self._autocast = autocast
+        self._accumulate = accumulate
+        self._backward = backward
+        self._require_launched = require_launched
         self._backoff: _memory.OomBackoff | None = None
         self._leak_watcher: _memory.LeakWatcher | None = None
         self._models: list[nn.Module] = []
         self._guards: dict[int, _memory.InferenceGuard] = {}
         self._step_params: weakref.WeakKeyDictionary[nn.Module, list[nn.Parameter]] = weakref.WeakKeyDictionary()
+
+    @property
+    def _device(self) -> torch.device:
+        return self._strategy.root_device
 
     # -- public ---------------------------------------------------------------------------------
     def run_step(
@@ -138,9 +151,9 @@ class SessionMemoryMixin:
         if self._oom == "backoff":
             return self._run_with_backoff(step_fn, batch, model)
         with self._postmortem_on_oom(batch) if self._oom == "raise" else contextlib.nullcontext():
-            with self.accumulate(model):
+            with self._accumulate(model):
                 loss = self._forward(step_fn, batch)
-                self.backward(loss)
+                self._backward(loss)
         return loss.detach()
 
     @property
@@ -163,12 +176,12 @@ class SessionMemoryMixin:
             The watcher; its ``findings`` list what was found.
         """
         self._require_launched("session.watch_memory()")
-        self._leak_watcher = _memory.LeakWatcher(every_n_steps, device=self.device, **options)
+        self._leak_watcher = _memory.LeakWatcher(every_n_steps, device=self._device, **options)
         return self._leak_watcher
 
     def memory_report(self) -> _memory.MemoryReport:
         """Memory of this session's device (see :func:`gpukit.memory_report`)."""
-        return _memory.memory_report(self.device)
+        return _memory.memory_report(self._device)
 
     def free_memory(self) -> int | None:
         """Collect garbage and return cached blocks of ``session.device`` to the driver.
@@ -179,10 +192,10 @@ class SessionMemoryMixin:
         Returns:
             Bytes of reserved memory given back; ``None`` on the CPU (no allocator cache).
         """
-        return _memory.free_memory(self.device)
+        return _memory.free_memory(self._device)
 
-    # -- hooks called by Session ---------------------------------------------------------------
-    def _memory_after_step(self) -> None:
+    # -- called by the Session ---------------------------------------------------------------
+    def after_step(self) -> None:
         watcher = self._leak_watcher
         if watcher is None:
             if self._watch_every is None:
@@ -190,14 +203,14 @@ class SessionMemoryMixin:
             watcher = self.watch_memory(self._watch_every)  # Session(watch_memory=...): from step 1
         watcher.step()
 
-    def _memory_track_model(self, model: nn.Module) -> None:
+    def track_model(self, model: nn.Module) -> None:
         self._models = [m for m in self._models if unwrap_model(m) is not unwrap_model(model)]
         self._models.append(model)
         inner = unwrap_model(model)
         if id(inner) not in self._guards:
             self._guards[id(inner)] = _memory.inference_guard(inner)
 
-    def _memory_close(self) -> None:
+    def close(self) -> None:
         for guard in self._guards.values():
             guard.remove()
         self._guards.clear()
@@ -219,7 +232,7 @@ class SessionMemoryMixin:
         )
 
     def _forward(self, step_fn: Callable[[Any], torch.Tensor], batch: Any) -> torch.Tensor:
-        with self.autocast():
+        with self._autocast():
             loss = step_fn(batch)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
@@ -229,22 +242,22 @@ class SessionMemoryMixin:
             )
         return loss
 
-    def _restore_backoff(self, micro_batch_size: int | None) -> None:
+    def restore_backoff(self, micro_batch_size: int | None) -> None:
         """Start from the micro-batch size a checkpointed run had backed off to."""
         if micro_batch_size is not None and self._oom == "backoff":
-            self._backoff = _memory.OomBackoff(int(micro_batch_size), device=self.device)
+            self._backoff = _memory.OomBackoff(int(micro_batch_size), device=self._device)
 
     def _run_with_backoff(self, step_fn: Callable[[Any], torch.Tensor], batch: Any, model: nn.Module) -> torch.Tensor:
         if self._backoff is None:
-            self._backoff = _memory.OomBackoff(None, device=self.device)
+            self._backoff = _memory.OomBackoff(None, device=self._device)
         params = self._step_params.get(model)
         if params is None:  # once per model: listing parameters costs ~1 us each, every step
             params = self._step_params[model] = list(model.parameters())
         backoff = self._backoff
-        backoff.no_sync = lambda: self.strategy.no_backward_sync(model)
+        backoff.no_sync = lambda: self._strategy.no_backward_sync(model)
         backoff.sync_module = model  # DDP's forward buffer-sync flag is reset for each attempt
         backoff.zero_grad = lambda: _drop_grads(params)
-        boundary = (self._micro_step + 1) % self.accumulate_grad_batches == 0
+        boundary = self._steps.next_is_boundary()
         held = [p.grad for p in params]  # earlier batches of this accumulation window
         _drop_grads(params)
 
@@ -252,7 +265,7 @@ class SessionMemoryMixin:
             loss = self._forward(step_fn, part)
             if weight != 1:
                 loss = loss * weight
-            self.backward(loss)
+            self._backward(loss)
             return loss.detach()
 
         try:
@@ -266,7 +279,7 @@ class SessionMemoryMixin:
         for param, grad in zip(params, held):
             if grad is not None:
                 param.grad = grad if param.grad is None else grad.add_(param.grad)
-        if boundary and self.world_size > 1:
+        if boundary and self._strategy.world_size > 1:
             _memory.average_gradients(params)
         total = losses[0]
         for loss in losses[1:]:
@@ -277,11 +290,11 @@ class SessionMemoryMixin:
     def _postmortem_on_oom(self, batch: Any) -> Iterator[None]:
         try:
             yield
-        except self.accelerator.oom_error_types() as exc:
+        except self._accelerator.oom_error_types() as exc:
             # inside the except block the failed step's tensors are still alive: the snapshot sees them
             self._raise_out_of_memory(
                 exc, _memory.StepOutOfMemoryError,
-                f"Out of memory in session.run_step on {self.device} with a batch of "
+                f"Out of memory in session.run_step on {self._device} with a batch of "
                 f"{batch_length(batch)} items (Session(oom='raise')).",
             )
 
@@ -289,7 +302,7 @@ class SessionMemoryMixin:
         self, exc: BaseException, error: type[Exception], headline: str, fixes: str = _FIXES
     ) -> NoReturn:
         text = io.StringIO()
-        _memory.write_oom_snapshot(device=self.device, file=text)
+        _memory.write_oom_snapshot(device=self._device, file=text)
         # the failed frames hold the step's activations; the new error keeps exc as its cause
         traceback.clear_frames(exc.__traceback__)
         raise error("\n".join(part for part in (headline, text.getvalue().rstrip(), fixes) if part)) from exc

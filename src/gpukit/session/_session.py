@@ -14,7 +14,13 @@ delegate to them. Users keep their own loop::
                     loss = loss_fn(model(x), y)
                 session.backward(loss)
             session.step(optimizer, clip_grad_norm=1.0)
-Memory methods (``run_step`` with OOM back-off, ``watch_memory``...) live in ``gpukit.session._memory``.
+
+The facade holds its parts and delegates: ``strategy``, ``precision`` and ``accelerator`` (how
+the model is wrapped, how the maths runs, what the device is), a step counter, and three
+components -- :class:`~gpukit.session._services.SessionServices` (stop signals, heartbeat,
+requeue, the run record), :class:`~gpukit.session._memory.SessionMemory` (``run_step`` with OOM
+back-off, leak watching) and :class:`~gpukit.session._runstate.RunState` (``should_stop``, the
+state checkpoints carry).
 """
 
 from __future__ import annotations
@@ -29,22 +35,20 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from gpukit import memory as _memory
 from gpukit._util.seeding import fresh_seed, seed_everything
-from gpukit.session._checks import (
-    check_optimizer,
-    not_launched_error,
-    start_process_services,
-)
-from gpukit.session._memory import SessionMemoryMixin
-from gpukit.session._runstate import SessionRunStateMixin
 from gpukit._util.timeouts import parse_timeout_s
 from gpukit.accelerators import Accelerator
 from gpukit.data import DeviceLoader, StepTimings, TimingSummary, build_loader
 from gpukit.data._timing import timed_progress
-from gpukit.errors import ConfigurationError
-from gpukit.monitor._record import Recorder, session_recorder
 from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
+from gpukit.session._checks import check_optimizer, check_session_options, choice_banner, not_launched_error
+from gpukit.session._launch import launch_workers
+from gpukit.session._memory import DEFAULT_WATCH_EVERY_N_STEPS, SessionMemory, check_memory_options
+from gpukit.session._runstate import RunState
+from gpukit.session._services import SessionServices
+from gpukit.session._steps import StepCounter
 from gpukit.strategies import Strategy, select_strategy
 from gpukit.strategies._checkpointing import configure_strategy
 from gpukit.strategies._compile import check_compile, compile_module, compile_request
@@ -55,7 +59,7 @@ T = TypeVar("T")
 M = TypeVar("M", bound=nn.Module)
 
 
-class Session(SessionMemoryMixin, SessionRunStateMixin):
+class Session:
     """Run a user-written training loop on the devices, strategy and precision asked for.
 
     Args:
@@ -108,17 +112,8 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         activation_checkpointing: Any = None,
         compile: bool | dict[str, Any] | None = None,
     ) -> None:
-        if (
-            not isinstance(accumulate_grad_batches, int)
-            or isinstance(accumulate_grad_batches, bool)
-            or accumulate_grad_batches < 1
-        ):
-            raise ConfigurationError(
-                f"accumulate_grad_batches={accumulate_grad_batches!r}; use an int >= 1."
-            )
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
-            raise ConfigurationError(f"seed={seed!r}; use an int or None (ints from 0 to 2**63 - 1).")
-        self._init_memory(oom, watch_memory, sync_batchnorm)  # checks them before any set-up
+        check_session_options(accumulate_grad_batches, seed)
+        watch_every = check_memory_options(oom, watch_memory, sync_batchnorm)  # before any set-up
         if accelerator == "auto" and os.environ.get("GPUKIT_CPU") == "1":
             accelerator = "cpu"  # `gpukit run --cpu`: gloo on the CPU even where GPUs exist
         # what a worker started by launch() needs to build the same session
@@ -130,40 +125,37 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             compile=compile,
         )
         self._compile = check_compile(compile)
-        self.strategy: Strategy = select_strategy(
-            devices, strategy, accelerator, sync_batchnorm=sync_batchnorm
-        )
+        self.strategy: Strategy = select_strategy(devices, strategy, accelerator, sync_batchnorm=sync_batchnorm)
         configure_strategy(self.strategy, activation_checkpointing, verbose=verbose)
         if timeout_s is not None:  # before setup_environment creates the process group
             self.strategy.timeout_s = parse_timeout_s(timeout_s)
         self.accelerator: Accelerator = self.strategy.accelerator
-        self.precision: Precision = get_precision(
-            precision, self.accelerator, self.strategy.root_device
-        )
+        self.precision: Precision = get_precision(precision, self.accelerator, self.strategy.root_device)
         self.strategy.precision = self.precision
         self.accumulate_grad_batches = accumulate_grad_batches
         self.seed = seed
+        self._steps = StepCounter(accumulate_grad_batches)
         #: step-time breakdown of every gpukit loader (data wait, copy, compute); listeners
         self.timings = StepTimings(self.accelerator, rank=self.strategy.rank, report=verbose)
-        self._micro_step = 0
-        self._optimizer_steps = 0
         if seed is not None:
             seed_everything(seed, self.accelerator)
         if self.strategy.launched:
             self.strategy.setup_environment()
-        start_process_services(self.strategy, verbose)  # stop signals, heartbeat, requeue
-        self.recorder: Recorder | None = session_recorder(self, record)  # None unless recording
-        if self.strategy.launched:
-            if verbose and self.is_main:
-                auto = {
-                    k: ", chosen automatically" if self._config[k] == "auto" else ""
-                    for k in self._config
-                }
-                print(
-                    f"gpukit: strategy {self.strategy.describe()}{auto['strategy']}; "
-                    f"precision {self.precision.name}{auto['precision']}",
-                    file=sys.stderr,
-                )
+        self._services = SessionServices(  # stop signals, heartbeat, requeue, the run record
+            strategy=self.strategy, precision=self.precision, accelerator=self.accelerator,
+            timings=self.timings, record=record, verbose=verbose,
+        )
+        #: the run recorder (``Session(record=...)``), ``None`` unless recording
+        self.recorder = self._services.recorder
+        self._memory = SessionMemory(
+            oom, watch_every, strategy=self.strategy, accelerator=self.accelerator, steps=self._steps,
+            autocast=self.autocast, accumulate=self.accumulate, backward=self.backward,
+            require_launched=self._require_launched,
+        )
+        self._runstate = RunState(strategy=self.strategy, precision=self.precision, steps=self._steps,
+                                  memory=self._memory)
+        if self.strategy.launched and verbose and self.is_main:
+            print(choice_banner(self.strategy, self.precision, self._config), file=sys.stderr)
 
     # -- where this process sits -------------------------------------------------------------
     @property
@@ -209,7 +201,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         model = self.precision.convert_module(model)
         model = self.strategy.setup_module(model)
         model = compile_module(self.strategy, model, compiling)  # ... and goes back on what the strategy built
-        self._memory_track_model(model)  # inference guard; run_step's default model
+        self._memory.track_model(model)  # inference guard; run_step's default model
         if optimizer is None:
             return model
         optimizer = self.strategy.setup_optimizer(model, optimizer)  # FSDP: the sharded params
@@ -267,7 +259,7 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
 
     def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Context that skips DDP's gradient sync except on the last micro-batch of a step."""
-        if (self._micro_step + 1) % self.accumulate_grad_batches == 0:
+        if self._steps.next_is_boundary():
             return contextlib.nullcontext()
         return self.strategy.no_backward_sync(model)
 
@@ -288,28 +280,99 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
             True when the optimizer stepped; False between boundaries and when fp16 found
             non-finite gradients (the step is skipped and the loss scale lowered).
         """
-        self._micro_step += 1
         stepped = False
-        if self._micro_step % self.accumulate_grad_batches == 0:
+        if self._steps.count_micro_batch():
             if clip_grad_norm is not None:
                 self.precision.unscale_(optimizer)
                 self.strategy.clip_gradients(optimizer, clip_grad_norm)
             stepped = self.precision.optimizer_step(optimizer)
             optimizer.zero_grad(set_to_none=True)
-            self._optimizer_steps += int(stepped)
-        self._memory_after_step()  # leak check every n steps when watch_memory is on
+            self._steps.optimizer_steps += int(stepped)
+        self._memory.after_step()  # leak check every n steps when watch_memory is on
         return stepped
 
     @property
     def optimizer_steps(self) -> int:
         """Optimizer steps taken (skipped fp16 steps not counted)."""
-        return self._optimizer_steps
+        return self._steps.optimizer_steps
 
     def log(self, **scalars: Any) -> None:
         """Record scalars (``loss=loss``) for this step: numbers or one-element tensors, kept
         without a GPU sync; a no-op unless recording (``record=``), also sent to TensorBoard."""
-        if self.recorder is not None:
-            self.recorder.log(**scalars)
+        self._services.log(scalars)
+
+    # -- memory (SessionMemory) -------------------------------------------------------------------
+    def run_step(
+        self, step_fn: Callable[[Any], torch.Tensor], batch: Any, *, model: nn.Module | None = None
+    ) -> torch.Tensor:
+        """Forward and backward of one batch, ``loss = step_fn(batch)``, with the ``oom=`` policy
+        (``"backoff"``: split a batch that does not fit). Returns the loss, detached. See
+        :meth:`SessionMemory.run_step <gpukit.session._memory.SessionMemory.run_step>`."""
+        return self._memory.run_step(step_fn, batch, model=model)
+
+    @property
+    def oom_backoff(self) -> _memory.OomBackoff | None:
+        """The back-off state with ``oom="backoff"`` (``micro_batch_size`` -- ``None`` until the
+        first out-of-memory --, ``accumulation_steps``, ``events``); ``None`` otherwise."""
+        return self._memory.oom_backoff
+
+    def watch_memory(self, every_n_steps: int = DEFAULT_WATCH_EVERY_N_STEPS, **options: Any) -> _memory.LeakWatcher:
+        """Check for memory leaks every ``every_n_steps`` calls of ``session.step`` (names the
+        variable behind ``total_loss += loss``); returns the :class:`~gpukit.memory.LeakWatcher`."""
+        return self._memory.watch_memory(every_n_steps, **options)
+
+    def memory_report(self) -> _memory.MemoryReport:
+        """Memory of this session's device (see :func:`gpukit.memory_report`)."""
+        return self._memory.memory_report()
+
+    def free_memory(self) -> int | None:
+        """Collect garbage and return cached blocks of ``session.device`` to the driver (between
+        phases, not every step). Returns the bytes given back; ``None`` on the CPU."""
+        return self._memory.free_memory()
+
+    # -- stopping and checkpoints (RunState) -------------------------------------------------------
+    @property
+    def should_stop(self) -> bool:
+        """Whether any rank was asked to stop (SIGTERM/SIGINT under ``gpukit run``: preemption).
+
+        Check it once per step, after ``session.step``; every rank gets the same answer at the
+        same step (one small all-reduce), so all ranks can save a checkpoint and leave the loop
+        together. ``gpukit run`` then exits with ``gpukit.launch.PREEMPTED_EXIT_CODE`` (75).
+        """
+        return self._runstate.should_stop()
+
+    def save_checkpoint(
+        self, directory: str | os.PathLike[str], step: int, *, keep_last: int = 3,
+        extra: dict[str, Any] | None = None, **objects: Any,
+    ) -> Any:
+        """Save the full training state of ``step`` (call on every rank; rank 0 writes shared state).
+
+        ``objects`` are models, optimizers, schedulers and loaders by name; the session's own
+        state (GradScaler, step counters) and every rank's RNG and loader position are added.
+        See :class:`gpukit.CheckpointManager`. Returns the step directory written.
+        """
+        from gpukit.checkpoint import CheckpointManager
+
+        return CheckpointManager(directory, keep_last=keep_last).save(step, extra=extra, session=self, **objects)
+
+    def resume(self, directory: str | os.PathLike[str], **objects: Any) -> int | None:
+        """Restore ``objects`` and this session from the latest complete checkpoint in ``directory``.
+
+        Returns:
+            The step it resumed from, or ``None`` when ``directory`` has no checkpoint yet.
+        """
+        from gpukit.checkpoint import CheckpointManager
+
+        return CheckpointManager(directory).resume(session=self, **objects)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Session-owned training state: step counters, GradScaler, and the micro-batch size OOM
+        back-off settled on (so a resumed run does not run out again)."""
+        return self._runstate.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self._runstate.load_state_dict(state)
 
     # -- output (rank 0 only) -----------------------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
@@ -365,20 +428,13 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         """
         if self.strategy.launched:
             return [fn(self, *args)]
-        from gpukit.launch import launch_function
-
-        return list(
-            launch_function(
-                _run_worker, (self._config, fn, args),
-                nproc=self.strategy.num_processes, cpu=self.accelerator.is_host,
-            )
-        )
+        return launch_workers(self._config, fn, args, nproc=self.strategy.num_processes,
+                              cpu=self.accelerator.is_host)
 
     def close(self) -> None:
         """Leave the process group this session joined (at the end of training)."""
-        self._memory_close()
-        if self.recorder is not None:
-            self.recorder.close()
+        self._memory.close()
+        self._services.close()
         self.strategy.teardown()
 
     def _require_launched(self, what: str) -> None:
@@ -389,11 +445,3 @@ class Session(SessionMemoryMixin, SessionRunStateMixin):
         state = self.strategy.describe() if self.strategy.launched else "not launched"
         return f"Session({state}, precision={self.precision.name!r})"
 
-
-def _run_worker(config: dict[str, Any], fn: Callable[..., Any], args: tuple) -> Any:
-    """Entry point of a process started by :meth:`Session.launch`."""
-    session = Session(**config)
-    try:
-        return fn(session, *args)
-    finally:
-        session.close()

@@ -1,0 +1,30 @@
+"""``Session.launch`` from one process: start the workers, build an equal Session in each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["launch_workers"]
+
+
+def launch_workers(config: dict[str, Any], fn: Callable[..., Any], args: tuple, *, nproc: int, cpu: bool) -> list[Any]:
+    """Run ``fn(session, *args)`` in ``nproc`` new processes, each with ``Session(**config)``.
+
+    Returns:
+        ``fn``'s return values in rank order.
+    """
+    from gpukit.launch import launch_function
+
+    return list(launch_function(_run_worker, (config, fn, args), nproc=nproc, cpu=cpu))
+
+
+def _run_worker(config: dict[str, Any], fn: Callable[..., Any], args: tuple) -> Any:
+    """Entry point of a process started by :meth:`Session.launch`."""
+    from gpukit.session._session import Session
+
+    session = Session(**config)
+    try:
+        return fn(session, *args)
+    finally:
+        session.close()
