@@ -8,22 +8,22 @@ from typing import Any
 __all__ = ["launch_workers"]
 
 
-def launch_workers(config: dict[str, Any], fn: Callable[..., Any], args: tuple, *, nproc: int, cpu: bool) -> list[Any]:
-    """Run ``fn(session, *args)`` in ``nproc`` new processes, each with ``Session(**config)``.
+def launch_workers(
+    session_class: type, config: dict[str, Any], fn: Callable[..., Any], args: tuple, *, nproc: int, cpu: bool
+) -> list[Any]:
+    """Run ``fn(session, *args)`` in ``nproc`` new processes, each with ``session_class(**config)``.
 
     Returns:
         ``fn``'s return values in rank order.
     """
     from gpukit.launch import launch_function
 
-    return list(launch_function(_run_worker, (config, fn, args), nproc=nproc, cpu=cpu))
+    return list(launch_function(_run_worker, (session_class, config, fn, args), nproc=nproc, cpu=cpu))
 
 
-def _run_worker(config: dict[str, Any], fn: Callable[..., Any], args: tuple) -> Any:
+def _run_worker(session_class: type, config: dict[str, Any], fn: Callable[..., Any], args: tuple) -> Any:
     """Entry point of a process started by :meth:`Session.launch`."""
-    from gpukit.session._session import Session
-
-    session = Session(**config)
+    session = session_class(**config)
     try:
         return fn(session, *args)
     finally:

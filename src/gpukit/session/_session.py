@@ -428,7 +428,7 @@ class Session:
         """
         if self.strategy.launched:
             return [fn(self, *args)]
-        return launch_workers(self._config, fn, args, nproc=self.strategy.num_processes,
+        return launch_workers(type(self), self._config, fn, args, nproc=self.strategy.num_processes,
                               cpu=self.accelerator.is_host)
 
     def close(self) -> None:
