@@ -1,108 +1,52 @@
 """Read a run record directory (format: :mod:`gpukit.monitor._record`), finished or still running.
 
-Each ``rank<R>.jsonl`` is read up to its last complete line: a torn last line (the run is
-writing, or was killed mid-line) and lines that are not JSON objects are skipped and counted,
-never fatal. A file written by a newer record version is refused with a clear error.
+A record holds *runs*: every process that writes a rank file starts with a ``meta`` line, so
+the k-th header of each rank file opens run k (a second ``--record`` run into the same
+directory, an elastic restart, a resumed run). A run that restored a checkpoint (its
+``checkpoint`` event has ``resumed_step``) is marked resumed.
+
+The record is untrusted input and is read within fixed bounds (see :mod:`._files` and
+:mod:`._lines`): regular files only, lines up to 64 KiB, at most 1,024 rank files and 512 MiB
+in all, checked fields. Lines that cannot be used (torn, not JSON, bad values) are skipped and
+counted; what was left out is listed in :attr:`RunRecord.notes`. Time and memory stay bounded
+whatever the record holds: past a budget of lines per rank, step and system lines are sampled
+(see :mod:`._rankfile`). A file of another format or a newer record version is refused.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gpukit.errors import ConfigurationError
-from gpukit.monitor._record import RECORD_FORMAT, RECORD_VERSION
+from gpukit.report._files import file_budget, list_rank_files, open_regular
+from gpukit.report._lines import short
+from gpukit.report._rankfile import PARSE_BUDGET, read_rank
+from gpukit.report._records import RankRecord, RankRun, RunInfo, RunRecord
 
-__all__ = ["RankRecord", "RunRecord", "read_record"]
-
-_RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
-
-
-@dataclass
-class RankRecord:
-    """What one rank wrote: header lines (one per process that wrote), steps, samples, events."""
-
-    rank: int
-    path: Path
-    metas: list[dict[str, Any]] = field(default_factory=list)
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    ended: bool = False
-    skipped_lines: int = 0
-
-    @property
-    def meta(self) -> dict[str, Any]:
-        """The latest header (the process writing now, or the last one that did)."""
-        return self.metas[-1] if self.metas else {}
-
-    def times(self) -> list[float]:
-        return [line["t"] for group in (self.metas, self.steps, self.samples, self.events)
-                for line in group if isinstance(line.get("t"), (int, float))]
+__all__ = ["RankRecord", "RankRun", "RunInfo", "RunRecord", "read_record"]
 
 
-@dataclass
-class RunRecord:
-    """A whole record: every rank's file.
-
-    Attributes:
-        directory: the record directory.
-        ranks: rank -> its record, in rank order.
-        start_t, end_t: first and last time stamp over all ranks (unix seconds).
-        finished: every rank wrote its ``end`` line (False while the run is in progress or
-            after a crash).
-    """
-
-    directory: Path
-    ranks: dict[int, RankRecord]
-    start_t: float
-    end_t: float
-
-    @property
-    def finished(self) -> bool:
-        return all(r.ended for r in self.ranks.values())
-
-    @property
-    def duration_s(self) -> float:
-        return max(0.0, self.end_t - self.start_t)
-
-
-def _read_rank(rank: int, path: Path) -> RankRecord:
-    record = RankRecord(rank=rank, path=path)
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for text in handle:
-            try:
-                line = json.loads(text)
-            except ValueError:  # torn last line, or garbage: skip, keep going
-                record.skipped_lines += 1
-                continue
-            if not isinstance(line, dict):
-                record.skipped_lines += 1
-                continue
-            kind = line.get("type")
-            if kind == "meta":
-                if line.get("format") != RECORD_FORMAT:
-                    raise ConfigurationError(f"{path} is not a gpukit run record (header format "
-                                             f"{line.get('format')!r}, expected {RECORD_FORMAT!r}).")
-                if int(line.get("version", 0)) > RECORD_VERSION:
-                    raise ConfigurationError(
-                        f"{path} was written by a newer gpukit (record version {line.get('version')}; "
-                        f"this one reads up to {RECORD_VERSION}). Upgrade gpukit to read it.")
-                record.metas.append(line)
-                record.ended = False
-            elif kind == "step" and isinstance(line.get("step"), int):
-                record.steps.append(line)
-            elif kind == "sys":
-                record.samples.append(line)
-            elif kind == "event":
-                record.events.append(line)
-            elif kind == "end":
-                record.ended = True
-    return record
+def _runs(ranks: dict[int, RankRecord]) -> list[RunInfo]:
+    count = max((len(r.runs) for r in ranks.values()), default=0)
+    runs: list[RunInfo] = []
+    plotted_max: float | None = None
+    for k in range(count):
+        parts = [r.runs[k] for r in ranks.values() if len(r.runs) > k]  # every run has a line: first_t is set
+        resumed = next((p.resumed_step for p in parts if p.resumed_step is not None), None)
+        restarts = max((p.meta.get("restart_count") or 0 for p in parts), default=0)
+        info = RunInfo(index=len(runs) + 1, start_t=min(p.first_t for p in parts),  # type: ignore[type-var]
+                       end_t=max(p.last_t for p in parts), resumed_step=resumed,  # type: ignore[type-var]
+                       restart_count=restarts, finished=all(p.ended for p in parts), ranks=len(parts))
+        first = min((p.steps[0]["step"] for p in parts if p.steps), default=None)
+        last = max((p.steps[-1]["step"] + p.steps[-1]["n"] for p in parts if p.steps), default=None)
+        if first is not None and plotted_max is not None:  # drawn after the runs before it, never on top
+            info.step_offset = max(0, int(plotted_max) - first)  # plotted_max: one past the last step
+        if last is not None:
+            end = last + info.step_offset
+            plotted_max = end if plotted_max is None else max(plotted_max, end)
+        runs.append(info)
+    return runs
 
 
 def read_record(directory: str | os.PathLike[str]) -> RunRecord:
@@ -115,22 +59,42 @@ def read_record(directory: str | os.PathLike[str]) -> RunRecord:
         A :class:`RunRecord` (works on a run still in progress: up to each file's last line).
 
     Raises:
-        ConfigurationError: the directory does not exist or holds no ``rank<N>.jsonl`` file,
-            or a file is not a gpukit record.
+        ConfigurationError: the directory does not exist or holds no readable ``rank<N>.jsonl``
+            file, or a file is not a gpukit record (or is of a newer record version).
     """
     path = Path(directory)
     if not path.is_dir():
         raise ConfigurationError(
             f"No run record at {str(directory)!r}: not a directory. Give the directory passed to "
             "Session(record=...) or `gpukit run --record DIR`.")
-    files = sorted(((int(m.group(1)), p) for p in path.iterdir() if (m := _RANK_FILE.match(p.name))),
-                   key=lambda item: item[0])
-    if not files:
+    try:
+        listing = list_rank_files(path)
+    except OSError as exc:
+        raise ConfigurationError(f"Cannot list the run record {str(directory)!r}: {exc.strerror or exc}.") from None
+    if not listing.files:
         raise ConfigurationError(
             f"{str(directory)!r} holds no run record (no rank<N>.jsonl files). Record a run with "
             "Session(record=DIR) or `gpukit run --record DIR script.py` first.")
-    ranks = {rank: _read_rank(rank, file) for rank, file in files}
-    times = [t for r in ranks.values() for t in r.times()]
-    if not times:
-        raise ConfigurationError(f"The run record in {str(directory)!r} is empty (no complete line yet).")
-    return RunRecord(directory=path, ranks=ranks, start_t=min(times), end_t=max(times))
+    notes = []
+    if listing.found > len(listing.files):
+        notes.append(f"{listing.found:,} rank files: only the {len(listing.files):,} lowest ranks were read")
+    max_bytes = file_budget(len(listing.files))
+    max_lines = max(500, PARSE_BUDGET // len(listing.files))
+    ranks: dict[int, RankRecord] = {}
+    unreadable = []
+    for rank, file in listing.files:
+        fd, why = open_regular(file)
+        if fd is None:
+            unreadable.append(f"{short(file.name)}: {why}")
+            continue
+        ranks[rank], rank_notes = read_rank(rank, file, fd, max_bytes, max_lines)
+        notes.extend(rank_notes)
+    if unreadable:
+        shown = unreadable[:10] + ([f"... and {len(unreadable) - 10:,} more"] if len(unreadable) > 10 else [])
+        notes.insert(0, "rank files not read: " + "; ".join(shown))
+    runs = _runs(ranks)
+    if not runs:
+        reason = (" (" + "; ".join(unreadable[:3]) + ")") if unreadable else ""
+        raise ConfigurationError(f"The run record in {str(directory)!r} has no readable line yet{reason}.")
+    return RunRecord(directory=path, ranks=ranks, runs=runs, start_t=min(r.start_t for r in runs),
+                     end_t=max(r.end_t for r in runs), notes=notes)

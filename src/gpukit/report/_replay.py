@@ -28,9 +28,11 @@ def replay_to_tensorboard(directory: str | os.PathLike[str], out: str | os.PathL
     written = []
     for rank, rank_record in record.ranks.items():
         sink = TensorBoardSink(Path(out) / f"rank{rank}")
-        lines = sorted(rank_record.steps + rank_record.samples + rank_record.events, key=lambda l: l["t"])
-        for line in lines:
-            sink.write(line)
+        for k, run in enumerate(rank_record.runs):  # runs one after another, as in the HTML report
+            offset = record.runs[k].step_offset
+            steps = [{**line, "step": line["step"] + offset} for line in run.steps]
+            for line in sorted(steps + run.samples + run.events, key=lambda line: line["t"]):
+                sink.write(line)
         sink.close()
         written.append(Path(sink.logdir))
     return written

@@ -7,9 +7,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpukit.report._read import RankRecord, RunRecord
+from gpukit.report._read import RankRecord, RunInfo, RunRecord
 
-__all__ = ["RankFigures", "RunSummary", "STRAGGLER_RATIO", "summarize"]
+__all__ = ["RankFigures", "RunFigures", "RunSummary", "STRAGGLER_RATIO", "summarize"]
 
 #: A rank whose median step time is this many times the other ranks' median is a straggler.
 STRAGGLER_RATIO = 1.15
@@ -37,6 +37,17 @@ class RankFigures:
 
 
 @dataclass(frozen=True)
+class RunFigures:
+    """One run's own figures (a record may hold several runs: reruns, restarts, resumes)."""
+
+    info: RunInfo
+    steps: int
+    samples: int
+    samples_per_s: float | None
+    span_s: float  # the wall time its steps spanned (what its throughput is measured over)
+
+
+@dataclass(frozen=True)
 class RunSummary:
     """The whole run's figures for the report's summary table."""
 
@@ -45,9 +56,11 @@ class RunSummary:
     precision: str | None
     devices: list[str]
     hosts: list[str]
-    duration_s: float
+    duration_s: float  # the runs' own durations summed: gaps between runs left out
+    span_s: float  # first line to last, gaps included
     finished: bool
     restarts: int
+    runs: list[RunFigures]
     samples_per_s: float | None
     time_split_pct: dict[str, float]
     estimated_split: bool
@@ -62,22 +75,55 @@ def _max(values: list[Any]) -> Any:
     return max(values) if values else None
 
 
+def _weighted_median(pairs: list[tuple[float, int]]) -> float | None:
+    """The median of values each standing for ``n`` steps (a line may aggregate many)."""
+    if not pairs:
+        return None
+    pairs.sort()
+    half = sum(n for _, n in pairs) / 2
+    seen = 0
+    for value, n in pairs:
+        seen += n
+        if seen >= half:
+            return value
+    return pairs[-1][0]  # pragma: no cover - the loop always returns
+
+
+def _step_span(steps: list[dict[str, Any]], busy_s: float) -> float:
+    """Wall time the steps spanned (first to last step line), or their busy time when one line."""
+    times = [s["t"] for s in steps]
+    span = (max(times) - min(times)) if len(times) > 1 else 0.0
+    return span if span > 0 else busy_s
+
+
+def _run_figures(record: RunRecord) -> list[RunFigures]:
+    out = []
+    for k, info in enumerate(record.runs):
+        parts = [r.runs[k] for r in record.ranks.values() if len(r.runs) > k]
+        steps = [s for p in parts for s in p.steps]
+        samples = sum(s["samples"] or 0 for s in steps)
+        busy = max((sum((s["step_s"] or 0.0) * s["n"] for s in p.steps) for p in parts), default=0.0)
+        span = _step_span(steps, busy)
+        per_rank = max((sum(s["n"] for s in p.steps) for p in parts), default=0)
+        out.append(RunFigures(info=info, steps=per_rank, samples=samples, span_s=span,
+                              samples_per_s=samples / span if span > 0 and samples else None))
+    return out
+
+
 def _rank_figures(record: RankRecord) -> RankFigures:
     steps = record.steps
-    n = sum(int(s.get("n", 1)) for s in steps)
-    busy = sum((s.get("step_s") or 0.0) * s.get("n", 1) for s in steps)
-    samples = sum(int(s.get("samples") or 0) for s in steps)
-    split = {key: sum((s.get(key) or 0.0) * s.get("n", 1) for s in steps)
-             for key, _ in _PARTS if any(s.get(key) is not None for s in steps)}  # absent: not measured
-    per_step = [s["step_s"] for s in steps for _ in range(min(int(s.get("n", 1)), 64))
-                if isinstance(s.get("step_s"), (int, float))]
+    n = sum(s["n"] for s in steps)
+    busy = sum((s["step_s"] or 0.0) * s["n"] for s in steps)
+    samples = sum(s["samples"] or 0 for s in steps)
+    split = {key: sum((s[key] or 0.0) * s["n"] for s in steps)
+             for key, _ in _PARTS if any(s[key] is not None for s in steps)}  # absent: not measured
     gpu_util = [s["gpu_util_pct"] for s in record.samples if isinstance(s.get("gpu_util_pct"), (int, float))]
     cpu_util = [s["cpu_pct"] for s in record.samples if isinstance(s.get("cpu_pct"), (int, float))]
     util, source = (gpu_util, "GPU") if gpu_util else (cpu_util, "CPU") if cpu_util else ([], None)
     field_max = lambda key: _max([s.get(key) for s in record.samples])  # noqa: E731
     return RankFigures(
         rank=record.rank, device=record.meta.get("device"), steps=n, samples=samples, busy_s=busy,
-        median_step_s=statistics.median(per_step) if per_step else None,
+        median_step_s=_weighted_median([(s["step_s"], s["n"]) for s in steps if s["step_s"] is not None]),
         samples_per_s=samples / busy if busy > 0 and samples else None, time_split_s=split,
         peak_torch_allocated_bytes=field_max("torch_allocated_bytes"),
         peak_torch_reserved_bytes=field_max("torch_reserved_bytes"),
@@ -117,24 +163,25 @@ def summarize(record: RunRecord) -> RunSummary:
     busy = sum(r.busy_s for r in ranks)
     split = {label: 100.0 * sum(r.time_split_s.get(key, 0.0) for r in ranks) / busy
              for key, label in _PARTS if busy > 0 and any(r.time_split_s.get(key) for r in ranks)}
-    # global throughput: samples of all ranks over the wall time the steps spanned
-    step_times = [s["t"] for r in record.ranks.values() for s in r.steps]
-    samples = sum(r.samples for r in ranks)
-    span = (max(step_times) - min(step_times)) if len(step_times) > 1 else 0.0
-    if span <= 0 and ranks:
-        span = max(r.busy_s for r in ranks)
+    # throughput: samples of all ranks over the wall time each run's steps spanned (gaps left out)
+    runs = _run_figures(record)
+    samples = sum(r.samples for r in runs)
+    span = sum(r.span_s for r in runs if r.samples)
     straggler, note = _straggler(ranks)
-    events = Counter(e.get("kind", "?") for r in record.ranks.values() for e in r.events)
+    events: Counter[str] = Counter()
+    for r in record.ranks.values():
+        events.update(r.event_kinds)
     return RunSummary(
         world_size=int(first.get("world_size") or len(record.ranks)),
         strategy=first.get("strategy"), precision=first.get("precision"),
-        devices=[f"rank {m.get('rank')}: {m.get('device', '?')}"
-                 + (f" ({m['gpu_name']}, GPU {m.get('gpu_index')})" if m.get("gpu_name") else "") for m in metas],
-        hosts=sorted({m.get("host", "?") for m in metas}),
-        duration_s=record.duration_s, finished=record.finished,
-        restarts=max((int(m.get("restart_count") or 0) for m in metas), default=0),
+        devices=[f"rank {rank}: {r.meta.get('device') or '?'}"
+                 + (f" ({r.meta['gpu_name']}, GPU {r.meta.get('gpu_index')})" if r.meta.get("gpu_name") else "")
+                 for rank, r in record.ranks.items()],
+        hosts=sorted({m.get("host") or "?" for m in metas}),
+        duration_s=record.duration_s, span_s=record.span_s, finished=record.finished,
+        restarts=max((m.get("restart_count") or 0 for m in metas), default=0), runs=runs,
         samples_per_s=samples / span if span > 0 and samples else None,
         time_split_pct=split,
-        estimated_split=any(not s.get("exact", True) for r in record.ranks.values() for s in r.steps),
+        estimated_split=any(not s["exact"] for r in record.ranks.values() for s in r.steps),
         ranks=ranks, straggler=straggler, straggler_note=note, events=events,
     )

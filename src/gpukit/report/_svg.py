@@ -4,7 +4,8 @@ Why SVG written here rather than a plotting library or a canvas script: the repo
 one self-contained file that opens offline, so a JS charting library would have to be inlined
 (hundreds of KB) and matplotlib would be a heavy new dependency for PNGs. SVG paths are a few
 lines of Python, stay sharp when zoomed, print well, and can be checked without a browser.
-Long series are thinned by bucket means to at most ``MAX_POINTS`` points per line.
+Long series are thinned by bucket means to at most ``MAX_POINTS`` points per line, so a chart
+is a few tens of KB whatever the record holds. Axis ticks come from :mod:`._axis`.
 """
 
 from __future__ import annotations
@@ -14,145 +15,146 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-__all__ = ["MAX_POINTS", "Series", "chart", "nice_ticks"]
+from gpukit.report._axis import axis_for, nice_ticks
+
+__all__ = ["MAX_MARKERS", "MAX_POINTS", "Series", "chart", "nice_ticks"]
 
 MAX_POINTS = 600
+MAX_MARKERS = 200  # event lines drawn per chart
 _W, _H = 600, 230
 _L, _R, _T, _B = 68, 12, 26, 34  # margins: left (y labels), right, top (title), bottom (x labels)
 
 
 @dataclass
 class Series:
-    """One line: ``ys[i]`` at ``xs[i]`` (``None`` values are gaps)."""
+    """One line: ``ys[i]`` at ``xs[i]`` (a ``None`` y is a gap; a ``None`` x a break between runs)."""
 
     name: str
-    xs: Sequence[float]
+    xs: Sequence[float | None]
     ys: Sequence[float | None]
     color: str
     width: float = 1.6
     dash: str | None = None
 
 
-def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """About ``count`` round tick values (1, 2, 5 x 10^k steps) covering ``[low, high]``."""
-    if not math.isfinite(low) or not math.isfinite(high):
-        return [0.0]
-    if high <= low:
-        high = low + (abs(low) or 1.0)
-    raw = (high - low) / max(1, count)
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
-    start = math.floor(low / step) * step
-    ticks = []
-    value = start
-    while value <= high + step * 1e-9:
-        ticks.append(round(value, 12))
-        value += step
-    if ticks[-1] < high:
-        ticks.append(round(value, 12))
-    return ticks
+def _segments(xs: Sequence[float | None], ys: Sequence[float | None]) -> list[tuple[list[float], list[float | None]]]:
+    """Split at ``None`` x values (a break between runs: the pen is lifted there)."""
+    out: list[tuple[list[float], list[float | None]]] = [([], [])]
+    for x, y in zip(xs, ys):
+        if x is None:
+            if out[-1][0]:
+                out.append(([], []))
+            continue
+        out[-1][0].append(x)
+        out[-1][1].append(y)
+    return [seg for seg in out if seg[0]]
 
 
-def _thin(xs: Sequence[float], ys: Sequence[float | None]) -> tuple[list[float], list[float | None]]:
-    if len(xs) <= MAX_POINTS:
-        return list(xs), list(ys)
-    size = math.ceil(len(xs) / MAX_POINTS)
-    out_x: list[float] = []
+def _thin(xs: Sequence[float | None], ys: Sequence[float | None]) -> tuple[list[float | None], list[float | None]]:
+    """At most about ``MAX_POINTS`` points (bucket means), breaks kept; each segment gets its share."""
+    segments = _segments(xs, ys)
+    total = sum(len(seg[0]) for seg in segments)
+    out_x: list[float | None] = []
     out_y: list[float | None] = []
-    for i in range(0, len(xs), size):
-        vals = [y for y in ys[i:i + size] if y is not None]
-        out_x.append(sum(xs[i:i + size]) / len(xs[i:i + size]))
-        out_y.append(sum(vals) / len(vals) if vals else None)
+    for seg_x, seg_y in segments:
+        if out_x:
+            out_x.append(None)
+            out_y.append(None)
+        budget = max(2, MAX_POINTS * len(seg_x) // max(1, total))
+        size = math.ceil(len(seg_x) / budget)
+        if size <= 1:
+            out_x.extend(seg_x)
+            out_y.extend(seg_y)
+            continue
+        for i in range(0, len(seg_x), size):
+            vals = [y for y in seg_y[i:i + size] if y is not None]
+            out_x.append(sum(seg_x[i:i + size]) / len(seg_x[i:i + size]))
+            out_y.append(sum(vals) / len(vals) if vals else None)
     return out_x, out_y
 
 
-def _fmt_number(value: float) -> str:
-    if value == 0:
-        return "0"
-    if abs(value) >= 1e4 or abs(value) < 1e-3:
-        return f"{value:.1e}"
-    return f"{value:g}"
+def _stack(lines: list[tuple[Series, list[float | None], list[float | None]]]) -> list[tuple[Series, list, list, list]]:
+    """Each series' top and base when filled on top of the ones before it (same x positions)."""
+    running: list[float | None] = []
+    out = []
+    for s, xs, ys in lines:
+        if len(running) != len(xs):
+            running = [None if x is None else 0.0 for x in xs]
+        base = list(running)
+        running = [None if b is None else b + (y or 0.0) for b, y in zip(base, ys)]
+        out.append((s, xs, list(running), base))
+    return out
 
 
-def chart(series: Sequence[Series], *, title: str, x_label: str, y_format: Callable[[float], str] | None = None,
-          stacked: bool = False, y_min: float | None = 0.0, y_max: float | None = None,
-          y_bytes: bool = False, markers: Sequence[tuple[float, str]] = ()) -> str:
+def chart(series: Sequence[Series], *, title: str, x_label: str, x_kind: str = "number",
+          y_kind: str = "number", stacked: bool = False, y_min: float | None = 0.0, y_max: float | None = None,
+          markers: Sequence[tuple[float, str]] = (), run_starts: Sequence[tuple[float, str]] = ()) -> str:
     """An SVG chart of ``series`` (a ``<figure>`` element with a legend), or a note when empty.
 
     Args:
-        series: lines to draw; with ``stacked`` each is filled on top of the ones before it.
-        title, x_label: texts; the y unit belongs in the title.
-        y_format: tick label of a y value (default: compact number).
-        y_bytes: y values are bytes: ticks fall on round MiB / GiB.
+        series: lines to draw (a ``None`` x lifts the pen: a break between runs); with ``stacked``
+            each is filled on top of the ones before it.
+        title, x_label: texts.
+        x_kind, y_kind: ``"seconds"``, ``"bytes"`` or ``"number"``: ticks are round values in a
+            unit chosen for the axis's range (ms / s / min / h; B / KiB / ... / TiB).
         y_min, y_max: fixed ends of the y axis (``None``: from the data).
-        markers: vertical dashed lines at x with a label (events).
+        markers: vertical dashed lines at x with a label shown on hover (events).
+        run_starts: vertical lines at x with a short label drawn (where each run starts).
     """
-    fmt = y_format or _fmt_number
     # a NaN or infinite loss is a gap in its line, not a broken chart
     lines = [(s, *_thin(s.xs, [y if isinstance(y, (int, float)) and math.isfinite(y) else None for y in s.ys]))
              for s in series if len(s.xs)]
+    stacked_lines = _stack(lines) if stacked else []
     if stacked:
-        running: list[float] = []
-        stacked_lines = []
-        for s, xs, ys in lines:
-            if not running:
-                running = [0.0] * len(xs)
-            base = list(running)
-            running = [b + (y or 0.0) for b, y in zip(base, ys)]
-            stacked_lines.append((s, xs, list(running), base))
-    points = [(x, y) for _, xs, ys in lines for x, y in zip(xs, ys) if y is not None]
+        points = [(x, y) for _, xs, top, _ in stacked_lines for x, y in zip(xs, top) if x is not None and y is not None]
+    else:
+        points = [(x, y) for _, xs, ys in lines for x, y in zip(xs, ys) if x is not None and y is not None]
     heading = f'<figcaption>{html.escape(title)}</figcaption>'
     if not points:
-        return (f'<figure class="chart empty">{heading}<p class="nodata">Not recorded in this run.</p></figure>')
+        return f'<figure class="chart empty">{heading}<p class="nodata">Not recorded in this run.</p></figure>'
     x_low, x_high = min(p[0] for p in points), max(p[0] for p in points)
-    if stacked:
-        tops = [y for _, _, top, _ in stacked_lines for y in top]
-        y_values = tops + [0.0]
-    else:
-        y_values = [p[1] for p in points]
+    y_values = [p[1] for p in points] + ([0.0] if stacked else [])
     low = min(y_values) if y_min is None else min(y_min, min(y_values))
-    high = max(y_values) if y_max is None else y_max
-    if y_bytes:  # round numbers of the unit the values are read in
-        unit, name = next((u, n) for u, n in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
-                          if max(abs(high), abs(low)) >= u or u == 1)
-        y_ticks = [t * unit for t in nice_ticks(low / unit, high / unit)]
-        fmt = lambda v, unit=unit, name=name: f"{v / unit:g} {name}"  # noqa: E731
-    else:
-        y_ticks = nice_ticks(low, high)
-    x_ticks = nice_ticks(x_low, x_high, 6)
-    y0, y1 = y_ticks[0], y_ticks[-1]
-    x0, x1 = (x_ticks[0], x_ticks[-1]) if x_high > x_low else (x_low - 0.5, x_low + 0.5)
+    high = max(y_values) if y_max is None else max(y_max, low)
+    y_axis = axis_for(low, high, y_kind)
+    x_axis = axis_for(x_low, x_high, x_kind, count=6)
+    y0, y1 = y_axis.ticks[0], y_axis.ticks[-1]
+    x0, x1 = x_axis.ticks[0], x_axis.ticks[-1]
     plot_w, plot_h = _W - _L - _R, _H - _T - _B
 
     def px(x: float) -> float:
-        return _L + (x - x0) / (x1 - x0) * plot_w
+        return _L + (x - x0) / ((x1 - x0) or 1.0) * plot_w
 
     def py(y: float) -> float:
         return _T + plot_h - (y - y0) / ((y1 - y0) or 1.0) * plot_h
 
     out = [f'<svg viewBox="0 0 {_W} {_H}" width="{_W}" height="{_H}" role="img" '
            f'xmlns="http://www.w3.org/2000/svg"><title>{html.escape(title)}</title>']
-    for tick in y_ticks:
+    for tick in y_axis.ticks:
         out.append(f'<line class="grid" x1="{_L}" x2="{_W - _R}" y1="{py(tick):.1f}" y2="{py(tick):.1f}"/>'
                    f'<text class="tick" x="{_L - 6}" y="{py(tick) + 4:.1f}" text-anchor="end">'
-                   f'{html.escape(fmt(tick))}</text>')
-    for tick in x_ticks:
-        if x0 <= tick <= x1:
-            out.append(f'<text class="tick" x="{px(tick):.1f}" y="{_H - _B + 15}" text-anchor="middle">'
-                       f'{html.escape(_fmt_number(tick))}</text>')
+                   f'{html.escape(y_axis.label(tick))}</text>')
+    for tick in x_axis.ticks:
+        out.append(f'<text class="tick" x="{px(tick):.1f}" y="{_H - _B + 15}" text-anchor="middle">'
+                   f'{html.escape(x_axis.label(tick))}</text>')
     out.append(f'<text class="axis" x="{_L + plot_w / 2:.0f}" y="{_H - 4}" text-anchor="middle">'
                f'{html.escape(x_label)}</text>')
     out.append(f'<rect class="frame" x="{_L}" y="{_T}" width="{plot_w}" height="{plot_h}"/>')
-    for x, label in markers:
+    for x, label in list(markers)[:MAX_MARKERS]:
         if x0 <= x <= x1:
             out.append(f'<line class="marker" x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{_T}" y2="{_T + plot_h}">'
                        f'<title>{html.escape(label)}</title></line>')
+    for x, label in list(run_starts)[:MAX_MARKERS]:
+        if x0 <= x <= x1:
+            out.append(f'<line class="run-start" x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{_T}" y2="{_T + plot_h}"/>'
+                       f'<text class="run-label" x="{px(x) + 3:.1f}" y="{_T + 11}">{html.escape(label)}</text>')
     if stacked:
         for s, xs, top, base in stacked_lines:
-            upper = " L".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xs, top))
-            lower = " L".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(reversed(xs), reversed(base)))
-            out.append(f'<path class="series area" d="M{upper} L{lower} Z" fill="{s.color}" '
-                       f'stroke="{s.color}"><title>{html.escape(s.name)}</title></path>')
+            for seg_x, seg_top, seg_base in _stack_segments(xs, top, base):
+                upper = " L".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(seg_x, seg_top))
+                lower = " L".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(reversed(seg_x), reversed(seg_base)))
+                out.append(f'<path class="series area" d="M{upper} L{lower} Z" fill="{s.color}" '
+                           f'stroke="{s.color}"><title>{html.escape(s.name)}</title></path>')
     else:
         for s, xs, ys in lines:
             d = _path(xs, ys, px, py)
@@ -166,12 +168,25 @@ def chart(series: Sequence[Series], *, title: str, x_label: str, y_format: Calla
     return f'<figure class="chart">{heading}{"".join(out)}<div class="legend">{legend}</div></figure>'
 
 
-def _path(xs: list[float], ys: list[float | None], px: Callable[[float], float],
+def _stack_segments(xs: list, top: list, base: list) -> list[tuple[list[float], list[float], list[float]]]:
+    out: list[tuple[list[float], list[float], list[float]]] = [([], [], [])]
+    for x, t, b in zip(xs, top, base):
+        if x is None or t is None or b is None:
+            if out[-1][0]:
+                out.append(([], [], []))
+            continue
+        out[-1][0].append(x)
+        out[-1][1].append(t)
+        out[-1][2].append(b)
+    return [seg for seg in out if seg[0]]
+
+
+def _path(xs: list[float | None], ys: list[float | None], px: Callable[[float], float],
           py: Callable[[float], float]) -> str:
     parts: list[str] = []
     pen_down = False
     for x, y in zip(xs, ys):
-        if y is None:
+        if x is None or y is None:
             pen_down = False
             continue
         parts.append(f"{'L' if pen_down else 'M'}{px(x):.1f},{py(y):.1f}")
