@@ -47,7 +47,8 @@ __all__ = [
 
 _GAIN = 1.05  # a setting must be 5% faster to replace the best so far
 _MIN_BATCHES = 3  # batches a trial times at least (when the dataset has them)
-_CONFIRM_BY = 1.5  # confirm a winner with workers only while within 1.5x the budget
+_CONFIRM_BY = 3.0  # confirm a winner with workers only while within 3x the budget (wall time)
+_WALL_CAP = 3.0  # no new candidate after 3x the budget of wall time (start-ups included)
 
 
 def tune_loader(
@@ -188,7 +189,10 @@ class _Search:
         self.cut = False
 
     def _time_left(self) -> bool:
-        if time.perf_counter() - self.start > self.budget_s:
+        # the budget counts measuring time (start-ups add to it, as documented); wall time is
+        # capped too, so worker start-ups on a loaded machine cannot stretch it without end
+        measured_s = sum(t.measured_s for t in self.trials)
+        if measured_s > self.budget_s or time.perf_counter() - self.start > _WALL_CAP * self.budget_s:
             self.cut = True
         return not self.cut
 
@@ -258,7 +262,7 @@ def _measure(
     finally:
         del it  # shuts the workers down
     return Trial(settings, _steady_rate(stamps[warm - 1:]), stamps[0] - t0 if stamps else 0.0,
-                 len(stamps))
+                 len(stamps), stamps[-1] - stamps[0] if stamps else 0.0)
 
 
 def _steady_rate(stamps: list[float]) -> float | None:

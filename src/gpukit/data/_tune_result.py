@@ -48,12 +48,14 @@ class LoaderSettings:
 
 @dataclass(frozen=True)
 class Trial:
-    """One measured candidate: batches/s after start-up (``None``: no batch came in time)."""
+    """One measured candidate: batches/s after start-up (``None``: no batch came in time);
+    ``measured_s``: the time spent measuring it after its first batch (what the budget counts)."""
 
     settings: LoaderSettings
     batches_per_s: float | None
     startup_s: float
     batches: int
+    measured_s: float = 0.0
 
 
 @dataclass(frozen=True)
