@@ -81,6 +81,14 @@ def _config_json(config: Any, source: Any) -> dict[str, Any] | None:
                              "transformers config object (model.config).")
 
 
+def _model_class_name(model: nn.Module) -> str:
+    """The user's model class, under the classes FSDP2 (``FSDPLlamaForCausalLM``) or gpukit put on top."""
+    for cls in type(model).__mro__:
+        if not cls.__module__.startswith(("torch.distributed", "gpukit.")):
+            return cls.__name__
+    return type(model).__name__
+
+
 def _module_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The full, prefix-free state dict of ``model``; gathered on rank 0 when it is FSDP-sharded."""
     from gpukit.checkpoint._io import to_saveable
@@ -246,7 +254,7 @@ def export_pretrained(
     if config_dict is not None and isinstance(source, nn.Module) and not config_dict.get("architectures"):
         from gpukit.placement import unwrap_model
 
-        config_dict["architectures"] = [type(unwrap_model(source)).__name__]  # as save_pretrained sets it
+        config_dict["architectures"] = [_model_class_name(unwrap_model(source))]  # as save_pretrained sets it
     merged = temp_path_for(out / _MERGED_NAME)
     dist = current_dist()
     try:
