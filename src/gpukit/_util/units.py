@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from gpukit.errors import ConfigurationError
@@ -49,7 +50,10 @@ def parse_size(value: str | int | float) -> int:
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS:
         raise ConfigurationError(f"Invalid size {value!r}: expected {ACCEPTED_FORMS}.")
-    return int(float(match.group(1)) * _UNITS[unit])
+    size = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(size):  # "9" * 400 parses as inf, which int() cannot hold
+        raise ConfigurationError(f"Invalid size {str(value)[:40]!r}...: too large to be a size; expected {ACCEPTED_FORMS}.")
+    return int(size)
 
 
 def format_bytes(num_bytes: int | float | None) -> str:

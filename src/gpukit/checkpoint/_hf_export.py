@@ -55,6 +55,8 @@ def _config_from_path(path: Path) -> dict[str, Any]:
         config = json.loads(file.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise ConfigurationError(f"config {str(file)!r} is not valid JSON ({exc}).") from None
+    except RecursionError:
+        raise ConfigurationError(f"config {str(file)!r} nests JSON too deeply to be a model config.") from None
     if not isinstance(config, dict):
         raise ConfigurationError(f"config {str(file)!r} holds a JSON {type(config).__name__}; a model config "
                                  "is a JSON object such as {\"model_type\": \"llama\", ...}.")

@@ -141,11 +141,16 @@ def export(source: str, directory: str, config: str | None, select: str | None, 
 
 def _decimal_size(text: str) -> int:
     """``5GB`` as transformers reads it (decimal: GB = 10**9, GiB = 2**30)."""
+    import math
     import re
 
     from gpukit._util.units import parse_size
+    from gpukit.errors import ConfigurationError
 
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT])[bB]\s*", text)
-    if match:
-        return int(float(match.group(1)) * 1000 ** ("kmgt".index(match.group(2).lower()) + 1))
-    return parse_size(text)
+    if not match:
+        return parse_size(text)
+    size = float(match.group(1)) * 1000 ** ("kmgt".index(match.group(2).lower()) + 1)
+    if not math.isfinite(size):
+        raise ConfigurationError(f"--max-shard-size {text[:40]!r}: too large to be a size; give e.g. 5GB or 500MB.")
+    return int(size)
