@@ -419,8 +419,9 @@ class Session:
 
         When the processes are not running yet (plain ``python`` with devices > 1), starts
         them through PyTorch's elastic launcher (as ``gpukit run`` does) and builds an equal
-        session in each. ``fn`` and ``args`` must be picklable (``fn`` defined at module level).
-        Otherwise ``fn`` runs here, once.
+        session in each. ``fn`` and ``args`` must be picklable (``fn`` defined at module level);
+        in a notebook or REPL, where ``fn`` is defined in a cell, the workers are forked from
+        this process instead (see ``gpukit.launch._notebook``). Otherwise ``fn`` runs here, once.
 
         Returns:
             ``fn``'s return values, one per rank in rank order (just this process's when
