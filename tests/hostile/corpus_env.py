@@ -80,20 +80,26 @@ def _file(tmp: Path) -> Path:
     return path
 
 
+def _refused(proc: subprocess.CompletedProcess[str]) -> None:
+    """Exit 0 on a hostile value means it was accepted silently: never the right answer here."""
+    raise AssertionError(f"accepted (exit 0): {proc.stdout[-300:]}")
+
+
 def _cli(reader: str, argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 60
          ) -> Callable[[Path], Run]:
     def build(tmp: Path) -> Run:
         script = tmp / "train.py"
         script.write_text("print('ran')\n")
         return Run(reader, argv=[a.replace("SCRIPT", str(script)) for a in argv], env={**FAKE, **(env or {})},
-                   cwd=tmp, timeout_s=timeout_s)
+                   cwd=tmp, timeout_s=timeout_s, check=_refused)
 
     return build
 
 
 def _spec(reader: str, make: Callable[[Path], Path]) -> Callable[[Path], Run]:
     argv = ["doctor"] if reader == "doctor (CLI)" else [reader.split()[0]]
-    return lambda tmp: Run(reader, argv=argv, env={"GPUKIT_FAKE_GPUS": str(make(tmp))}, timeout_s=20)
+    return lambda tmp: Run(reader, argv=argv, env={"GPUKIT_FAKE_GPUS": str(make(tmp))}, timeout_s=20,
+                           check=_refused)
 
 
 def _nested_spec(tmp: Path) -> Path:
@@ -111,7 +117,7 @@ def _big_spec(tmp: Path) -> Path:
 
 def _detect(env: dict[str, str]) -> Callable[[Path], Run]:
     code = "from gpukit.cluster import environment\nenvironment()\n"
-    return lambda tmp: Run("cluster.environment", code=code, env=env, timeout_s=20)
+    return lambda tmp: Run("cluster.environment", code=code, env=env, timeout_s=20, check=_refused)
 
 
 PROBES: dict[str, Callable[[Path], Run]] = {
@@ -132,6 +138,8 @@ PROBES: dict[str, Callable[[Path], Run]] = {
     "doctor_master_addr_300_chars": _doctor({"MASTER_ADDR": "a" * 300}, "network.master", "fail", "300 characters"),
     "doctor_master_port_400_digits": _doctor({"MASTER_ADDR": "localhost", "MASTER_PORT": "9" * 400},
                                              "network.port", "fail", "MASTER_PORT="),
+    "doctor_cuda_visible_devices_5000_digits": _doctor({"CUDA_VISIBLE_DEVICES": "9" * 5000},
+                                                       "cuda.visible_devices", "fail", "CUDA_VISIBLE_DEVICES"),
     "doctor_shm_path_regular_file": _doctor_path("GPUKIT_SHM_PATH", _file, "system.shm", "regular file"),
     "doctor_shm_path_fifo": _doctor_path("GPUKIT_SHM_PATH", _fifo, "system.shm", "FIFO"),
     "doctor_shm_path_etc_passwd": _doctor_path("GPUKIT_SHM_PATH", lambda tmp: Path("/etc/passwd"), "system.shm",

@@ -42,6 +42,7 @@ PORT_SPAN = 20000
 
 _TASKS = re.compile(r"^(\d{1,6})(?:\(x(\d{1,12})\))?$")
 _JOB_ID = re.compile(r"^\d{1,10}$")
+_MAX_TASKS_TEXT = 100_000  # characters of SLURM_TASKS_PER_NODE read
 #: most tasks SLURM_TASKS_PER_NODE may describe (repeats included): more nodes than a list can name
 MAX_NODES = MAX_HOSTS
 
@@ -107,9 +108,9 @@ def tasks_per_node(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> TasksPe
     """
     shown = text if len(text) <= 80 else text[:80] + "..."
     runs: list[tuple[int, int]] = []
-    for item in text[:100_000].split(","):
+    for item in text.split(",") if len(text) <= _MAX_TASKS_TEXT else [""]:
         match = _TASKS.match(item.strip())
-        if not match or len(text) > 100_000:
+        if not match:
             raise ConfigurationError(
                 f"Cannot read {variable}={shown!r}: expected counts like '2(x3),1' (tasks per node, "
                 "with (xN) for N nodes alike). SLURM sets it; unset it if a job script overrode it."

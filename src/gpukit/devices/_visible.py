@@ -48,9 +48,12 @@ class _Parsed:
 def _strtoul(text: str) -> int | None:
     digits = text[1:] if text[:1] == "+" else text
     end = 0
-    while end < len(digits) and digits[end].isdigit():
+    while end < len(digits) and digits[end] in "0123456789":  # ASCII only: str.isdigit() takes '²'
         end += 1
-    return int(digits[:end]) if end else None
+    if not end:
+        return None
+    # C's strtoul saturates at ULONG_MAX (an index no GPU has); int() of 5,000 digits would raise
+    return int(digits[:end]) if end <= 20 else 2**64 - 1
 
 
 def _parse_entry(item: str) -> VisibleEntry | None:

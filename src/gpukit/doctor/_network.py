@@ -17,7 +17,7 @@ import socket
 from typing import Any
 
 from gpukit.cluster._vars import check_port as valid_port
-from gpukit.cluster._vars import env_host, env_port
+from gpukit.cluster._vars import env_host, env_int, env_port
 from gpukit.cluster._vars import resolve as resolve_host
 from gpukit.doctor._context import DoctorContext
 from gpukit.errors import ConfigurationError
@@ -179,8 +179,11 @@ def _several_machines(ctx: DoctorContext) -> bool:
     # the detected job's node count (SLURM, PyTorchJob), or more ranks in the world than on this node
     if ctx.cluster is not None and ctx.cluster.nodes > 1:
         return True
-    world, local = ctx.env.get("WORLD_SIZE", ""), ctx.env.get("LOCAL_WORLD_SIZE", "")
-    return world.isdigit() and local.isdigit() and int(world) > int(local)
+    try:
+        world, local = env_int(ctx.env, "WORLD_SIZE", default=0), env_int(ctx.env, "LOCAL_WORLD_SIZE", default=0)
+    except ConfigurationError:  # cluster.environment reports the bad value
+        return False
+    return world > local > 0
 
 
 def check_master(ctx: DoctorContext) -> list[Finding]:
