@@ -90,6 +90,7 @@ def _cli(reader: str, argv: list[str], env: dict[str, str] | None = None, timeou
     def build(tmp: Path) -> Run:
         script = tmp / "train.py"
         script.write_text("print('ran')\n")
+        (tmp / "gpukit_probe_model.py").write_text("from torch import nn\n\ndef f():\n    return nn.Linear(4, 4)\n")
         return Run(reader, argv=[a.replace("SCRIPT", str(script)) for a in argv], env={**FAKE, **(env or {})},
                    cwd=tmp, timeout_s=timeout_s, check=_refused)
 
@@ -172,7 +173,8 @@ PROBES: dict[str, Callable[[Path], Run]] = {
     "select_wait_inf": _cli("select", ["select", "--wait", "inf"]),
     "select_wait_1e309": _cli("select", ["select", "--wait", "1e309"]),
     "select_wait_1e26": _cli("select", ["select", "--wait", "1e26"]),
-    "plan_fsdp_without_nproc_or_gpus": _cli("plan", ["plan", "m:f", "--batch-shape", "4,4", "--strategy", "fsdp"],
+    "plan_fsdp_without_nproc_or_gpus": _cli("plan", ["plan", "gpukit_probe_model:f", "--batch-shape", "4,4",
+                                                     "--strategy", "fsdp"],
                                             {"GPUKIT_FAKE_GPUS": str(EXAMPLES / "no-driver.json")}),
     # -- the detector the Session uses ------------------------------------------------------------
     "detect_nodelist_product_4e9": _detect({**STEP, "SLURM_JOB_NODELIST": PRODUCT}),
