@@ -20,7 +20,8 @@ __all__ = ["demo"]
               help="32-true, bf16-mixed, 16-mixed, bf16-true, 16-true or auto.")
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-              help="Where the checkpoint, run record and report go (default: a gpukit-demo folder in the temp dir).")
+              help="Where the checkpoint, run record and report go (default: a new folder per run, "
+                   "gpukit-demo-USER-XXXX in the temp dir). A folder used before gets this run added to its record.")
 @click.option("--record/--no-record", default=True, show_default=True,
               help="Record the run in OUT_DIR/record and write its HTML report.")
 def demo(epochs: int, batch_size: int, nproc: int, cpu: bool, precision: str, seed: int,
@@ -32,7 +33,7 @@ def demo(epochs: int, batch_size: int, nproc: int, cpu: bool, precision: str, se
     from gpukit.demo import DemoConfig, run_demo
 
     options = dict(epochs=epochs, batch_size=batch_size, precision=precision, seed=seed, record=record)
-    config = DemoConfig(**options) if out_dir is None else DemoConfig(**options, out_dir=out_dir)
+    config = DemoConfig(**options, out_dir=out_dir)
     result = run_demo(config, nproc=nproc, cpu=cpu)
 
     table = Table(title="gpukit demo: digits CNN", show_header=False)

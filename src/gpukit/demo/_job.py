@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import getpass
 import os
-import shutil
+import re
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,25 @@ from gpukit.demo._data import load_digits_split
 from gpukit.demo._model import DigitsCNN
 from gpukit.errors import ConfigurationError
 
-__all__ = ["DemoConfig", "DemoResult", "run_demo", "train_worker"]
+__all__ = ["DemoConfig", "DemoResult", "fresh_out_dir", "run_demo", "train_worker"]
+
+
+def fresh_out_dir() -> str:
+    """A new directory for one demo run: ``<tmp>/gpukit-demo-<user>-<random>``, mode 0700.
+
+    Per user and per run, so two demos -- of one user or of several on a shared machine --
+    never write into, or clean up, each other's files.
+    """
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no name for this uid (containers): the uid will do
+        user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    user = re.sub(r"[^A-Za-z0-9_.-]", "_", user)[:32] or "user"
+    return tempfile.mkdtemp(prefix=f"gpukit-demo-{user}-")
+
+
+def _with_out_dir(config: DemoConfig) -> DemoConfig:
+    return config if config.out_dir is not None else replace(config, out_dir=fresh_out_dir())
 
 
 @dataclass(frozen=True)
@@ -30,11 +49,13 @@ class DemoConfig:
     seed: int = 0
     precision: str = "auto"
     accelerator: str = "auto"
-    out_dir: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(), "gpukit-demo"))
+    out_dir: str | None = None  # None: a new private directory per run (see fresh_out_dir)
     record: bool = True  # write a run record in <out_dir>/record (for `gpukit report`)
 
     @property
     def record_dir(self) -> str | None:
+        if self.out_dir is None:
+            raise ConfigurationError("DemoConfig.out_dir is not chosen yet: run_demo makes a fresh one.")
         return os.path.join(self.out_dir, "record") if self.record else None
 
     def __post_init__(self) -> None:
@@ -86,6 +107,8 @@ def _peak_memory(session: Any) -> tuple[int | None, str]:
 def train_worker(config: DemoConfig) -> DemoResult:
     """Train the digits CNN in this process; under a launcher, as one DDP rank."""
     import gpukit
+
+    config = _with_out_dir(config)
     from gpukit.monitor import Throughput
 
     session = gpukit.Session(precision=config.precision, seed=config.seed, accelerator=config.accelerator,
@@ -127,6 +150,7 @@ def train_worker(config: DemoConfig) -> DemoResult:
     # plain model built from scratch, as a user on another machine would.
     path = Path(config.out_dir) / "digits-cnn.pt"
     gpukit.save({"model": model, "test_accuracy": accuracy, "config": asdict(config)}, path)
+    session.log_event("checkpoint", path=str(path), epochs=config.epochs)  # gpukit.save does not record
     session.barrier()
     restored = gpukit.load(path, map_location="cpu")
     plain = DigitsCNN()
@@ -156,6 +180,8 @@ def train_worker(config: DemoConfig) -> DemoResult:
 def run_demo(config: DemoConfig, *, nproc: int = 1, cpu: bool = False) -> DemoResult:
     """Run the demo in this process (``nproc == 1``) or as ``nproc`` DDP workers.
 
+    Writes to ``config.out_dir``, or to a new private directory (:func:`fresh_out_dir`).
+
     Returns:
         Rank 0's result.
     """
@@ -163,8 +189,9 @@ def run_demo(config: DemoConfig, *, nproc: int = 1, cpu: bool = False) -> DemoRe
         raise ConfigurationError(f"--nproc must be a positive integer, got {nproc!r}.")
     if cpu:
         config = replace(config, accelerator="cpu")
-    if config.record_dir is not None:  # a record is append-only: each demo run starts a fresh one
-        shutil.rmtree(config.record_dir, ignore_errors=True)
+    config = _with_out_dir(config)  # chosen here, once, so that every worker writes to the same one
+    # Nothing is deleted: an --out-dir used before gets this run appended to its record (the
+    # report shows each run on its own), and its checkpoint replaced atomically.
     if nproc == 1:
         return train_worker(config)
     from gpukit.launch import launch_function

@@ -8,12 +8,19 @@ locks the interrupted code might hold (the recorder only appends to a deque).
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from typing import Any, Callable
 
-__all__ = ["EVENT_KINDS", "emit", "subscribe", "unsubscribe"]
+from gpukit.errors import ConfigurationError
+
+__all__ = ["EVENT_KINDS", "check_event", "emit", "subscribe", "unsubscribe"]
 
 EVENT_KINDS = ("oom_backoff", "leak_warning", "checkpoint", "preemption", "restart")
+_KIND = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,63}$")
+_MAX_FIELDS = 16
+_MAX_TEXT_CHARS = 200
 
 Listener = Callable[[str, float, dict[str, Any]], None]
 _LISTENERS: list[Listener] = []
@@ -47,3 +54,29 @@ def emit(kind: str, **fields: Any) -> None:
             listener(kind, now, fields)
         except Exception:  # noqa: BLE001 - recording is best effort, training is not
             pass
+
+
+def check_event(kind: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` of a user event (``session.log_event``) if ``kind`` and they are recordable.
+
+    A kind is a short name (a letter, then letters, digits, ``_ . -``; 64 characters at most);
+    fields are at most 16 numbers, strings (200 characters at most), booleans or ``None``.
+
+    Raises:
+        ConfigurationError: saying which value is not allowed and what is.
+    """
+    if not isinstance(kind, str) or not _KIND.match(kind):
+        raise ConfigurationError(
+            f"session.log_event({kind!r:.80}): the event kind must be a short name (a letter, then letters, "
+            "digits, '_', '.' or '-'; at most 64 characters), e.g. log_event('checkpoint', path=str(path)).")
+    if len(fields) > _MAX_FIELDS:
+        raise ConfigurationError(f"session.log_event({kind!r}) got {len(fields)} fields; at most {_MAX_FIELDS}.")
+    for name, value in fields.items():
+        ok = (value is None or isinstance(value, bool) or (isinstance(value, str) and len(value) <= _MAX_TEXT_CHARS)
+              or (isinstance(value, int) and abs(value) < 2**63)
+              or (isinstance(value, float) and math.isfinite(value)))
+        if name in ("type", "t", "kind", "step") or not ok:
+            raise ConfigurationError(
+                f"session.log_event({kind!r}, {name}={value!r:.80}): fields are numbers, strings of at most "
+                f"{_MAX_TEXT_CHARS} characters, booleans or None, named other than type, t, kind and step.")
+    return fields

@@ -52,7 +52,8 @@ if TYPE_CHECKING:
 
     from gpukit.accelerators import Accelerator
 
-__all__ = ["RECORD_DIR_ENV", "RECORD_FORMAT", "RECORD_VERSION", "Recorder", "record_path", "start_recorder"]
+__all__ = ["RECORD_DIR_ENV", "RECORD_FORMAT", "RECORD_VERSION", "Recorder", "log_event", "record_path",
+           "start_recorder"]
 
 RECORD_DIR_ENV = "GPUKIT_RECORD_DIR"
 RECORD_FORMAT = "gpukit-record"
@@ -334,3 +335,17 @@ def start_recorder(
         timings.add_listener(recorder.on_step)
     atexit.register(recorder.close)  # a script that never calls session.close() still ends its record
     return recorder
+
+
+def log_event(recorder: Recorder | None, kind: str, fields: dict[str, Any]) -> None:
+    """Record event ``kind`` with ``fields`` in ``recorder`` (``session.log_event``).
+
+    The fields are checked even when nothing is recorded (``recorder`` is ``None``), so a bad
+    call fails the same way with and without ``record=``.
+
+    Raises:
+        ConfigurationError: a kind or field that cannot be recorded (see :func:`check_event`).
+    """
+    _events.check_event(kind, fields)
+    if recorder is not None:
+        recorder.on_event(kind, time.time(), fields)

@@ -301,6 +301,13 @@ class Session:
         without a GPU sync; a no-op unless recording (``record=``), also sent to TensorBoard."""
         self._services.log(scalars)
 
+    def log_event(self, kind: str, **fields: Any) -> None:
+        """Record an event of your own, e.g. ``log_event("checkpoint", path=str(path))`` after
+        ``gpukit.save``: listed and marked in the report. Checked even when not recording."""
+        from gpukit.monitor._record import log_event
+
+        log_event(self.recorder, kind, fields)
+
     # -- memory (SessionMemory) -------------------------------------------------------------------
     def run_step(
         self, step_fn: Callable[[Any], torch.Tensor], batch: Any, *, model: nn.Module | None = None
