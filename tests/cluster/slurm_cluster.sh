@@ -4,13 +4,16 @@
 #
 #   tests/cluster/slurm_cluster.sh start DIR   install if missing, configure, start, wait idle
 #   tests/cluster/slurm_cluster.sh stop DIR    stop every daemon and job, remove what it added
+#   tests/cluster/slurm_cluster.sh map-hosts|unmap-hosts DIR   only the /etc/hosts part of start|stop
 #
 # `start` writes DIR/env: `source DIR/env` points sinfo/srun/sbatch at the cluster (SLURM_CONF).
 # Nodes node1 and node2 are two `slurmd -N` daemons on 127.0.0.1 with their own ports
 # (proctrack/linuxproc, task/none: no cgroups needed), one munged with its own key and socket,
 # everything (config, state, logs) under DIR. node1/node2 are added to /etc/hosts as
 # 127.0.0.1 when they do not resolve (jobs use the first node's name as their master address)
-# and removed again by `stop`.
+# and removed again by `stop`. Each line is tagged with its cluster's DIR, so that clusters
+# running side by side add their own lines and `stop` removes only its own
+# (GPUKIT_SLURM_HOSTS_FILE: another file than /etc/hosts, for the tests of this script).
 #
 # Exit codes of `start`: 0 running; 3 slurm is not installed and cannot be (not root, no
 # apt-get, no network) -- the reason is on stderr; 4 installed but did not come up (logs in DIR).
@@ -20,11 +23,15 @@ export PATH="$PATH:/usr/sbin:/sbin"  # the daemons live there; a non-login root 
 ACTION="${1:-}"
 DIR="${2:-}"
 HOSTS_TAG="# gpukit-test-slurm"
+HOSTS_FILE="${GPUKIT_SLURM_HOSTS_FILE:-/etc/hosts}"
 PACKAGES=(slurmctld slurmd slurm-client munge)
 START_TIMEOUT_S="${GPUKIT_SLURM_START_TIMEOUT_S:-60}"
 
 die() { echo "slurm_cluster: $2" >&2; exit "$1"; }
-[[ "$ACTION" == start || "$ACTION" == stop ]] && [[ -n "$DIR" ]] || die 2 "usage: $0 start|stop DIR"
+[[ "$ACTION" =~ ^(start|stop|map-hosts|unmap-hosts)$ ]] && [[ -n "$DIR" ]] \
+  || die 2 "usage: $0 start|stop|map-hosts|unmap-hosts DIR"
+DIR="$(realpath -m "$DIR")"  # one spelling for start and stop: the hosts lines' tag holds it
+OWN_TAG="$HOSTS_TAG $DIR"
 
 install_slurm() {
   local missing=()
@@ -101,13 +108,30 @@ EOF
   echo "export SLURM_CONF=$DIR/slurm.conf" >"$DIR/env"
 }
 
-map_hosts() {
+resolves_elsewhere() {  # the name resolves without any test cluster's line: DNS, the image's hosts
+  local name="$1"
+  [[ "$HOSTS_FILE" == /etc/hosts ]] || return 1
+  getent hosts "$name" >/dev/null 2>&1 || return 1
+  ! grep -Eq "^[^#]*[[:space:]]$name[[:space:]]+$HOSTS_TAG" /etc/hosts
+}
+
+map_hosts() {  # our own tagged line per name, even when another test cluster already added one
   local name
   for name in node1 node2; do
-    getent hosts "$name" >/dev/null 2>&1 && continue
-    [[ -w /etc/hosts ]] || die 3 "host name $name does not resolve and /etc/hosts is not writable"
-    echo "127.0.0.1 $name $HOSTS_TAG" >>/etc/hosts
+    resolves_elsewhere "$name" && continue
+    grep -Fqx "127.0.0.1 $name $OWN_TAG" "$HOSTS_FILE" 2>/dev/null && continue
+    [[ -w "$HOSTS_FILE" ]] || die 3 "host name $name does not resolve and $HOSTS_FILE is not writable"
+    echo "127.0.0.1 $name $OWN_TAG" >>"$HOSTS_FILE"
   done
+}
+
+unmap_hosts() {  # only the lines tagged with this cluster's DIR
+  grep -Fq "$OWN_TAG" "$HOSTS_FILE" 2>/dev/null || return 0
+  # /etc/hosts is often a bind mount: rewrite it in place rather than replace it
+  local kept
+  kept="$(awk -v tag=" $OWN_TAG" 'length($0) < length(tag) || substr($0, length($0) - length(tag) + 1) != tag' \
+    "$HOSTS_FILE")"
+  printf '%s\n' "$kept" >"$HOSTS_FILE"
 }
 
 start_daemons() {
@@ -147,11 +171,7 @@ stop_cluster() {
       kill -9 "$pid" 2>/dev/null || true
     done
   fi
-  if grep -q "$HOSTS_TAG" /etc/hosts 2>/dev/null; then
-    # /etc/hosts is often a bind mount: rewrite it in place rather than replace it
-    local kept; kept="$(grep -v "$HOSTS_TAG" /etc/hosts)"
-    printf '%s\n' "$kept" >/etc/hosts
-  fi
+  unmap_hosts
 }
 
 case "$ACTION" in
@@ -166,5 +186,11 @@ case "$ACTION" in
     ;;
   stop)
     stop_cluster
+    ;;
+  map-hosts)
+    map_hosts
+    ;;
+  unmap-hosts)
+    unmap_hosts
     ;;
 esac

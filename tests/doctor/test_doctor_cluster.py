@@ -40,3 +40,15 @@ def test_master_and_port_come_from_slurm_without_master_addr(make_ctx):
     assert port.details["port"] == slurm_port(4242) and port.details["source"] == "slurm detection"
     # loopback as the master of a 2-node job cannot work
     assert master.status == "warn"
+
+
+def test_gres_gpu_1_with_4_tasks_per_node_is_named(use_spec, make_ctx):
+    # --gres=gpu:1 --ntasks-per-node=4: each task sees GPU 0 -- the same one, not one each
+    use_spec("shared-4gpu")
+    shared = dict(STEP, CUDA_VISIBLE_DEVICES="0", SLURM_STEP_GPUS="0", SLURM_GPUS_ON_NODE="1")
+    [tasks] = [f for f in check_cluster(make_ctx(shared)) if f.name == "cluster.tasks"]
+    assert tasks.status == "warn" and "SLURM gave the node 1 GPU(s)" in tasks.message
+    assert "--gpus-per-task=1" in tasks.message
+    # --gpus-per-task=1: one GPU each, the node has 4
+    per_task = dict(STEP, CUDA_VISIBLE_DEVICES="1", SLURM_STEP_GPUS="0,1,2,3", SLURM_GPUS_PER_TASK="1")
+    assert [f.name for f in check_cluster(make_ctx(per_task))] == ["cluster.environment"]

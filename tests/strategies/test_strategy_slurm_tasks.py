@@ -42,3 +42,19 @@ def test_more_tasks_than_gpus_is_refused_with_the_fix() -> None:
 def test_fewer_tasks_than_gpus_warns_that_gpus_sit_idle() -> None:
     with pytest.warns(RuntimeWarning, match="2 would sit idle"):
         select_strategy(environ=_srun_task(1, 2), accelerator="cuda")
+
+
+@pytest.fixture
+def one_visible_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CUDAAccelerator, "is_available", lambda self: True)
+    monkeypatch.setattr(CUDAAccelerator, "device_count", lambda self: 1)
+
+
+@pytest.mark.usefixtures("one_visible_gpu")
+def test_gres_gpu_1_with_4_tasks_is_refused_not_shared() -> None:
+    # --gres=gpu:1 --ntasks-per-node=4: every task sees the node's one GPU
+    with pytest.raises(DeviceError, match=r"SLURM gave the node 1 GPU\(s\).*--gpus-per-task=1"):
+        select_strategy(environ={**_srun_task(2, 4), "SLURM_STEP_GPUS": "0"}, accelerator="cuda")
+    # --gpus-per-task=1: each task sees its own GPU as cuda:0
+    strategy = select_strategy(environ={**_srun_task(2, 4), "SLURM_STEP_GPUS": "0,1,2,3"}, accelerator="cuda")
+    assert strategy.root_device == torch.device("cuda", 0)

@@ -23,6 +23,7 @@ from gpukit.cluster._slurm import (
     PORT_SPAN,
     agent_tasks_problem,
     gpu_mismatch,
+    shared_gpu_problem,
     in_slurm_job,
     slurm_port,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "PORT_BASE",
     "PORT_SPAN",
     "gpu_mismatch",
+    "shared_gpu_problem",
     "agent_tasks_problem",
     "in_slurm_job",
     "requeue_job",

@@ -29,6 +29,7 @@ __all__ = [
     "in_slurm_job",
     "in_slurm_step",
     "slurm_gpus",
+    "shared_gpu_problem",
     "gpu_mismatch",
     "agent_tasks_problem",
     "read_slurm",
@@ -212,6 +213,31 @@ def gpu_mismatch(tasks_on_node: int, gpus_visible: int, node: str | None = None)
         f"srun started {tasks_on_node} task(s) {where}but {gpus_visible} GPUs are visible: "
         f"{gpus_visible - tasks_on_node} would sit idle. Use `srun --ntasks-per-node={gpus_visible}`, "
         f"or ask for --gpus-per-node={tasks_on_node}."
+    )
+
+
+def shared_gpu_problem(tasks_on_node: int, gpus_visible: int, env: Mapping[str, str],
+                       node: str | None = None) -> str | None:
+    """Several tasks on a node that each see one GPU, while SLURM gave the node fewer GPUs than
+    tasks (``--gres=gpu:1 --ntasks-per-node=4``): every task sees *the same* GPU, not one of its
+    own as under ``--gpus-per-task=1``. The problem, with the fix; ``None`` when it fits or when
+    SLURM does not say how many GPUs the node has (``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS``/
+    ``SLURM_GPUS_ON_NODE``)."""
+    if tasks_on_node <= 1 or gpus_visible != 1:
+        return None
+    given = slurm_gpus(env)
+    on_node = len(given) if given is not None else None
+    count = env.get("SLURM_GPUS_ON_NODE", "").strip()
+    if on_node is None and count.isdigit():
+        on_node = int(count)
+    if on_node is None or on_node >= tasks_on_node:
+        return None
+    where = f"on node {node} " if node else ""
+    return (
+        f"srun started {tasks_on_node} tasks {where}but SLURM gave the node {on_node} GPU(s), so all "
+        f"{tasks_on_node} would share the one each task sees (not one GPU each, as with --gpus-per-task=1). "
+        f"Ask for a GPU per task (`--gpus-per-task=1`, or `--gres=gpu:{tasks_on_node}`), or run "
+        f"`--ntasks-per-node={on_node}`."
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpukit.cluster import gpu_mismatch
+from gpukit.cluster import gpu_mismatch, shared_gpu_problem
 from gpukit.devices._visible import ENV_VAR, resolve_visible
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
@@ -25,8 +25,11 @@ def check_cluster(ctx: DoctorContext) -> list[Finding]:
     findings = [Finding(name, "info", env.describe(), None, details)]
     if env.kind == "slurm" and env.in_step and ctx.gpus:
         visible = len(resolve_visible(ctx.env.get(ENV_VAR), ctx.gpus))
-        problem = gpu_mismatch(env.local_world_size, visible, env.hosts[env.node_rank] if env.hosts else None)
-        if problem:
+        node = env.hosts[env.node_rank] if env.hosts else None
+        problem = gpu_mismatch(env.local_world_size, visible, node)
+        shared = shared_gpu_problem(env.local_world_size, visible, ctx.env, node)  # --gres=gpu:1, 4 tasks
+        if problem or shared:
+            problem = problem or shared
             fix = (f"srun --ntasks-per-node={visible} (one task per GPU) or --gpus-per-task=1"
                    if env.local_world_size > visible else f"srun --ntasks-per-node={visible}")
             findings.append(Finding("cluster.tasks", "warn", problem, fix,

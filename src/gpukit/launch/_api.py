@@ -31,7 +31,7 @@ from gpukit.launch._orphans import LAUNCHER_PID_ENV
 from gpukit.launch._preemption import PREEMPT_SIGNAL_ENV, parse_preempt_signal
 from gpukit.launch._preemption import preempt_signal as default_preempt_signal
 from gpukit.launch._requeue import max_requeues_from_env, requeue_after_preemption
-from gpukit.launch._signals import RunInterruptedError
+from gpukit.launch._signals import RunInterruptedError, StopSignal, preempt_signal_raises
 
 __all__ = ["launch_function", "launch_script", "GRACE_ENV", "RUN_ID_ENV", "MAX_NPROC_ENV", "DEFAULT_GRACE_S"]
 
@@ -299,6 +299,39 @@ def launch_script(
         announce(cluster)
     if gpus is None and nproc is None and not cpu:
         gpus = scheduler_gpu_count(cluster)  # every GPU SLURM gave this node, and no other
+    try:
+        # the preemption warning stops (and requeues) a launcher that is still starting or
+        # waiting for GPUs, instead of killing it (its default action)
+        with preempt_signal_raises(preempt):
+            _launch_script_workers(target, script_args, module=module, nproc=nproc, cpu=cpu, gpus=gpus,
+                                   max_restarts=max_restarts, grace_s=grace_s, topology=topology,
+                                   min_free_memory=min_free_memory, max_utilization=max_utilization,
+                                   wait=wait, wait_timeout_s=wait_timeout_s, verbose=verbose, echo=echo,
+                                   preempt=preempt, limit=limit, timeout_s=timeout_s)
+    except StopSignal as exc:  # before any worker started: nothing to save
+        interrupted = RunInterruptedError(exc.signum, preempted=True, grace_s=grace_s,
+                                          detail="no worker had started yet, nothing to save")
+        _requeue_if_preempted(interrupted, preempt, limit, cluster, echo)
+        raise interrupted from None
+    except RunInterruptedError as exc:
+        _requeue_if_preempted(exc, preempt, limit, cluster, echo)
+        raise
+
+
+def _requeue_if_preempted(exc: RunInterruptedError, preempt: Any, limit: int, cluster: Any,
+                          echo: Echo | None) -> None:
+    # The preemption warning reached this node's launcher or (node 0 heard from them) another
+    # node's: node 0 requeues -- also when a worker did not stop cleanly (it resumes from its
+    # last complete checkpoint); a requeued job is never worse than a job lost from the queue.
+    if preempt.name == exc.signal_name or preempt.name in exc.other_signals:
+        requeue_after_preemption(preempt.name, preempt, max_requeues=limit, env=cluster, echo=echo)
+
+
+def _launch_script_workers(target: str, script_args: Sequence[str], *, module: bool, nproc: int | None,
+                           cpu: bool, gpus: GpuRequest, max_restarts: int, grace_s: float, topology: Topology,
+                           min_free_memory: int | str | None, max_utilization: float | None, wait: bool,
+                           wait_timeout_s: float | None, verbose: bool, echo: Echo | None, preempt: Any,
+                           limit: int, timeout_s: float | None) -> None:
     plan = plan_devices(gpus, cpu=cpu, nproc=nproc, min_free_memory=min_free_memory,
                         max_utilization=max_utilization, wait=wait, wait_timeout_s=wait_timeout_s)
     try:
@@ -309,14 +342,9 @@ def launch_script(
         command = ("-u", "-m", "gpukit.launch._bootstrap", *(("-m",) if module else ()), target, *script_args)
         env = {**_worker_env(plan, nproc=workers, grace_s=grace_s, run_id=run_id, timeout_s=timeout_s),
                PREEMPT_SIGNAL_ENV: preempt.name[3:], MAX_REQUEUES_ENV: str(limit)}
-        try:
-            run_workers(
-                sys.executable, command, nproc=workers, topology=topology, env=env, run_id=run_id,
-                max_restarts=max_restarts, grace_s=grace_s, verbose=verbose, preempt_signal=preempt,
-            )
-        except RunInterruptedError as exc:
-            if exc.preempted:  # every rank saved: node 0 puts the job back in the queue
-                requeue_after_preemption(exc.signal_name, preempt, max_requeues=limit, env=cluster, echo=echo)
-            raise
+        run_workers(
+            sys.executable, command, nproc=workers, topology=topology, env=env, run_id=run_id,
+            max_restarts=max_restarts, grace_s=grace_s, verbose=verbose, preempt_signal=preempt,
+        )
     finally:
         plan.release()

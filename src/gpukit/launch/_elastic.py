@@ -41,6 +41,7 @@ from gpukit.launch._signals import (
     kill_now,
     launcher_signals,
 )
+from gpukit.launch._stop_report import interrupted_outcome, report_stop
 from gpukit.launch._summary import WorkerFailedError, WorkerFailure
 
 __all__ = ["Topology", "run_workers"]
@@ -362,7 +363,9 @@ def run_workers(
                 # Like torchrun: a stopped node leaves the rendezvous open for the others.
                 close_rendezvous = False
                 signum = exc.signum if isinstance(exc, StopSignal) else int(exc.sigval)
-                raise RunInterruptedError(signum, preempted=agent.stopped_cleanly(), grace_s=grace_s) from None
+                interrupted = interrupted_outcome(signum, agent, run_dir, nproc, grace_s)
+                report_stop(interrupted, handler, topology, run_id, interrupted.signal_name, grace_s, _stderr_line)
+                raise interrupted from None
             except RendezvousError as exc:
                 raise _rendezvous_error(exc, topology) from exc
             finally:
@@ -385,7 +388,9 @@ def run_workers(
             if markers and isinstance(entrypoint, str):
                 # a worker was told to stop (not the launcher) and the ranks agreed: preempted
                 signum = getattr(signal, next(iter(markers.values())), signal.SIGTERM)
-                raise RunInterruptedError(signum, preempted=True, grace_s=grace_s)
+                interrupted = RunInterruptedError(signum, preempted=True, grace_s=grace_s)
+                report_stop(interrupted, handler, topology, run_id, None, grace_s, _stderr_line)
+                raise interrupted
             return dict(result.return_values)
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)

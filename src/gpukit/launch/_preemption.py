@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from types import FrameType
 from typing import Union
 
+from gpukit.launch._stop_markers import AGREED, BEFORE_START, FINISHED, read_markers, write_marker
 from gpukit.monitor._events import emit
 
 __all__ = [
@@ -46,13 +47,14 @@ __all__ = [
     "session_stop_signals",
     "mark_stop_agreed",
     "stop_markers",
+    "finish_agreed_stop",
+    "install_startup_stop",
     "RUN_DIR_ENV",
 ]
 
 #: Directory ``gpukit run`` creates for one run; workers leave stop markers (and heartbeats)
 #: there for the launcher to read.
 RUN_DIR_ENV = "GPUKIT_RUN_DIR"
-_MARKER_PREFIX = "stopped-rank"
 
 #: Exit code of ``gpukit run`` (and what a worker may exit with) when a run stopped
 #: because it was asked to -- preempted -- and its workers stopped cleanly. It is
@@ -67,6 +69,7 @@ _previous: dict[int, _Handler] = {}
 _received: list[str] = []  # name of the signal that set the flag
 _terminations: set[int] = set()  # terminating signals received; another one escalates
 _WARNING_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})
+_agreed_rank: int | None = None  # this process's rank once its Session agreed to stop
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -111,7 +114,9 @@ def install_preemption_handler(signals: Iterable[int] = (signal.SIGTERM, signal.
         return False
     for signum in signals:
         if signum not in _previous:
-            _previous[signum] = signal.getsignal(signum)
+            current = signal.getsignal(signum)
+            # the worker's start-up handler only covers the time before a Session exists
+            _previous[signum] = signal.SIG_DFL if current is _on_startup_signal else current
         signal.signal(signum, _on_signal)
     return True
 
@@ -137,9 +142,11 @@ def request_stop() -> None:
 
 def clear_stop_request() -> None:
     """Clear the stop flag (after a stop was handled, or between tests)."""
+    global _agreed_rank
     _stop.clear()
     _received.clear()
     _terminations.clear()
+    _agreed_rank = None
 
 
 def stop_signal_name() -> str | None:
@@ -213,23 +220,69 @@ def mark_stop_agreed(rank: int) -> None:
     and the launcher itself received no signal (a stop sent to one worker). No-op outside
     ``gpukit run``.
     """
-    directory = os.environ.get(RUN_DIR_ENV)
-    if not directory:
-        return
-    try:
-        (Path(directory) / f"{_MARKER_PREFIX}{rank}").write_text(stop_signal_name() or "SIGTERM")
-    except OSError:  # the launcher's directory is gone: it is not waiting for the answer
-        pass
+    global _agreed_rank
+    if _agreed_rank != rank:  # should_stop may be read many times once true: write once
+        write_marker(os.environ.get(RUN_DIR_ENV), rank, stop_signal_name() or "SIGTERM", AGREED)
+    _agreed_rank = rank
+
+
+def finish_agreed_stop() -> bool:
+    """The script ended by itself after its ranks agreed to stop: mark this rank's stop
+    ``finished`` (whatever its teardown does next, the launcher counts it as clean).
+    Returns whether there was an agreed stop to finish."""
+    if _agreed_rank is None or not stop_requested():
+        return False
+    write_marker(os.environ.get(RUN_DIR_ENV), _agreed_rank, stop_signal_name() or "SIGTERM", FINISHED)
+    return True
 
 
 def stop_markers(directory: str | os.PathLike[str]) -> dict[int, str]:
     """Ranks that left a stop marker in ``directory``, with the signal each received."""
-    found: dict[int, str] = {}
-    for path in Path(directory).glob(f"{_MARKER_PREFIX}*"):
-        suffix = path.name[len(_MARKER_PREFIX):]
-        if suffix.isdigit():
-            try:
-                found[int(suffix)] = path.read_text().strip() or "SIGTERM"
-            except OSError:
-                continue
-    return found
+    return {rank: marker.signal_name for rank, marker in read_markers(directory).items()}
+
+
+def _distributed_started() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:  # noqa: BLE001 - half imported: not started
+        return False
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # noqa: BLE001 - interrupted in the middle of a write: lose the rest
+            pass
+
+
+def _on_startup_signal(signum: int, frame: FrameType | None) -> None:
+    if _distributed_started():  # a process group but no Session: we cannot tell what would be lost
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    name = signal.Signals(signum).name
+    rank = os.environ.get("RANK")
+    write_marker(os.environ.get(RUN_DIR_ENV), int(rank or 0), name, BEFORE_START)
+    who = f"rank {rank}: " if rank else ""
+    os.write(2, f"gpukit: {who}{name} received before the Session started: nothing to save, stopping\n".encode())
+    _flush_stdio()
+    os._exit(0)  # mid-import: skip the interpreter's teardown of half-imported modules
+
+
+def install_startup_stop(signals: Iterable[int]) -> bool:
+    """In a ``gpukit run`` worker, until its Session exists: a stop signal ends the process at
+    once as a clean stop (marker ``before-start``, exit 0) -- nothing can be saved yet, and a
+    worker still importing torch would otherwise die of the signal or outlive ``--grace``.
+
+    The Session's own handler (:func:`install_preemption_handler`) replaces it. A process that
+    has joined a process group without a Session is left to the signal's default action.
+    Returns whether installed (main thread only).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    for signum in signals:
+        signal.signal(signum, _on_startup_signal)
+    return True

@@ -22,6 +22,7 @@ from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
 __all__ = [
     "STOP_SIGNALS",
     "StopSignal",
+    "preempt_signal_raises",
     "RunInterruptedError",
     "launcher_signals",
     "escalate_on_signal",
@@ -52,14 +53,17 @@ class RunInterruptedError(LaunchError):
         exit_code: ``PREEMPTED_EXIT_CODE`` (75) when preempted, else 128 + signal number.
     """
 
-    def __init__(self, signum: int, *, preempted: bool, grace_s: float) -> None:
+    def __init__(self, signum: int, *, preempted: bool, grace_s: float, detail: str | None = None) -> None:
         self.signal_name = signal.Signals(signum).name
         self.preempted = preempted
         self.exit_code = interrupted_exit_code(signum, preempted=preempted)
+        #: Signal names the launchers of the run's other nodes received (node 0 of a multi-node
+        #: run collects them before it requeues; see ``gpukit.launch._stop_report``).
+        self.other_signals: set[str] = set()
         if preempted:
             msg = (
-                f"run preempted: {self.signal_name} received; every worker stopped cleanly "
-                f"(exit code {self.exit_code})"
+                f"run preempted: {self.signal_name} received; "
+                f"{detail or 'every worker stopped cleanly'} (exit code {self.exit_code})"
             )
         else:
             msg = (
@@ -120,6 +124,31 @@ def launcher_signals(preempt: int | None = None) -> Iterator[None]:
     # Restoring also undoes the handlers the elastic agent installs at every worker start.
     with _stop_signals_handled_by(_raise_stop, preempt):
         yield
+
+
+@contextmanager
+def preempt_signal_raises(preempt: int) -> Iterator[None]:
+    """``preempt`` raises :class:`StopSignal` inside the block -- also when it arrived earlier,
+    while ``gpukit run`` was still starting (``gpukit._util.startup_signals``) -- so that a
+    launcher still choosing GPUs or waiting for them stops (and requeues) instead of dying.
+
+    Ctrl-C and SIGTERM keep their meaning here (no worker runs yet). Main thread only.
+    """
+    from gpukit._util import startup_signals
+
+    if not _in_main_thread():
+        yield
+        return
+    saved = signal.getsignal(preempt)
+    signal.signal(preempt, _raise_stop)
+    try:
+        early = startup_signals.received()
+        startup_signals.forget()
+        if early is not None:
+            raise StopSignal(early)
+        yield
+    finally:
+        signal.signal(preempt, saved if saved is not None else signal.SIG_DFL)
 
 
 def _ignore(signum: int, frame: FrameType | None) -> None:

@@ -11,15 +11,23 @@ name the rank and its error. :func:`run_function` is the same for function worke
 
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from gpukit.launch._orphans import die_with_launcher
-from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
+from gpukit.launch._preemption import (
+    PREEMPTED_EXIT_CODE,
+    _flush_stdio,
+    finish_agreed_stop,
+    install_startup_stop,
+    preempt_signal,
+)
 
 __all__ = ["main", "run_function", "record_exception"]
 
@@ -60,11 +68,15 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     if not argv:
         raise SystemExit(_USAGE)
     die_with_launcher()
+    # a stop before the script's Session exists ends this worker at once, as a clean stop
+    install_startup_stop((signal.SIGTERM, signal.SIGINT, preempt_signal()))
     try:
         _run_target(argv)
     except SystemExit as exc:
         if exc.code not in (None, 0, PREEMPTED_EXIT_CODE):
             _note_failure()
+        elif finish_agreed_stop():
+            _leave_after_stop(exc.code or 0)
         raise
     except Exception as exc:
         _note_failure()
@@ -74,7 +86,30 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BaseException as exc:  # KeyboardInterrupt & co: keep Python's own exit behaviour
         record_exception(exc)
         raise
+    if finish_agreed_stop():
+        _leave_after_stop(0)
     raise SystemExit(0)
+
+
+#: How a worker whose stop is finished leaves (bench/preemption.py compares them):
+#: ``hooks`` (default) runs the exit hooks -- the Session's leaves the process group --
+#: then ``os._exit``; ``python`` leaves as Python does (hooks, then the interpreter's teardown,
+#: where gloo's and the loaders' destructors ran for 4-12 s under load); ``now`` skips the hooks.
+STOP_EXIT_ENV = "GPUKIT_STOP_EXIT"
+
+
+def _leave_after_stop(code: int) -> None:
+    """The stop is finished and marked: leave fast. Returns only in ``python`` mode."""
+    mode = os.environ.get(STOP_EXIT_ENV, "hooks")
+    if mode == "python":
+        return
+    if mode != "now":
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001 - the stop is complete; leaving matters more
+            pass
+    _flush_stdio()
+    os._exit(code if isinstance(code, int) else 0)
 
 
 def _note_failure() -> None:

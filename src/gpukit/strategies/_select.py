@@ -16,6 +16,7 @@ Rules (documented in docs/readme/session.md):
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -73,7 +74,7 @@ def select_strategy(
     if name == "pipeline":
         return _pipeline(devices, accelerator, env)
     acc = _accelerator(accelerator, devices)
-    indices = _device_indices(devices, acc, env, accelerator_given=accelerator != "auto")
+    indices = _device_indices(devices, acc, env, accelerator_given=accelerator != "auto", environ=environ)
     if env is not None and not _is_auto(devices) and len(indices) != env.local_world_size:
         raise ConfigurationError(
             f"devices={devices!r} asks for {len(indices)} device(s) per node, but the launcher "
@@ -162,7 +163,8 @@ def _accelerator(accelerator: str | Accelerator, devices: Any) -> Accelerator:
 
 
 def _device_indices(
-    devices: Any, acc: Accelerator, env: DistEnv | None, *, accelerator_given: bool
+    devices: Any, acc: Accelerator, env: DistEnv | None, *, accelerator_given: bool,
+    environ: Mapping[str, str] | None = None,
 ) -> list[int | None]:
     """Device indices on this node (``None`` for the CPU, where each entry is a process)."""
     if isinstance(devices, bool):
@@ -171,7 +173,14 @@ def _device_indices(
         count = env.local_world_size if env is not None else 1
         if env is not None and count > 1 and not acc.is_host and acc.device_count() == 1:
             # The launcher or scheduler gave each process a GPU of its own (a per-task
-            # CUDA_VISIBLE_DEVICES, e.g. SLURM --gpus-per-task=1): every rank uses its cuda:0.
+            # CUDA_VISIBLE_DEVICES, e.g. SLURM --gpus-per-task=1): every rank uses its cuda:0 --
+            # unless SLURM gave the node fewer GPUs than tasks: then they all see the same one
+            if env.kind == "slurm":
+                from gpukit.cluster import shared_gpu_problem
+
+                problem = shared_gpu_problem(count, 1, os.environ if environ is None else environ)
+                if problem:
+                    raise DeviceError(problem)
             return [0] * count
         if env is not None and env.kind == "slurm" and not acc.is_host:
             _check_slurm_tasks(count, acc.device_count())

@@ -1,0 +1,121 @@
+"""Preemption battery (issue 17): stops at random moments must never lose the run.
+
+    PYTHONPATH=src python bench/preemption.py sigterm [--trials 20] [--modes hooks,python] [--load 2]
+    PYTHONPATH=src python bench/preemption.py slurm [--trials 20]
+
+``sigterm``: SIGTERM to ``gpukit run --cpu --nproc 2`` of a training script with 2 loader
+workers per rank, at a random moment from start-up to a few seconds into training, with
+``--load`` busy processes beside it. Every trial must exit 75 (clean stop, whether it had
+started training or not). ``--modes`` interleaves how a worker that finished its stop leaves
+(``GPUKIT_STOP_EXIT``: ``hooks`` the default, ``python`` the interpreter's own exit, ``now``)
+and prints the launcher's exit time for each, side by side.
+
+``slurm``: the real 2-node SLURM cluster (tests/cluster/slurm_cluster.sh); ``scancel
+--signal=USR2 --batch`` at a random moment from 0 to 25 s after the job starts RUNNING
+(start-up included) of ``exec srun gpukit run --cpu --nproc 2 train.py --ckpt``, ``--requeue``.
+A trial is lost unless the job is requeued and then completes with the weights of an
+uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "cluster"))
+sys.path.insert(0, str(ROOT / "tests" / "launch"))
+TRAIN_LOADERS = ROOT / "tests" / "launch" / "scripts" / "preempt_train.py"
+MARKER = "GPUKIT_TEST_MARKER"
+
+
+def _burners(count: int) -> list[subprocess.Popen[bytes]]:
+    code = "while True: pass"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.1f}/{five:.1f}"
+
+
+def sigterm_trial(mode: str, delay_s: float) -> dict[str, object]:
+    """One SIGTERM at ``delay_s`` after start; returns exit code and seconds to exit."""
+    out = Path(tempfile.mkdtemp(prefix="gpukit-preempt-"))
+    env = {**os.environ, MARKER: uuid.uuid4().hex, "GPUKIT_STOP_EXIT": mode}
+    with (out / "log").open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "gpukit", "run", "--cpu", "--nproc", "2", "--grace", "10",
+                                 str(TRAIN_LOADERS), str(out)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    time.sleep(delay_s)
+    training = (out / "pid-0").exists() and (out / "pid-1").exists()
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = -9
+    took_s = time.monotonic() - sent
+    saved = sorted(p.name for p in (out / "ckpt").glob("step_*")) if (out / "ckpt").exists() else []
+    return {"mode": mode, "delay_s": delay_s, "training": training, "code": code, "exit_s": took_s,
+            "saved": bool(saved), "log": (out / "log").read_text(errors="replace")[-600:]}
+
+
+def run_sigterm(trials: int, modes: list[str], load: int, max_delay_s: float) -> int:
+    rng = random.Random(17)
+    burners = _burners(load)
+    results: list[dict[str, object]] = []
+    try:
+        for trial in range(trials):
+            delay_s = round(rng.uniform(0.0, max_delay_s), 2)
+            for mode in modes:  # interleaved: both modes see the same moment and the same load
+                result = sigterm_trial(mode, delay_s)
+                results.append(result)
+                print(f"trial {trial:2d} {mode:6s} delay {delay_s:5.2f} s training={result['training']!s:5} "
+                      f"exit {result['code']} in {result['exit_s']:.2f} s load {_load()}", flush=True)
+                if result["code"] != 75:
+                    print(result["log"], flush=True)
+    finally:
+        for burner in burners:
+            burner.kill()
+    print("\n| mode | trials | wrong exit codes | trained before the stop | launcher exit after SIGTERM: median / max |")
+    print("|---|---|---|---|---|")
+    wrong = 0
+    for mode in modes:
+        mine = [r for r in results if r["mode"] == mode]
+        bad = sum(1 for r in mine if r["code"] != 75)
+        wrong += bad if mode == modes[0] else 0
+        times = [float(r["exit_s"]) for r in mine]
+        print(f"| {mode} | {len(mine)} | {bad} | {sum(1 for r in mine if r['training'])} | "
+              f"{statistics.median(times):.2f} s / {max(times):.2f} s |")
+    return 1 if wrong else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("battery", choices=["sigterm", "slurm"])
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--modes", default="hooks")
+    parser.add_argument("--load", type=int, default=2, help="busy processes beside the run (sigterm)")
+    parser.add_argument("--max-delay", type=float, default=8.0, help="latest SIGTERM, seconds after start")
+    args = parser.parse_args()
+    print(f"# {args.battery}: {os.cpu_count()} CPU(s), load average {_load()} at start", flush=True)
+    if args.battery == "sigterm":
+        return run_sigterm(args.trials, args.modes.split(","), args.load, args.max_delay)
+    from preemption_slurm import run_slurm  # noqa: PLC0415 - the cluster part is apart
+
+    return run_slurm(args.trials)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""How a stopped run ended (:func:`interrupted_outcome`), and node 0 of several requeuing only
+after every node reported its stop (:func:`report_stop`).
+
+``scontrol requeue`` ends every process of the job on every node. Node 0's ``gpukit run`` used
+to requeue as soon as its own workers had exited, while node 1's could still be saving. Now
+every node's launcher, once its workers have stopped, writes one key into the rendezvous
+store -- the TCP store node 0's launcher hosts for the run, which every node already reaches
+(no shared file system needed) -- and node 0 waits for all of them (at most ``--grace`` +
+60 s: a node that never answers is gone, and a requeued job is better than a lost one) before
+it requeues. Each report carries the signal that node's launcher received, so a preemption
+warning that reached only another node still requeues.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
+from gpukit.launch._signals import RunInterruptedError
+from gpukit.launch._stop_markers import done_ranks
+
+__all__ = ["NodeReports", "exchange_stop_reports", "interrupted_outcome", "report_stop", "REPORT_WAIT_EXTRA_S"]
+
+#: Node 0 waits for the other nodes' reports at most ``grace_s`` + this.
+REPORT_WAIT_EXTRA_S = 60.0
+_PUBLISH_TIMEOUT_S = 10.0
+_POLL_S = 0.1
+
+
+@dataclass
+class NodeReports:
+    """What node 0 learnt: each node's launcher signal and whether its workers stopped cleanly."""
+
+    reports: dict[int, dict[str, Any]] = field(default_factory=dict)
+    missing: list[int] = field(default_factory=list)
+    waited_s: float = 0.0
+
+    @property
+    def signals(self) -> set[str]:
+        """Signal names the nodes' launchers received (empty strings left out)."""
+        return {str(r.get("signal")) for r in self.reports.values() if r.get("signal")}
+
+
+def _key(run_id: str, node_rank: int) -> str:
+    return f"gpukit/stop/{run_id}/{node_rank}"
+
+
+def exchange_stop_reports(
+    store: Any,
+    *,
+    run_id: str,
+    node_rank: int,
+    nnodes: int,
+    signal_name: str | None,
+    clean: bool,
+    wait_s: float,
+    echo: Callable[[str], None] | None = None,
+) -> NodeReports | None:
+    """Publish this node's report; on node 0, also wait for every other node's.
+
+    Args:
+        store: The rendezvous store (a ``torch.distributed.Store``); ``None``: no exchange.
+        run_id, node_rank, nnodes: The run and this node's place in it.
+        signal_name: The signal this node's launcher received (``None``: none, its workers
+            were stopped by their Sessions' agreement).
+        clean: Whether this node's workers stopped cleanly.
+        wait_s: How long node 0 waits for the others.
+        echo: Where node 0 says that it is waiting / that a node did not answer.
+
+    Returns:
+        On node 0: the reports (its own included); elsewhere ``None``. Never raises: a store
+        that cannot be reached means the other side is gone.
+    """
+    if store is None or nnodes <= 1:
+        return None
+    report = json.dumps({"signal": signal_name or "", "clean": bool(clean)})
+    try:
+        store.set_timeout(timedelta(seconds=_PUBLISH_TIMEOUT_S))
+        store.set(_key(run_id, node_rank), report)
+    except Exception:  # noqa: BLE001 - node 0 (and its store) is gone: nobody is waiting
+        return None
+    if node_rank != 0:
+        return None
+    found = NodeReports()
+    pending = set(range(nnodes))
+    started = time.monotonic()
+    if echo is not None and nnodes > 1:
+        echo(f"gpukit: waiting for the other {nnodes - 1} node(s) to report their stop before requeuing")
+    while pending and time.monotonic() - started < wait_s:
+        for node in sorted(pending):
+            try:
+                if store.check([_key(run_id, node)]):
+                    found.reports[node] = json.loads(store.get(_key(run_id, node)))
+                    pending.discard(node)
+            except Exception:  # noqa: BLE001 - a malformed or unreadable report counts as missing
+                pass
+        if pending:
+            time.sleep(_POLL_S)
+    found.missing = sorted(pending)
+    found.waited_s = time.monotonic() - started
+    if found.missing and echo is not None:
+        echo(f"gpukit: node(s) {', '.join(map(str, found.missing))} did not report their stop within "
+             f"{wait_s:g} s; going on without them")
+    return found
+
+
+def interrupted_outcome(signum: int, agent: Any, run_dir: str, nproc: int, grace_s: float) -> RunInterruptedError:
+    """How the launcher's stop went: clean when no worker had started yet, when every worker
+    exited 0/75, or when every worker had finished its stop (marker) before it was killed."""
+    if agent.attempts == 0:
+        return RunInterruptedError(signum, preempted=True, grace_s=grace_s,
+                                   detail="no worker had started yet, nothing to save")
+    if agent.stopped_cleanly():
+        return RunInterruptedError(signum, preempted=True, grace_s=grace_s)
+    done = done_ranks(run_dir)
+    if len(done) >= nproc:
+        slow = sum(1 for code in agent.exit_codes.values() if code not in (0, PREEMPTED_EXIT_CODE))
+        detail = "every worker finished its stop"
+        if slow:
+            detail += f" ({slow} still tearing down after --grace {grace_s:g} s were killed then)"
+        return RunInterruptedError(signum, preempted=True, grace_s=grace_s, detail=detail)
+    return RunInterruptedError(signum, preempted=False, grace_s=grace_s)
+
+
+def report_stop(interrupted: RunInterruptedError, handler: Any, topology: Any, run_id: str,
+                signal_name: str | None, grace_s: float, echo: Callable[[str], None] | None = None) -> None:
+    """Several nodes: tell node 0 how this node stopped; node 0 waits for every node's word
+    and keeps the other nodes' signals in ``interrupted.other_signals``."""
+    if topology.nnodes <= 1:
+        return
+    reports = exchange_stop_reports(
+        getattr(handler, "_store", None), run_id=run_id, node_rank=topology.node_rank, nnodes=topology.nnodes,
+        signal_name=signal_name, clean=interrupted.preempted, wait_s=grace_s + REPORT_WAIT_EXTRA_S,
+        echo=echo,
+    )
+    if reports is not None:
+        interrupted.other_signals = reports.signals

@@ -1,0 +1,75 @@
+"""Stops at the hard moments (issue 17): while `gpukit run` itself starts, while its workers start
+(no Session yet), and after the workers saved but tear down for longer than --grace. Every one
+is a clean stop: exit 75."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from launch_helpers import assert_none_survive, poll
+
+from gpukit._util import startup_signals
+from gpukit.launch import PREEMPTED_EXIT_CODE
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (SigCgt in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(mask >> (signum - 1) & 1)
+
+
+def test_warning_signal_is_held_while_starting() -> None:
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+        assert startup_signals.hold_warning_signals()
+        os.kill(os.getpid(), signal.SIGUSR2)  # its default action would end this process
+        assert startup_signals.received() == signal.SIGUSR2
+    finally:
+        startup_signals.forget()
+        signal.signal(signal.SIGUSR2, previous)
+
+
+@pytest.mark.slow
+def test_usr2_to_gpukit_run_while_it_imports(start_run) -> None:
+    run = start_run("--cpu", "--nproc", "2", str(SCRIPTS / "slow_start.py"), "{out}")
+    # the entry point's handler is in place: the signal now lands while click/torch import
+    poll(lambda: _catches(run.proc.pid, signal.SIGUSR2) or run.proc.poll() is not None, 30, "the entry handler")
+    run.proc.send_signal(signal.SIGUSR2)
+    assert run.wait(90) == PREEMPTED_EXIT_CODE, run.output()
+    assert "SIGUSR2 received" in run.output() and "Traceback" not in run.output()
+    assert_none_survive(run.marker)
+
+
+@pytest.mark.slow
+def test_workers_stopped_before_their_session_exits_at_once(start_run) -> None:
+    run = start_run("--cpu", "--nproc", "2", "--grace", "60", str(SCRIPTS / "slow_start.py"), "{out}")
+    run.files("starting-0", "starting-1")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait(50) == PREEMPTED_EXIT_CODE, run.output()  # well before the 60 s grace
+    output = run.output()
+    assert output.count("received before the Session started: nothing to save") == 2, output
+    assert "every worker stopped cleanly" in output
+    assert_none_survive(run.marker)
+
+
+@pytest.mark.slow
+def test_saved_workers_that_tear_down_past_grace_are_a_clean_stop(start_run) -> None:
+    run = start_run("--cpu", "--nproc", "2", "--grace", "3", str(SCRIPTS / "slow_teardown.py"), "{out}", "120")
+    run.files("pid-0", "pid-1")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait(60) == PREEMPTED_EXIT_CODE, run.output()
+    output = run.output()
+    assert "every worker finished its stop (2 still tearing down after --grace 3 s were killed then)" in output
+    assert [(run.out / f"stopped-{r}").exists() for r in (0, 1)] == [True, True]
+    assert len(list((run.out / "ckpt").glob("step_*"))) == 1
+    assert_none_survive(run.marker)
