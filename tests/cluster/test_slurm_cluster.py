@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
-from launch_helpers import assert_none_survive, poll
+from launch_helpers import assert_none_survive, catches, poll, processes_with_marker
 from slurm_helpers import SRC, TRAIN, SlurmCluster
 
 # The first test's set-up may install the slurm packages (apt-get) before the cluster starts.
@@ -113,30 +115,75 @@ def _restarts(cluster: SlurmCluster, job_id: str) -> int:
     return int(shown.split("Restarts=")[1].split()[0]) if "Restarts=" in shown else -1
 
 
+def _requeued_then_finished(job: Job) -> str:
+    """Wait for the job's requeue (Restarts=1, PENDING), start it at once, wait for it to end;
+    returns the job's output."""
+    cluster, job_id = job.cluster, job.job_id
+    poll(lambda: _restarts(cluster, job_id) == 1 and cluster.state(job_id) == "PENDING"
+         or (cluster.state(job_id) in ("", "FAILED", "COMPLETED") and _restarts(cluster, job_id) == 0), 180,
+         "the job to be requeued")
+    assert _restarts(cluster, job_id) == 1, f"not requeued ({cluster.state(job_id)}):\n{job.log.read_text()}"
+    # SLURM keeps a requeued job from starting for ~2 minutes; the test need not wait for that
+    cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    cluster.wait_gone(job_id, 240)
+    output = job.log.read_text()
+    assert f"SLURM job {job_id} requeued (requeue 1 of at most 10)" in output, output
+    assert "requeued 1x" in output  # the second attempt saw SLURM_RESTART_COUNT
+    return output
+
+
 def test_preempted_job_saves_requeues_and_resumes_to_the_same_weights(
     slurm_cluster: SlurmCluster, reference: dict, tmp_path: Path
 ) -> None:
     ckpt = tmp_path / "ckpt"
     job = _sbatch_gpukit_run(slurm_cluster, tmp_path, 1, "--ckpt", str(ckpt), "--hold-at", "2",
                              options=("--requeue",))
-    cluster, out, job_id = job.cluster, job.out, job.job_id
+    out = job.out
     job.wait_held()
-    cluster.run("scancel", "--signal=USR2", "--batch", job_id)  # what --signal=B:USR2@90 sends
-    poll(lambda: _restarts(cluster, job_id) == 1 and cluster.state(job_id) == "PENDING", 180,
-         "the job to be requeued")
-    # SLURM keeps a requeued job from starting for ~2 minutes; the test need not wait for that
-    cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-    cluster.wait_gone(job_id, 240)
-
-    output = job.log.read_text()
+    job.cluster.run("scancel", "--signal=USR2", "--batch", job.job_id)  # what --signal=B:USR2@90 sends
+    output = _requeued_then_finished(job)
     assert output.count("SIGUSR2 received, stopping at the next step boundary") == 2, output
-    assert f"SLURM job {job_id} requeued (requeue 1 of at most 10)" in output
+    assert "waiting for the other 1 node(s) to report their stop before requeuing" in output
     assert [int((out / f"stopped-rank-{r}").read_text()) for r in (0, 1)] == [2, 2]  # saved at the next step
     assert (ckpt / "step_00000002").is_dir()
     resumed = [json.loads((out / f"rank-{r}-attempt-1").read_text()) for r in (0, 1)]
     assert [r["start_step"] for r in resumed] == [2, 2]
-    assert "requeued 1x" in output  # the second attempt saw SLURM_RESTART_COUNT
     result = json.loads((out / "result.json").read_text())
     assert result["world"] == 2
     _same_weights(result, reference)
+    assert_none_survive(job.marker)
+
+
+def _launchers(marker: str) -> list[int]:
+    found = []
+    for proc in processes_with_marker(marker):
+        try:
+            cmdline = proc.cmdline()
+        except psutil.Error:
+            continue
+        if cmdline[1:4] == ["-m", "gpukit", "run"]:  # python -m gpukit run (not srun, not workers)
+            found.append(proc.pid)
+    return found
+
+
+@pytest.mark.parametrize("moment", ["launcher-starting", "workers-starting"])
+def test_preempted_while_starting_requeues_and_trains_from_scratch(
+    slurm_cluster: SlurmCluster, reference: dict, tmp_path: Path, moment: str
+) -> None:
+    """The signal before anything could be saved: still requeued (the job restarts from scratch)."""
+    ckpt = tmp_path / "ckpt"
+    hold = ("--hold-start",) if moment == "workers-starting" else ()
+    job = _sbatch_gpukit_run(slurm_cluster, tmp_path, 1, "--ckpt", str(ckpt), *hold, options=("--requeue",))
+    if moment == "launcher-starting":  # both nodes' gpukit run hold the signal, still importing
+        poll(lambda: len(pids := _launchers(job.marker)) == 2 and all(catches(p, signal.SIGUSR2) for p in pids),
+             120, "both launchers to start")
+    else:  # both workers wait before their Session exists
+        poll(lambda: all((job.out / f"starting-{r}").exists() for r in (0, 1)), 240, "the workers to start")
+    job.cluster.run("scancel", "--signal=USR2", "--batch", job.job_id)
+    output = _requeued_then_finished(job)
+    if moment == "workers-starting":
+        assert output.count("Session started: nothing to save") == 2, output
+    resumed = [json.loads((job.out / f"rank-{r}-attempt-1").read_text()) for r in (0, 1)]
+    assert [r["start_step"] for r in resumed] == [0, 0]
+    _same_weights(json.loads((job.out / "result.json").read_text()), reference)
     assert_none_survive(job.marker)

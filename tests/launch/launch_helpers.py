@@ -45,6 +45,17 @@ def processes_with_marker(marker: str) -> list[psutil.Process]:
     return found
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (SigCgt in /proc/PID/status): the
+    moment a signal stops meaning death to it."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), 0)
+    return bool(mask >> (signum - 1) & 1)
+
+
 def assert_none_survive(marker: str, timeout_s: float = 15.0) -> None:
     """Zero processes of the run left, polled with a deadline."""
     deadline = time.monotonic() + timeout_s

@@ -1,12 +1,13 @@
-"""A scheduler's warning signal that arrives while ``gpukit run`` is still starting.
+"""A stop signal that arrives while ``gpukit run`` is still starting.
 
-SIGUSR1/SIGUSR2 kill a process whose handler is not installed yet (their default action),
-and ``gpukit run`` spends its first second importing click, torch and torch.distributed:
-SLURM's ``--signal=B:USR2`` sent then used to kill the launcher with exit 140 and the job
-left the queue. :func:`hold_warning_signals` (called first thing by the CLI entry point, with
-nothing but the standard library imported) records such a signal instead;
-the launcher acts on it (:func:`received`) once it can: stop before any worker starts and
-requeue. Standard library only, so that installing it costs nothing.
+SIGUSR1/SIGUSR2/SIGTERM kill a process whose handler is not installed yet (their default
+action), and ``gpukit run`` spends its first seconds (on a busy machine: 15) importing click,
+torch and torch.distributed: SLURM's ``--signal=B:USR2`` sent then used to kill the launcher
+with exit 140 and the job left the queue. :func:`hold_warning_signals` (called first thing by
+the CLI entry point, with nothing but the standard library imported) records such a signal
+instead; the launcher acts on it (:func:`received`) once it can: it stops before any worker
+starts, exits 75 and, for the preemption signal, requeues. A second SIGTERM still kills at once.
+Standard library only, so that installing it costs nothing.
 """
 
 from __future__ import annotations
@@ -18,23 +19,27 @@ from types import FrameType
 
 __all__ = ["hold_warning_signals", "received", "forget"]
 
-_WARNINGS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2") if hasattr(signal, name))
+_HELD = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2", "SIGTERM") if hasattr(signal, name))
 _received: list[int] = []
 
 
 def _record(signum: int, frame: FrameType | None) -> None:
+    if signum == signal.SIGTERM and signum in _received:  # asked twice: stop now, as by default
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     if not _received:
-        _received.append(signum)
         os.write(2, f"gpukit: {signal.Signals(signum).name} received while starting; the run will stop "
                     "before any worker starts\n".encode())
+    _received.append(signum)
 
 
 def hold_warning_signals() -> bool:
-    """Record SIGUSR1/SIGUSR2 instead of dying of them, until the launcher installs its own
-    handlers. Returns whether installed (only the main thread can)."""
+    """Record SIGUSR1/SIGUSR2/SIGTERM instead of dying of them, until the launcher installs its
+    own handlers. Returns whether installed (only the main thread can)."""
     if threading.current_thread() is not threading.main_thread():
         return False
-    for signum in _WARNINGS:
+    for signum in _HELD:
         if signal.getsignal(signum) in (signal.SIG_DFL, None):  # keep a handler someone chose
             signal.signal(signum, _record)
     return True

@@ -31,7 +31,7 @@ from gpukit.launch._orphans import LAUNCHER_PID_ENV
 from gpukit.launch._preemption import PREEMPT_SIGNAL_ENV, parse_preempt_signal
 from gpukit.launch._preemption import preempt_signal as default_preempt_signal
 from gpukit.launch._requeue import max_requeues_from_env, requeue_after_preemption
-from gpukit.launch._signals import RunInterruptedError, StopSignal, preempt_signal_raises
+from gpukit.launch._signals import RunInterruptedError, StopSignal, startup_stop_signals
 
 __all__ = ["launch_function", "launch_script", "GRACE_ENV", "RUN_ID_ENV", "MAX_NPROC_ENV", "DEFAULT_GRACE_S"]
 
@@ -300,9 +300,9 @@ def launch_script(
     if gpus is None and nproc is None and not cpu:
         gpus = scheduler_gpu_count(cluster)  # every GPU SLURM gave this node, and no other
     try:
-        # the preemption warning stops (and requeues) a launcher that is still starting or
-        # waiting for GPUs, instead of killing it (its default action)
-        with preempt_signal_raises(preempt):
+        # the preemption warning (and SIGTERM) stop a launcher that is still starting or waiting
+        # for GPUs cleanly -- exit 75, and a requeue for the warning -- instead of killing it
+        with startup_stop_signals(preempt):
             _launch_script_workers(target, script_args, module=module, nproc=nproc, cpu=cpu, gpus=gpus,
                                    max_restarts=max_restarts, grace_s=grace_s, topology=topology,
                                    min_free_memory=min_free_memory, max_utilization=max_utilization,

@@ -266,8 +266,8 @@ def _on_startup_signal(signum: int, frame: FrameType | None) -> None:
     name = signal.Signals(signum).name
     rank = os.environ.get("RANK")
     write_marker(os.environ.get(RUN_DIR_ENV), int(rank or 0), name, BEFORE_START)
-    who = f"rank {rank}: " if rank else ""
-    os.write(2, f"gpukit: {who}{name} received before the Session started: nothing to save, stopping\n".encode())
+    whose = f"rank {rank}'s" if rank else "the"  # not "gpukit: rank N": that starts a failure summary
+    os.write(2, f"gpukit: {name} received before {whose} Session started: nothing to save, stopping\n".encode())
     _flush_stdio()
     os._exit(0)  # mid-import: skip the interpreter's teardown of half-imported modules
 

@@ -22,7 +22,7 @@ from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
 __all__ = [
     "STOP_SIGNALS",
     "StopSignal",
-    "preempt_signal_raises",
+    "startup_stop_signals",
     "RunInterruptedError",
     "launcher_signals",
     "escalate_on_signal",
@@ -127,28 +127,35 @@ def launcher_signals(preempt: int | None = None) -> Iterator[None]:
 
 
 @contextmanager
-def preempt_signal_raises(preempt: int) -> Iterator[None]:
-    """``preempt`` raises :class:`StopSignal` inside the block -- also when it arrived earlier,
-    while ``gpukit run`` was still starting (``gpukit._util.startup_signals``) -- so that a
-    launcher still choosing GPUs or waiting for them stops (and requeues) instead of dying.
-
-    Ctrl-C and SIGTERM keep their meaning here (no worker runs yet). Main thread only.
+def startup_stop_signals(preempt: int) -> Iterator[None]:
+    """``preempt`` and SIGTERM raise :class:`StopSignal` inside the block -- also when they
+    arrived earlier, while ``gpukit run`` was still importing (``gpukit._util.startup_signals``)
+    -- so that a launcher still starting, choosing GPUs or waiting for them stops cleanly (and,
+    for ``preempt``, requeues) instead of dying. Ctrl-C keeps its meaning. Main thread only.
     """
     from gpukit._util import startup_signals
 
     if not _in_main_thread():
         yield
         return
-    saved = signal.getsignal(preempt)
-    signal.signal(preempt, _raise_stop)
-    try:
+    with _signals_raise({int(preempt), int(signal.SIGTERM)}):
         early = startup_signals.received()
         startup_signals.forget()
         if early is not None:
             raise StopSignal(early)
         yield
+
+
+@contextmanager
+def _signals_raise(signums: set[int]) -> Iterator[None]:
+    saved = {signum: signal.getsignal(signum) for signum in signums}
+    try:
+        for signum in signums:
+            signal.signal(signum, _raise_stop)
+        yield
     finally:
-        signal.signal(preempt, saved if saved is not None else signal.SIG_DFL)
+        for signum, previous in saved.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
 
 
 def _ignore(signum: int, frame: FrameType | None) -> None:

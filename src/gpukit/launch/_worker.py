@@ -12,7 +12,9 @@ name the rank and its error. :func:`run_function` is the same for function worke
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
+import re
 import runpy
 import signal
 import sys
@@ -47,6 +49,28 @@ def record_exception(exc: BaseException) -> None:
         pass
 
 
+_IMPORTS_GPUKIT = re.compile(rb"^(import[ \t]+gpukit|from[ \t]+gpukit[. \t])", re.MULTILINE)  # top level
+_SCAN_LIMIT_BYTES = 4 << 20
+
+
+def _imports_gpukit(argv: Sequence[str]) -> bool:
+    """Whether the script (or ``-m`` module) imports gpukit: it will make a Session, so a stop
+    before that is a clean one. A script without gpukit keeps the signals' default action: the
+    launcher cannot tell what stopping it would lose."""
+    try:
+        if argv[0] == "-m":
+            spec = importlib.util.find_spec(argv[1]) if len(argv) > 1 else None
+            path = spec.origin if spec is not None else None
+        else:
+            path = argv[0]
+        if not path or not os.path.isfile(path):
+            return False
+        with open(path, "rb") as file:
+            return bool(_IMPORTS_GPUKIT.search(file.read(_SCAN_LIMIT_BYTES)))
+    except (OSError, ImportError, ValueError):
+        return False
+
+
 def _run_target(argv: Sequence[str]) -> None:
     if argv[0] == "-m":
         if len(argv) < 2:
@@ -68,8 +92,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     if not argv:
         raise SystemExit(_USAGE)
     die_with_launcher()
-    # a stop before the script's Session exists ends this worker at once, as a clean stop
-    install_startup_stop((signal.SIGTERM, signal.SIGINT, preempt_signal()))
+    if _imports_gpukit(argv):  # a stop before its Session exists ends it at once, as a clean stop
+        install_startup_stop((signal.SIGTERM, signal.SIGINT, preempt_signal()))
     try:
         _run_target(argv)
     except SystemExit as exc:

@@ -1,12 +1,13 @@
 """The SLURM tests' job: DDP with a Session, resumable, stopping cleanly when asked.
 
-    python train.py OUT [--ckpt DIR] [--hold-at STEP]
+    python train.py OUT [--ckpt DIR] [--hold-at STEP] [--hold-start]
 
 Trains a small regression model for a fixed number of steps over a fixed global batch
 (split over however many processes run it), and rank 0 writes ``OUT/result.json`` with the
 final weights. ``--hold-at STEP`` (first attempt of the job only): after STEP, write
 ``OUT/held`` and wait until the Session says stop -- the test then signals the job, so the
-signal always arrives at a known step.
+signal always arrives at a known step. ``--hold-start`` (first attempt only): before the Session
+exists, write ``OUT/starting-RANK`` and wait -- a worker still starting when the stop comes.
 """
 
 from __future__ import annotations
@@ -33,8 +34,15 @@ parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("--ckpt")
 parser.add_argument("--hold-at", type=int)
+parser.add_argument("--hold-start", action="store_true")
 args = parser.parse_args()
 out = Path(args.out)
+if args.hold_start and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+    (out / f"starting-{os.environ['RANK']}").write_text(str(os.getpid()))
+    deadline = time.monotonic() + HOLD_TIMEOUT_S
+    while time.monotonic() < deadline:  # the stop ends this process: there is nothing to save yet
+        time.sleep(0.05)
+    sys.exit(f"no stop within {HOLD_TIMEOUT_S} s")
 
 session = gpukit.Session(accelerator="cpu", seed=0)
 model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))

@@ -1,5 +1,5 @@
-"""A worker still starting when the stop comes: writes OUT/starting-RANK, then (before any Session
-exists, as a worker importing torch for 20 s would be) waits until it is stopped.
+"""A gpukit script still starting when the stop comes: writes OUT/starting-RANK, then (before any
+Session exists, as a worker importing torch for 20 s would be) waits until it is stopped.
 
     slow_start.py OUT
 """
@@ -8,6 +8,8 @@ import os
 import pathlib
 import sys
 import time
+
+import gpukit  # noqa: F401 - a Session script (its Session would come after the slow start)
 
 out = pathlib.Path(sys.argv[1])
 rank = os.environ["RANK"]
