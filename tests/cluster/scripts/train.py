@@ -1,6 +1,6 @@
 """The SLURM tests' job: DDP with a Session, resumable, stopping cleanly when asked.
 
-    python train.py OUT [--ckpt DIR] [--hold-at STEP] [--hold-start]
+    python train.py OUT [--ckpt DIR] [--hold-at STEP] [--hold-start] [--step-s SECONDS]
 
 Trains a small regression model for a fixed number of steps over a fixed global batch
 (split over however many processes run it), and rank 0 writes ``OUT/result.json`` with the
@@ -8,6 +8,7 @@ final weights. ``--hold-at STEP`` (first attempt of the job only): after STEP, w
 ``OUT/held`` and wait until the Session says stop -- the test then signals the job, so the
 signal always arrives at a known step. ``--hold-start`` (first attempt only): before the Session
 exists, write ``OUT/starting-RANK`` and wait -- a worker still starting when the stop comes.
+``--step-s``: each step takes at least this long (bench/preemption.py: stops land mid-training).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ parser.add_argument("out")
 parser.add_argument("--ckpt")
 parser.add_argument("--hold-at", type=int)
 parser.add_argument("--hold-start", action="store_true")
+parser.add_argument("--step-s", type=float, default=0.0)
 args = parser.parse_args()
 out = Path(args.out)
 if args.hold_start and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
@@ -63,6 +65,7 @@ for xb, yb in loader:
     session.backward(loss)
     session.step(optimizer)
     step += 1
+    time.sleep(args.step_s)  # a longer step, as real training has (0: none)
     if args.hold_at == step and cluster.restart_count == 0:
         if session.is_main:
             (out / "held").write_text(str(step))
