@@ -108,6 +108,11 @@ def _gpu_request(text: str | None, cpu: bool) -> Any:
 
     if text is None:
         return None
+    numbers = [item.strip() for item in text.split(",") if item.strip().isdigit()]
+    if any(len(n) > 9 or not n.isascii() for n in numbers):  # int() of 5,000 digits raises; '²' is a digit
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise ConfigurationError(f"--gpus {shown!r}: a GPU count or index is a whole number of at most 9 digits "
+                                 "(--gpus 2, --gpus 1,3, or --gpus all).")
     request = parse_gpu_request(text)
     if request == 0:
         raise ConfigurationError(f"--gpus {text!r}: ask for at least 1 GPU (--gpus 1), or leave --gpus out and "

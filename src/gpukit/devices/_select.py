@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -81,12 +82,13 @@ def make_criteria(
         exclude = [exclude]
     excluded: list[int | str] = []
     for item in exclude:
-        if isinstance(item, str) and item.strip().isdigit():
+        if isinstance(item, str) and re.fullmatch(r"[0-9]{1,9}", item.strip()):  # ASCII: '²'.isdigit() too
             item = int(item.strip())
         if isinstance(item, bool) or not (isinstance(item, int) and item >= 0
                                           or isinstance(item, str) and item.startswith(("GPU-", "MIG-"))):
+            shown = item if not isinstance(item, str) or len(item) <= 60 else item[:60] + "..."
             raise ConfigurationError(
-                f"Cannot exclude {item!r}: give a GPU index as nvidia-smi shows it (0, 1, ...) "
+                f"Cannot exclude {shown!r}: give a GPU index as nvidia-smi shows it (0, 1, ...) "
                 f"or a UUID or UUID prefix starting with 'GPU-' or 'MIG-'.")
         excluded.append(item)
     env = os.environ if env is None else env
