@@ -25,13 +25,14 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 from gpukit._util.timeouts import collective_timeout_s
 from gpukit.errors import LaunchError
 from gpukit.launch._heartbeat import Stall, StallMonitor, stall_threshold_s
+from gpukit.launch._notebook import frozen_heap
 from gpukit.launch._orphans import Guardian
 from gpukit.launch._preemption import PREEMPTED_EXIT_CODE, RUN_DIR_ENV, stop_markers
 from gpukit.launch._signals import (
@@ -214,6 +215,7 @@ def _make_agent_class() -> type:
         def __init__(self, spec: Any, logs_specs: Any, grace_s: float, preempt_signal: int | None,
                      start_method: str = "spawn") -> None:
             super().__init__(spec, logs_specs=logs_specs, start_method=start_method)
+            self.start_method = start_method
             self.grace_s = grace_s
             self.preempt_signal = preempt_signal
             self.attempts = 0
@@ -222,7 +224,8 @@ def _make_agent_class() -> type:
             self.guardian = Guardian()
 
         def _start_workers(self, worker_group: Any) -> dict[int, Any]:
-            pids = super()._start_workers(worker_group)
+            with frozen_heap() if self.start_method == "fork" else nullcontext():
+                pids = super()._start_workers(worker_group)
             self.guardian.watch(pids.values())  # their process groups die even if we are SIGKILLed
             self.attempts += 1
             self.exit_codes, self.failed_before_stop = {}, None

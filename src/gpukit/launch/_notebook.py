@@ -14,16 +14,18 @@ to use GPUs (a forked child cannot use its parent's CUDA context).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["is_interactive", "is_kernel", "needs_fork", "check_fork", "run_forked_function", "FORK"]
+__all__ = ["is_interactive", "is_kernel", "needs_fork", "check_fork", "frozen_heap", "run_forked_function", "FORK"]
 
 FORK = "fork"
 
@@ -104,6 +106,30 @@ def check_fork(what: str, *, uses_gpus: bool) -> None:
             ".to('cuda'), torch.cuda.*, a model or Session on a GPU), and forked workers cannot use CUDA then. "
             "Restart the kernel and call launch before any GPU work (create models and tensors inside the "
             "function), or put the function in a .py file and import it (workers are then started fresh).")
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Around the fork: what the workers inherit is never garbage-collected in them.
+
+    The kernel's heap holds the remains of earlier launches (rendezvous stores, process
+    contexts) in reference cycles. Collected in a forked worker, such an object's C++
+    destructor joins threads that exist only in the parent: a segfault (seen on the second
+    launch from one process). So the parent collects first, and freezes the rest (``gc.freeze``)
+    while it forks; workers only ever collect what they create themselves.
+
+    It also imports ``torch._dynamo`` here first when torch is loaded: every optimizer's
+    constructor imports it, which took each forked worker 10 s of a 12 s launch on a busy
+    2-core machine; imported once in the parent, the workers inherit it.
+    """
+    if "torch" in sys.modules:
+        import torch._dynamo  # noqa: F401
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _reset_inherited_signals() -> None:
