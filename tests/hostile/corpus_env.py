@@ -7,7 +7,8 @@ Readers:
   expected status and names the variable, and no check crashed ("the check itself failed");
 * ``doctor (CLI)`` -- ``gpukit doctor`` where the right answer is a usage error (exit 2);
 * ``run``, ``select``, ``ls``, ``plan`` -- the CLI; the right answer is one ``gpukit: error:`` line;
-* ``cluster.environment`` -- the detector the Session and ``gpukit run`` use (library call).
+* ``cluster.environment`` -- the detector the Session and ``gpukit run`` use (library call);
+* ``Session`` -- ``gpukit.Session(devices="cpu")`` in a hostile job environment (library call).
 
 Node lists and task counts that would expand to billions of entries must be refused before
 anything is expanded; a FIFO must never be opened for reading (that waits for a writer forever).
@@ -121,6 +122,11 @@ def _detect(env: dict[str, str]) -> Callable[[Path], Run]:
     return lambda tmp: Run("cluster.environment", code=code, env=env, timeout_s=20, check=_refused)
 
 
+def _session(env: dict[str, str]) -> Callable[[Path], Run]:
+    code = "import gpukit\nsession = gpukit.Session(devices='cpu')\n"
+    return lambda tmp: Run("Session", code=code, env=env, timeout_s=60, check=_refused)
+
+
 PROBES: dict[str, Callable[[Path], Run]] = {
     # -- gpukit doctor: every variable judged by a finding that names it --------------------------
     "doctor_nodelist_range_1e9": _doctor({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": HUGE_RANGE},
@@ -184,4 +190,8 @@ PROBES: dict[str, Callable[[Path], Run]] = {
     "detect_tasks_per_node_1e11": _detect({**STEP, "SLURM_STEP_TASKS_PER_NODE": TASKS}),
     "detect_master_addr_dot": _detect({**STEP, "MASTER_ADDR": "."}),
     "detect_world_size_5000_digits": _detect({"RANK": "0", "WORLD_SIZE": "9" * 5000, "LOCAL_RANK": "0"}),
+    "session_slurm_nodelist_product_4e9": _session({**STEP, "SLURM_JOB_NODELIST": PRODUCT}),
+    "session_torchrun_master_port_400_digits": _session({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                                                         "TORCHELASTIC_RUN_ID": "probe", "MASTER_ADDR": "localhost",
+                                                         "MASTER_PORT": "9" * 400}),
 }
