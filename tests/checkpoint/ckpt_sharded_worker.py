@@ -3,7 +3,8 @@
     gpukit run --cpu --nproc W ckpt_sharded_worker.py CKPT OUT [--save 2,4] [--kill-after 5]
         train to STEPS under Session(strategy="fsdp"), resuming from CKPT's latest checkpoint
         when there is one; save at the listed steps; rank 0 SIGKILLs itself after --kill-after;
-        at the end rank 0 writes OUT (the full parameters and where it resumed from).
+        at the end rank 0 writes OUT (the full parameters and where it resumed from);
+        --wider builds a wider model (resuming a checkpoint of the normal one must fail).
     RANK=r WORLD_SIZE=2 ... python ckpt_sharded_worker.py CKPT OUT --faults
         (plain processes, no launcher to kill the survivors) save step 1; then a save where
         rank 1's disk is full; then a save during which rank 1 is SIGKILLed. Rank 0 writes
@@ -73,6 +74,8 @@ def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def train(args: argparse.Namespace) -> None:
+    global WIDTH
+    WIDTH += 4 if args.wider else 0  # another architecture: resuming must refuse it
     session = gpukit.Session(strategy="fsdp", verbose=False)
     model, optimizer, scheduler = build(session)
     start = session.resume(args.ckpt, model=model, optimizer=optimizer, scheduler=scheduler) or 0
@@ -131,5 +134,6 @@ if __name__ == "__main__":
     parser.add_argument("--save", type=lambda s: {int(v) for v in s.split(",") if v}, default=set())
     parser.add_argument("--kill-after", type=int, default=-1)
     parser.add_argument("--faults", action="store_true")
+    parser.add_argument("--wider", action="store_true")
     parsed = parser.parse_args()
     sys.exit(faults(parsed) if parsed.faults else train(parsed))

@@ -158,6 +158,18 @@ def test_inspect_understands_sharded_checkpoints(runs: dict[str, dict]) -> None:
         convert_checkpoint(tmp / "full", tmp / "x.safetensors", select="nope")
 
 
+def test_resume_into_another_model_is_one_grouped_error(runs: dict[str, dict]) -> None:
+    tmp = runs["dirs"]["tmp"]
+    cmd = [sys.executable, "-m", "gpukit", "run", "--cpu", "--nproc", "2", str(WORKER), str(tmp / "full"),
+           str(tmp / "never-wider.pt"), "--wider"]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0 and not (tmp / "never-wider.pt").exists()
+    assert "CheckpointException" not in proc.stderr and "torch/distributed" not in proc.stderr, proc.stderr
+    assert "Shape mismatch (state dict vs model):" in proc.stderr and "[12, 6] vs [16, 6]" in proc.stderr
+    assert "rank 0's error lists the differences" in proc.stderr  # rank 1 points to it instead of repeating it
+    assert proc.stderr.count("Shape mismatch") <= 2  # rank 0's own traceback and the launcher's summary
+
+
 @pytest.mark.requires_gpus(2)
 def test_sharded_resume_on_two_gpus_with_nccl(tmp_path: Path) -> None:
     def run(*args: str, expect_kill: bool = False) -> None:

@@ -11,13 +11,13 @@ import datetime
 import json
 import math
 import os
-import stat
 import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
+from gpukit.checkpoint._untrusted import regular_file_size
 from gpukit.errors import CheckpointError, ConfigurationError
 
 __all__ = [
@@ -84,7 +84,11 @@ def format_for_save(path: Path, format: str | None) -> str:
 
 
 def check_readable_file(path: Path) -> int:
-    """Size of ``path``, or a CheckpointError saying why it cannot be a checkpoint file."""
+    """Size of ``path``, or a CheckpointError saying why it cannot be a checkpoint file.
+
+    Only regular files pass (see ``_untrusted``): a FIFO, a device, a symlink loop or a dangling
+    symlink is refused before anything opens it for reading.
+    """
     if path.is_dir():
         if (path / MARKER_NAME).exists():
             raise CheckpointError(
@@ -92,17 +96,18 @@ def check_readable_file(path: Path) -> int:
                 f"CheckpointManager({str(path.parent)!r}).resume(...), or load {path / 'state.pt'}."
             )
         raise CheckpointError(f"{path} is a directory, not a checkpoint file. Give the path of the file.")
+    if path.suffix == ".distcp" or path.name == ".metadata":
+        raise CheckpointError(
+            f"{path} is one file of a sharded checkpoint (torch.distributed.checkpoint), not a checkpoint by "
+            f"itself. Give its step directory instead: gpukit ckpt inspect {path.parent} (or convert it, or "
+            "resume it with CheckpointManager)."
+        )
+    if not os.path.lexists(path):
+        raise CheckpointError(f"No checkpoint at {path}: the file does not exist.")
+    size = regular_file_size(path)
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):  # before open(): opening a FIFO blocks until a writer comes
-            kind = "a FIFO (named pipe)" if stat.S_ISFIFO(info.st_mode) else "a socket or device"
-            raise CheckpointError(f"{path} is {kind}, not a regular file: checkpoints are read from files. "
-                                  "Copy the data into a file first.")
         with open(path, "rb"):
             pass
-        size = info.st_size
-    except FileNotFoundError:
-        raise CheckpointError(f"No checkpoint at {path}: the file does not exist.") from None
     except PermissionError as exc:
         raise CheckpointError(
             f"Permission denied reading {path} ({exc.strerror}). Check the file's owner and mode."
@@ -209,6 +214,7 @@ def read_safetensors_header(path: Path, size: int) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise damaged(f"its header is a JSON {type(header).__name__}, not an object")
     data_bytes = size - 8 - header_bytes
+    ranges: list[tuple[int, int, str]] = []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
@@ -224,4 +230,19 @@ def read_safetensors_header(path: Path, size: int) -> dict[str, Any]:
         if not begin <= end <= data_bytes or end - begin != declared:
             raise damaged(f"tensor {name!r} ({dtype} {shape}) declares {declared:,} bytes at offsets "
                           f"{begin}..{end}, but the file holds {data_bytes:,} bytes of tensor data")
+        ranges.append((begin, end, name))
+    _check_tiling(sorted(ranges), data_bytes, damaged)
     return header
+
+
+def _check_tiling(ranges: list[tuple[int, int, str]], data_bytes: int, damaged: Any) -> None:
+    """Tensor byte ranges must follow each other without overlap or gap, as safetensors requires."""
+    position, previous = 0, None
+    for begin, end, name in ranges:
+        if begin < position:
+            raise damaged(f"tensors {previous!r} and {name!r} overlap (bytes {begin}..{position} belong to both)")
+        if begin > position:
+            raise damaged(f"bytes {position}..{begin} of the tensor data belong to no tensor (before {name!r})")
+        position, previous = end, name
+    if position != data_bytes:
+        raise damaged(f"the tensors cover {position:,} of the {data_bytes:,} bytes of tensor data")

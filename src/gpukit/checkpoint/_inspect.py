@@ -33,6 +33,7 @@ from gpukit.checkpoint._keys import format_indices
 from gpukit.checkpoint._manager import SHARED_FILE, CheckpointManager, rank_file_name
 from gpukit.checkpoint._merge import describe_sharded, merge_sharded
 from gpukit.checkpoint._prefixes import detect_prefixes, strip_wrapper_prefixes
+from gpukit.checkpoint._resume_checks import check_step_files, read_marker
 from gpukit.checkpoint._sharded import is_sharded_checkpoint, sharded_names
 from gpukit.errors import CheckpointError, ConfigurationError, UnsafeCheckpointError
 
@@ -109,7 +110,8 @@ def _pickled_globals(path: Path, fmt: str) -> list[str]:
             name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
             streams = [io.BytesIO(archive.read(name))]
     else:
-        streams = [io.BytesIO(path.read_bytes()[: 64 * 1024 * 1024])]
+        with open(path, "rb") as handle:  # a regular file (checked before): bounded read
+            streams = [io.BytesIO(handle.read(64 * 1024 * 1024))]
     found: list[str] = []
     strings: list[str] = []
     for stream in streams:
@@ -186,22 +188,28 @@ def _inspect_file(path: Path) -> tuple[dict[str, Any], Any]:
     return info, state
 
 
-def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+def inspect_checkpoint(path: str | os.PathLike[str], *, trust: bool = False) -> dict[str, Any]:
     """A JSON-ready description of a checkpoint file or a CheckpointManager directory.
+
+    Args:
+        path: a checkpoint file, a step directory, or the directory holding the steps.
+        trust: unpickle a sharded step's index (``.metadata``) freely instead of through the
+            restricted unpickler (only for checkpoints you trust). Files are never unpickled.
 
     Raises:
         CheckpointError: the path is missing, unreadable or not a checkpoint.
+        UnsafeCheckpointError: a shard index pickles anything but DCP metadata.
     """
     target = Path(path)
     if not target.is_dir():
         return _inspect_file(target)[0]
-    step_dir = target if (target / MARKER_NAME).exists() else CheckpointManager(target).latest()
+    step_dir = target if os.path.lexists(target / MARKER_NAME) else CheckpointManager(target).latest()
     if step_dir is None:
         raise CheckpointError(f"{target} is a directory without a complete gpukit checkpoint; give a file path.")
-    marker = CheckpointManager._read_marker(step_dir)
+    marker, problem = read_marker(step_dir)
     if marker is None:
-        raise CheckpointError(f"{step_dir} is an incomplete checkpoint (its {MARKER_NAME} is missing or wrong).")
-    missing = [name for name in (SHARED_FILE, rank_file_name(0)) if not (step_dir / name).is_file()]
+        raise CheckpointError(f"{step_dir} is an incomplete or damaged checkpoint: {problem}.")
+    missing = [name for name in (SHARED_FILE, rank_file_name(0)) if name not in marker["files"]]
     if missing:
         raise CheckpointError(
             f"{step_dir} is an incomplete checkpoint: {' and '.join(missing)} missing (a step directory holds "
@@ -209,20 +217,35 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             "the whole directory again."
         )
     info, shared = _inspect_file(step_dir / SHARED_FILE)
-    rank0 = load(step_dir / "rank_00000.pt", map_location="cpu")
-    info.update(path=str(step_dir), format="gpukit-checkpoint-directory",
-                size_bytes=sum(int(s) for s in marker["files"].values()))
+    size_bytes = sum(int(s) for s in marker["files"].values())
+    if info.get("unsafe"):  # state.pt needs full unpickling: report that, load nothing
+        info.update(path=str(step_dir), format="gpukit-checkpoint-directory", size_bytes=size_bytes)
+        return info
+    rank0 = load(step_dir / rank_file_name(0), map_location="cpu")
+    check_step_files(step_dir, shared, rank0)
+    info.update(path=str(step_dir), format="gpukit-checkpoint-directory", size_bytes=size_bytes)
     info["checkpoint"] = {"step": marker["step"], "world_size": marker["world_size"], "files": marker["files"],
                           "extra": shared["gpukit"].get("extra", {})}
     contents = {name: _describe(value) for name, value in shared["objects"].items()}
     contents.update({f"{name} (per rank)": _describe(v) for name, v in rank0["objects"].items()})
     contents["rng (per rank)"] = _describe(rank0["rng"])
     if is_sharded_checkpoint(step_dir):  # FSDP objects live in the DCP shards, not in state.pt
-        info["sharded"] = describe_sharded(step_dir, int(marker["world_size"]))
+        info["sharded"] = describe_sharded(step_dir, int(marker["world_size"]), trust)
         contents.update({f"{n} (sharded)": f"{o['kind']}, {o['tensors']} tensors, {o['numel']:,} elements"
                          for n, o in info["sharded"]["objects"].items()})
+        _count_sharded(info["tensors"], info["sharded"]["objects"])
     info["contents"] = contents
     return info
+
+
+def _count_sharded(tensors: dict[str, Any], objects: dict[str, dict[str, Any]]) -> None:
+    """Add the tensors of the shards (counted from the shard index) to ``tensors``."""
+    for entry in objects.values():
+        tensors["count"] += entry["tensors"]
+        tensors["numel"] += entry["numel"]
+        for dtype, count in entry["dtypes"].items():
+            tensors["dtypes"][dtype] = tensors["dtypes"].get(dtype, 0) + count
+        tensors["devices"]["sharded"] = tensors["devices"].get("sharded", 0) + entry["tensors"]
 
 
 def _map_tensors(obj: Any, fn: Any) -> Any:
@@ -285,14 +308,15 @@ def convert_checkpoint(
     src = Path(source)
     if dtype is not None and dtype not in DTYPES:
         raise ConfigurationError(f"Unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
-    if src.is_dir() and not (src / MARKER_NAME).exists():  # a CheckpointManager directory: its latest step
+    if src.is_dir() and not os.path.lexists(src / MARKER_NAME):  # a CheckpointManager directory: its latest step
         latest = CheckpointManager(src).latest()
         if latest is None:
             raise CheckpointError(f"{src} is a directory without a complete gpukit checkpoint; give a checkpoint "
                                   "file, a step_NNNNNNNN directory or the directory holding them.")
         src = latest
-    if src.is_dir() and is_sharded_checkpoint(src) and (not select or select.split(".")[0] in sharded_names(src)):
-        return merge_sharded(src, target, select=select, dtype=DTYPES[dtype] if dtype else None, format=format)
+    if src.is_dir() and is_sharded_checkpoint(src) and (not select or select.split(".")[0] in sharded_names(src, trust)):
+        return merge_sharded(src, target, select=select, dtype=DTYPES[dtype] if dtype else None, format=format,
+                             trust=trust)
     state: Any = load(src / SHARED_FILE if src.is_dir() else src, map_location="cpu" if to_cpu else "auto",
                       trust=trust)
     parts = select.split(".") if select else []
@@ -303,7 +327,7 @@ def convert_checkpoint(
         if not isinstance(state, dict) or part not in state:
             have = ", ".join(map(str, state)) if isinstance(state, dict) else type(state).__name__
             if src.is_dir() and is_sharded_checkpoint(src):
-                have += f"; sharded: {', '.join(sorted(sharded_names(src)))}"
+                have += f"; sharded: {', '.join(sorted(sharded_names(src, trust)))}"
             raise ConfigurationError(f"--select {select!r}: no key {part!r} here; available: {have}.")
         state = state[part]
     if strip_prefix:

@@ -96,8 +96,8 @@ def _safetensors() -> Any:
         import safetensors.torch as st
     except ImportError:
         raise CheckpointError(
-            "Reading or writing .safetensors files needs the safetensors package: "
-            "pip install 'gpukit[safetensors]' (or pip install safetensors)."
+            "Reading or writing .safetensors files needs the safetensors package, a dependency of gpukit "
+            "missing from this environment: pip install safetensors."
         ) from None
     return st
 
@@ -226,7 +226,9 @@ def _load_torch(path: Path, map_location: Any, trust: bool) -> Any:
             f"{path} is corrupted: its pickled data cannot be read ({_unpickler_detail(str(exc))}). "
             "Use an older checkpoint or copy the file again."
         ) from None
-    except (RuntimeError, EOFError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+    except Exception as exc:  # whatever a damaged file makes torch raise (IndexError, ...): say so plainly
+        if isinstance(exc, GpukitError):
+            raise
         if "deserialize object on" in str(exc):
             raise CheckpointError(
                 f"Cannot place the tensors of {path} with map_location={map_location!r}: "
@@ -296,13 +298,16 @@ def load(
     return _load_torch(source, map_location, trust)
 
 
-def load_lazy(path: str | os.PathLike[str]) -> LazyCheckpoint:
+def load_lazy(path: str | os.PathLike[str], *, trust: bool = False) -> LazyCheckpoint:
     """Open a checkpoint for restoring in place: tensors are read only when used, straight into
     the model's own tensors where they fit (see ``_lazy.py``). Same safety and errors as
-    :func:`load` with ``map_location="cpu"``; files it cannot open that way are read whole.
+    :func:`load` with ``map_location="cpu"``; files it cannot open that way are read whole
+    (``trust=True``: read whole with full unpickling, for files you trust).
     """
     source = Path(path)
     size = check_readable_file(source)
+    if trust:
+        return LazyCheckpoint(source, size, load(source, map_location="cpu", trust=True))
     lazy = open_lazy(source, size, lambda p: _load_torch(p, "meta", trust=False))
     if lazy is None:
         lazy = LazyCheckpoint(source, size, load(source, map_location="cpu"))

@@ -34,9 +34,22 @@ from gpukit.checkpoint._formats import MARKER_NAME, metadata_entry
 from gpukit.checkpoint._io import load, load_lazy, save, to_saveable
 from gpukit.checkpoint._lazy import LazyCheckpoint
 from gpukit.checkpoint._prefixes import match_state_dict
-from gpukit.checkpoint._resume_checks import check_world_size, read_marker, warn_damaged_newer
+from gpukit.checkpoint._resume_checks import (
+    check_step_files,
+    check_world_size,
+    read_marker,
+    warn_damaged_newer,
+    warn_unusable,
+)
 from gpukit.checkpoint._rng import capture_rng_state, restore_rng_state
-from gpukit.checkpoint._sharded import METADATA_FILE, restore_sharded, split_sharded, write_sharded
+from gpukit.checkpoint._sharded import (
+    METADATA_FILE,
+    is_sharded_checkpoint,
+    read_metadata,
+    restore_sharded,
+    split_sharded,
+    write_sharded,
+)
 from gpukit.errors import CheckpointError, ConfigurationError
 from gpukit.monitor._events import emit
 
@@ -120,7 +133,7 @@ class CheckpointManager:
             return []
         for entry in entries:
             match = _STEP_RE.match(entry.name)
-            if match and entry.is_dir():
+            if match:  # read_marker refuses what is no directory (a file, a symlink loop)
                 marker = self._read_marker(Path(entry.path))
                 if marker is not None and marker.get("step") == int(match.group(1)):
                     found.append((int(match.group(1)), Path(entry.path)))
@@ -269,45 +282,47 @@ class CheckpointManager:
         *,
         restore_rng: bool = True,
         strict: bool = True,
+        trust: bool = False,
         **objects: Any,
     ) -> int | None:
         """Restore ``objects`` (and the RNG states) from the latest complete checkpoint.
 
+        Every file is read as untrusted: regular files only, sizes bounded, ``weights_only``
+        unpickling, and the shard index of a sharded (FSDP) step through a restricted
+        unpickler. A newest step that fails any of that is passed over, with a warning naming
+        it, for the step before it (on every rank alike).
+
         Args:
-            path: a specific step directory; by default :meth:`latest`.
+            path: a specific step directory (no fallback); by default the newest usable step.
             restore_rng: put python, numpy, torch and device generators back (per rank).
             strict: models must match the saved keys exactly (see ``gpukit.load_state_dict``).
+            trust: unpickle every file of the step freely, which can run code hidden in it: only
+                for checkpoints from a source you trust.
             **objects: the same names as given to :meth:`save`.
 
         Returns:
             The step of the checkpoint resumed from, or ``None`` when there is none (start fresh).
 
         Raises:
-            CheckpointError: the checkpoint is incomplete or unreadable, or lacks one of ``objects``,
-                or was saved mid-epoch by another number of processes (nothing is restored then;
-                one saved at an epoch boundary resumes, with a warning). A damaged newer step is
-                passed over with a warning naming it.
+            CheckpointError: ``path`` is incomplete or unreadable, or every complete step is, or
+                the checkpoint lacks one of ``objects``, or was saved mid-epoch by another number
+                of processes (nothing is restored then; one saved at an epoch boundary resumes,
+                with a warning).
+            UnsafeCheckpointError: ``path`` needs full unpickling and ``trust`` is False.
             StateDictMismatchError: a model does not fit its saved state.
         """
-        directory = Path(path) if path is not None else self.latest()
-        if path is None:
-            warn_damaged_newer(self.directory, directory)
-        if directory is None:
-            return None
-        marker, problem = read_marker(directory)
-        if marker is None:
-            raise CheckpointError(f"{directory} is not a complete gpukit checkpoint: {problem}.")
         dist = current_dist()
+        if path is not None:
+            directory = Path(path)
+            marker, shared_file, rank_file = self._open_step(directory, dist, trust)
+        else:
+            newest = self._open_newest(dist, trust)
+            if newest is None:
+                return None
+            directory, (marker, shared_file, rank_file) = newest
         saved_world = int(marker["world_size"])
-        rank = dist.rank if dist.rank < saved_world else 0  # another world size: checked below
-        try:
-            shared_file = load_lazy(directory / SHARED_FILE)  # tensors stay on disk until placed
-            rank_file = load(directory / rank_file_name(rank), map_location="cpu")
-        except CheckpointError as exc:  # damaged although its sizes are right: say how to go on
-            raise CheckpointError(f"{exc} To resume from the checkpoint before it, move {directory} "
-                                  "out of the checkpoint directory.") from None
         with shared_file:
-            self._restore(directory, dist, saved_world, shared_file, rank_file, objects, strict)
+            self._restore(directory, dist, saved_world, shared_file, rank_file, objects, strict, trust)
         if restore_rng:
             restore_rng_state(rank_file["rng"])
         emit("checkpoint", resumed_step=int(marker["step"]), path=str(directory))
@@ -315,12 +330,13 @@ class CheckpointManager:
 
     def _restore(
         self, directory: Path, dist: DistContext, saved_world: int, shared_file: LazyCheckpoint,
-        rank_file: dict[str, Any], objects: dict[str, Any], strict: bool,
+        rank_file: dict[str, Any], objects: dict[str, Any], strict: bool, trust: bool,
     ) -> None:
         """Put the saved state into ``objects``; models are filled straight from the file."""
         check_world_size(directory, saved_world, dist.world_size, rank_file["objects"], list(objects))
         shared = shared_file.tree["objects"]
-        objects = restore_sharded(directory, objects, dist, shared, shared_file.materialize)  # FSDP
+        objects = restore_sharded(directory, objects, dist, shared, shared_file.materialize,
+                                  trust=trust, strict=strict)  # FSDP models/optimizers
         available = {**shared, **rank_file["objects"]}
         for name, obj in objects.items():
             if name not in available:
@@ -339,3 +355,52 @@ class CheckpointManager:
                 except CheckpointError as exc:  # e.g. a mid-epoch data position, other world size
                     raise CheckpointError(f"Cannot resume {name!r} from {directory}: {exc}") from exc
         self.extra = dict(shared_file.materialize(shared_file.tree["gpukit"].get("extra")) or {})
+
+    def _open_step(
+        self, directory: Path, dist: DistContext, trust: bool
+    ) -> tuple[dict[str, Any], LazyCheckpoint, Any]:
+        """``(marker, shared file, this rank's file)`` of a step, everything checked before use.
+
+        Raises:
+            CheckpointError: anything in the step is incomplete, special, damaged or unsafe.
+        """
+        marker, problem = read_marker(directory)
+        if marker is None:
+            raise CheckpointError(f"{directory} is not a complete gpukit checkpoint: {problem}.")
+        rank = dist.rank if dist.rank < marker["world_size"] else 0  # another world size: checked later
+        shared_file = load_lazy(directory / SHARED_FILE, trust=trust)  # tensors stay on disk until placed
+        try:
+            rank_file = load(directory / rank_file_name(rank), map_location="cpu", trust=trust)
+            check_step_files(directory, shared_file.tree, rank_file)
+            if is_sharded_checkpoint(directory):
+                read_metadata(directory, trust)  # the shard index, unpickled safely and checked
+        except BaseException:
+            shared_file.close()
+            raise
+        return marker, shared_file, rank_file
+
+    def _open_newest(
+        self, dist: DistContext, trust: bool
+    ) -> tuple[Path, tuple[dict[str, Any], LazyCheckpoint, Any]] | None:
+        """The newest step every rank can open, warning about each newer one passed over."""
+        candidates = self.checkpoints()
+        warn_damaged_newer(self.directory, candidates[-1] if candidates else None)
+        passed: list[str] = []
+        for index in range(len(candidates) - 1, -1, -1):
+            directory = candidates[index]
+            try:
+                opened, problem = self._open_step(directory, dist, trust), None
+            except CheckpointError as exc:
+                opened, problem = None, str(exc)
+            problems = [p for p in dist.gather_all(problem) if p]  # all ranks pass over it, or none
+            if not problems:
+                return directory, opened  # type: ignore[return-value]
+            if opened is not None:  # this rank could open it, another could not
+                opened[1].close()
+            passed.append(f"{directory.name}: {problems[0]}")
+            if dist.is_main and index > 0:
+                warn_unusable(directory, problems[0], candidates[index - 1])
+        if passed:
+            raise CheckpointError(f"No checkpoint in {self.directory} can be resumed: {' | '.join(passed)} "
+                                  "Copy the checkpoints again, or move them away to start from scratch.")
+        return None

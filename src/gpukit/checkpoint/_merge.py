@@ -41,9 +41,9 @@ def _is_optimizer(keys: list[str], name: str) -> bool:
     return any(k.startswith((f"{name}.state.", f"{name}.param_groups.")) for k in keys)
 
 
-def describe_sharded(step_dir: Path, world_size: int) -> dict[str, Any]:
+def describe_sharded(step_dir: Path, world_size: int, trust: bool = False) -> dict[str, Any]:
     """What a sharded step directory holds: shard files, world size, per-object tensors and bytes."""
-    metadata = read_metadata(step_dir)
+    metadata = read_metadata(step_dir, trust)
     shard_files = sorted(p for p in Path(step_dir).glob("*.distcp"))
     keys = list(metadata.state_dict_metadata)
     objects: dict[str, dict[str, Any]] = {}
@@ -95,19 +95,21 @@ def _groups(chosen: dict[str, Any], budget_bytes: int) -> Iterator[list[str]]:
         yield group
 
 
-def _load(source: Path, prefix: str, chosen: dict[str, Any], keys: list[str]) -> dict[str, torch.Tensor]:
+def _load(source: Path, metadata: Any, prefix: str, chosen: dict[str, Any], keys: list[str]) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
+
+    from gpukit.checkpoint._shard_index import SafeReader
 
     wanted = {f"{prefix}{k}": torch.empty(chosen[k].size, dtype=chosen[k].properties.dtype) for k in keys}
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(wanted, storage_reader=dcp.FileSystemReader(str(source)), no_dist=True)
+        dcp.load(wanted, storage_reader=SafeReader(source, metadata), no_dist=True)
     return {k: wanted[f"{prefix}{k}"] for k in keys}
 
 
 def merge_sharded(
     source: Path, target: str | os.PathLike[str], *, select: str | None = None, dtype: torch.dtype | None = None,
-    format: str | None = None, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    format: str | None = None, budget_bytes: int = DEFAULT_BUDGET_BYTES, trust: bool = False,
 ) -> dict[str, Any]:
     """Merge one sharded object of the step directory ``source`` into the file ``target``.
 
@@ -118,6 +120,7 @@ def merge_sharded(
         dtype: cast floating-point tensors to it.
         format: "safetensors" (streamed tensor by tensor) or "torch"; default from the suffix.
         budget_bytes: host memory for tensors loaded at once (a larger tensor is loaded alone).
+        trust: unpickle the shard index freely (by default it is read without running code).
 
     Returns:
         ``{"target", "format", "tensors", "size_bytes"}``.
@@ -126,14 +129,14 @@ def merge_sharded(
         ConfigurationError: ``select`` names nothing sharded, or several objects and none chosen.
         CheckpointError: a shard or the index cannot be read, or ``target`` cannot be written.
     """
-    metadata = read_metadata(source)
+    metadata = read_metadata(source, trust)
     name, chosen = _chosen(metadata, select, source)
     prefix = f"{name}."
     out = Path(target)
     fmt = format or ("safetensors" if out.suffix == ".safetensors" else "torch")
     cast = (lambda t: t.to(dtype) if dtype is not None and t.is_floating_point() else t)
     if fmt == "torch":
-        state = {k: cast(v) for k, v in _load(source, prefix, chosen, list(chosen)).items()}
+        state = {k: cast(v) for k, v in _load(source, metadata, prefix, chosen, list(chosen)).items()}
         written = save(state, out, format="torch", rank_zero_only=False)
         return {"target": str(written), "format": fmt, "tensors": len(state), "size_bytes": written.stat().st_size}
     header: dict[str, Any] = {"__metadata__": safetensors_metadata(gpukit_merged_from=str(source))}
@@ -151,7 +154,7 @@ def merge_sharded(
         f.write(struct.pack("<Q", len(encoded)))
         f.write(encoded)
         for keys in _groups(chosen, budget_bytes):
-            for key, tensor in _load(source, prefix, chosen, keys).items():
+            for key, tensor in _load(source, metadata, prefix, chosen, keys).items():
                 flat = cast(tensor).contiguous().reshape(-1)
                 f.write(memoryview(flat.view(torch.uint8).numpy()))
 

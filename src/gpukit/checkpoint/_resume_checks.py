@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,37 +19,78 @@ from typing import Any
 
 from gpukit._util.warnings import warn_at_user_code
 from gpukit.checkpoint._formats import MARKER_NAME
+from gpukit.checkpoint._untrusted import is_plain_name, read_json, regular_file_size
 from gpukit.errors import CheckpointError
 
-__all__ = ["read_marker", "warn_damaged_newer", "check_world_size"]
+__all__ = ["read_marker", "warn_damaged_newer", "warn_unusable", "check_step_files", "check_world_size"]
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
 
+_MAX_WORLD_SIZE = 1 << 20
+
+
+def _marker_problem(marker: dict[str, Any]) -> str | None:
+    """What is wrong with the fields of a parsed complete.json, or ``None``."""
+    def count(value: Any, low: int, high: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+    if not count(marker.get("step"), 0, 2**63):
+        return f"its step is {str(marker.get('step'))[:40]!r}, not a whole number"
+    if not count(marker.get("world_size"), 1, _MAX_WORLD_SIZE):
+        return f"its world_size is {str(marker.get('world_size'))[:40]!r}, not a number of processes"
+    files = marker.get("files")
+    if not isinstance(files, dict) or len(files) > 4 * _MAX_WORLD_SIZE:
+        return "its file list is not a mapping of names to sizes"
+    for name, size in files.items():
+        if not is_plain_name(name) or name == MARKER_NAME:
+            return f"it lists {str(name)[:80]!r}, which is no file of the step directory"
+        if not count(size, 0, 2**63):
+            return f"it gives {name} the size {str(size)[:40]!r}"
+    return None
+
+
 def read_marker(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """``(marker, None)`` for a complete step directory, else ``(None, what is wrong)``."""
-    try:
-        marker = json.loads((path / MARKER_NAME).read_text())
-        files = marker["files"].items()
-    except FileNotFoundError:
+    """``(marker, None)`` for a complete step directory, else ``(None, what is wrong)``.
+
+    ``complete.json`` is read as untrusted (regular file, bounded size and nesting, checked
+    field types), and every file it lists must be a regular file of the size it gives.
+    """
+    if not path.is_dir():
+        return None, "it is not a directory (a file, a dangling symlink or a symlink loop)"
+    marker_path = path / MARKER_NAME
+    if not os.path.lexists(marker_path):
         return None, f"its {MARKER_NAME} is missing"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        return None, f"its {MARKER_NAME} is unreadable ({type(exc).__name__})"
-    for name, size in files:
+    try:
+        marker = read_json(marker_path, MARKER_NAME)
+    except CheckpointError as exc:
+        return None, f"its {MARKER_NAME} is unreadable ({str(exc).removeprefix(MARKER_NAME + ' ')})"
+    problem = _marker_problem(marker)
+    if problem is not None:
+        return None, f"its {MARKER_NAME} is wrong: {problem}"
+    for name, size in marker["files"].items():
         try:
-            actual = (path / name).stat().st_size
-        except OSError:
-            return None, f"{name} is missing"
+            actual = regular_file_size(path / name, name)
+        except CheckpointError as exc:
+            return None, str(exc) if os.path.lexists(path / name) else f"{name} is missing"
         if actual != size:
             return None, f"{name} has {actual} bytes where {MARKER_NAME} says {size} (truncated or damaged)"
     return dict(marker), None
+
+
+def warn_unusable(path: Path, problem: str, fallback: Path | None) -> None:
+    """Warn that resuming passes over the step directory ``path`` (and what it does instead)."""
+    instead = f"resuming from {fallback.name} instead" if fallback is not None else "starting from scratch"
+    warn_at_user_code(UserWarning(
+        f"Checkpoint {path} is damaged: {problem}; {instead} (the steps after it are redone). "
+        f"Delete {path} once you have looked at it."))
 
 
 def warn_damaged_newer(root: Path, chosen: Path | None) -> None:
     """Warn about step directories newer than ``chosen`` that resuming passes over as damaged."""
     chosen_step = int(_STEP_RE.match(chosen.name).group(1)) if chosen is not None else -1  # type: ignore[union-attr]
     try:
-        entries = sorted(p for p in root.iterdir() if _STEP_RE.match(p.name) and p.is_dir())
+        entries = sorted(p for p in root.iterdir() if _STEP_RE.match(p.name) and (p.is_dir() or p.is_symlink()))
     except OSError:
         return
     for path in entries:
@@ -59,10 +100,16 @@ def warn_damaged_newer(root: Path, chosen: Path | None) -> None:
         marker, problem = read_marker(path)
         if marker is not None and marker.get("step") == step:
             continue
-        fallback = f"resuming from {chosen.name} instead" if chosen is not None else "starting from scratch"
-        warn_at_user_code(UserWarning(
-            f"Checkpoint {path} is damaged: {problem or 'its step does not match its name'}; {fallback} "
-            f"(the steps after it are redone). Delete {path} once you have looked at it."))
+        warn_unusable(path, problem or "its step does not match its name", chosen)
+
+
+def check_step_files(directory: Path, shared: Any, per_rank: Any) -> None:
+    """Refuse step files that loaded but are not what CheckpointManager writes."""
+    if not (isinstance(shared, Mapping) and isinstance(shared.get("objects"), Mapping)
+            and isinstance(shared.get("gpukit"), Mapping)):
+        raise CheckpointError(f"{directory / 'state.pt'} is not a gpukit step file (no objects and gpukit entries).")
+    if not (isinstance(per_rank, Mapping) and isinstance(per_rank.get("objects"), Mapping) and "rng" in per_rank):
+        raise CheckpointError(f"The per-process file in {directory} is not a gpukit step file (no objects and rng).")
 
 
 def _mid_epoch(state: Any) -> str | None:

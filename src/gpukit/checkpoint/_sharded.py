@@ -14,6 +14,7 @@ an unsharded model, and ``gpukit ckpt convert`` can merge it tensor by tensor.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -24,9 +25,10 @@ import torch
 from torch import nn
 
 from gpukit.checkpoint._dist import DistContext
-from gpukit.errors import CheckpointError
+from gpukit.errors import CheckpointError, StateDictMismatchError, UnsafeCheckpointError
 
-__all__ = ["METADATA_FILE", "is_sharded_checkpoint", "restore_sharded", "sharded_names", "split_sharded", "write_sharded"]
+__all__ = ["METADATA_FILE", "check_models_fit", "is_sharded_checkpoint", "read_metadata", "restore_sharded",
+           "sharded_names", "split_sharded", "write_sharded"]
 
 #: DCP's index file in a sharded step directory
 METADATA_FILE = ".metadata"
@@ -119,25 +121,69 @@ def write_sharded(directory: Path, sharded: dict[str, Any], dist: DistContext) -
 
 
 def is_sharded_checkpoint(directory: Path) -> bool:
-    """Whether ``directory`` holds DCP shards."""
-    return (Path(directory) / METADATA_FILE).is_file()
+    """Whether ``directory`` holds DCP shards (an index of any kind: a special file is refused on reading)."""
+    return os.path.lexists(Path(directory) / METADATA_FILE)
 
 
-def read_metadata(directory: Path) -> Any:
-    """DCP's metadata of a sharded step directory (tensor shapes, dtypes, shard locations)."""
-    import torch.distributed.checkpoint as dcp
+def read_metadata(directory: Path, trust: bool = False) -> Any:
+    """DCP's metadata of a sharded step directory (tensor shapes, dtypes, shard locations).
 
-    try:
-        return dcp.FileSystemReader(str(directory)).read_metadata()
-    except Exception as exc:  # a torn or foreign .metadata: say which file
-        raise CheckpointError(f"Cannot read the shard index {Path(directory) / METADATA_FILE}: {exc}") from exc
+    Read without running code and checked against the shard files (see ``_shard_index``);
+    ``trust=True`` unpickles it freely, as DCP itself does.
+    """
+    from gpukit.checkpoint._shard_index import read_shard_index
+
+    return read_shard_index(directory, trust)
 
 
-def sharded_names(directory: Path) -> set[str]:
+def sharded_names(directory: Path, trust: bool = False) -> set[str]:
     """Names of the objects stored as shards in ``directory`` (empty for an unsharded checkpoint)."""
     if not is_sharded_checkpoint(directory):
         return set()
-    return {key.split(".", 1)[0] for key in read_metadata(directory).state_dict_metadata}
+    return {key.split(".", 1)[0] for key in read_metadata(directory, trust).state_dict_metadata}
+
+
+def check_models_fit(directory: Path, metadata: Any, targets: dict[str, Any], state: dict[str, Any],
+                     strict: bool = True, rank: int = 0) -> None:
+    """Refuse, before DCP loads anything, models whose keys or shapes differ from the shards.
+
+    The same grouped message (missing / unexpected / shape) as an unsharded resume, instead
+    of DCP's per-rank tracebacks naming only the first difference; every rank finds the same
+    differences, and only rank 0's error lists them (the others point to it). Without ``strict`` the keys
+    the shards lack are left out of ``state`` (their values stay as they are).
+
+    Raises:
+        StateDictMismatchError: a shape differs, or (with ``strict``) keys are missing or unexpected.
+    """
+    from gpukit.checkpoint._prefixes import _mismatch_message
+
+    saved = metadata.state_dict_metadata
+    for name, model in targets.items():
+        if not isinstance(model, nn.Module):
+            continue
+        prefix = f"{name}."
+        ours = state[name]
+        theirs = {k[len(prefix):]: v for k, v in saved.items() if k.startswith(prefix)}
+        missing = [k for k in ours if k not in theirs]
+        unexpected = [k for k in theirs if k not in ours]
+        shapes = [(k, tuple(theirs[k].size), tuple(v.shape)) for k, v in ours.items()
+                  if k in theirs and hasattr(theirs[k], "size") and isinstance(v, torch.Tensor)
+                  and tuple(theirs[k].size) != tuple(v.shape)]
+        if shapes or (strict and (missing or unexpected)):
+            message = (_mismatch_message(model, list(theirs), missing, unexpected, shapes) if rank == 0 else
+                       "the model does not fit its saved state (rank 0's error lists the differences).")
+            raise StateDictMismatchError(f"Cannot resume {name!r} from the shards in {directory}: {message}")
+        for key in missing:
+            del ours[key]
+
+
+def _raise_refusal(exc: Exception) -> None:
+    """Re-raise a rank's UnsafeCheckpointError that DCP wrapped into its CheckpointException."""
+    for failure in (getattr(exc, "failures", None) or {}).values():
+        inner = getattr(failure, "exception", failure)
+        inner = inner[0] if isinstance(inner, tuple) and inner else inner
+        if isinstance(inner, UnsafeCheckpointError):
+            raise UnsafeCheckpointError(str(inner)) from None
 
 
 def _by_name(optimizer: torch.optim.Optimizer, owner: nn.Module, saved: dict[str, Any]) -> dict[str, Any]:
@@ -182,7 +228,7 @@ def _unsharded_into_sharded(
 
 def restore_sharded(
     directory: Path, objects: dict[str, Any], dist: DistContext, saved: dict[str, Any] | None = None,
-    materialize: Callable[[Any], Any] = lambda tree: tree,
+    materialize: Callable[[Any], Any] = lambda tree: tree, *, trust: bool = False, strict: bool = True,
 ) -> dict[str, Any]:
     """Load the sharded objects of ``directory`` into ``objects`` (sharded or not, any world size).
 
@@ -190,37 +236,50 @@ def restore_sharded(
     whose tensors ``materialize`` reads in when still on disk) into FSDP-sharded ones, so a DDP
     or one-process run can continue under FSDP.
 
+    The shard index is read without running code, and non-tensor entries with
+    ``weights_only=True``, unless ``trust``. Models are checked against the index first
+    (``strict`` as in ``load_state_dict``).
+
     Returns:
         The objects left for the unsharded files.
 
     Raises:
-        CheckpointError: a shard is missing or unreadable, or a model does not fit its saved state.
+        CheckpointError: a shard is missing or unreadable.
+        StateDictMismatchError: a model does not fit its saved state (before anything is loaded).
+        UnsafeCheckpointError: the index or a shard entry would need full unpickling.
     """
-    names = sharded_names(directory) & set(objects)
+    metadata = read_metadata(directory, trust) if is_sharded_checkpoint(directory) else None
+    names = {key.split(".", 1)[0] for key in metadata.state_dict_metadata} & set(objects) if metadata else set()
     if not names:
         return _unsharded_into_sharded(objects, saved, materialize) if saved else objects
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    from gpukit.checkpoint._shard_index import SafeLoadPlanner, SafeReader
 
     targets = {n: objects[n] for n in sorted(names)}
     state = _state_dicts(targets, objects)
-    reader = dcp.FileSystemReader(str(directory))
+    check_models_fit(directory, metadata, targets, state, strict, dist.rank)
+    reader = SafeReader(directory, metadata, trust)
+    planner = SafeLoadPlanner(directory, trust)
     try:
         if dist.world_size == 1:
             with warnings.catch_warnings():  # "assuming ... a single process": it is one
                 warnings.simplefilter("ignore", UserWarning)
-                dcp.load(state, storage_reader=reader)
+                dcp.load(state, storage_reader=reader, planner=planner)
         else:
-            dist.run_collective("sharded load", lambda group: dcp.load(state, storage_reader=reader, process_group=group))
+            dist.run_collective("sharded load", lambda group: dcp.load(
+                state, storage_reader=reader, planner=planner, process_group=group))
     except (dcp.CheckpointException, RuntimeError) as exc:
         if isinstance(exc, CheckpointError):
             raise
+        _raise_refusal(exc)
         raise CheckpointError(f"Cannot restore {', '.join(sorted(names))} from the shards in {directory}: "
                               f"{_failures(exc)}") from exc
     models = {n: o for n, o in objects.items() if isinstance(o, nn.Module)}
     for name, obj in targets.items():
         if isinstance(obj, nn.Module):
-            set_model_state_dict(obj, state[name])
+            set_model_state_dict(obj, state[name], options=StateDictOptions(strict=strict))
         else:
             set_optimizer_state_dict(_owner(obj, models), obj, state[name])  # type: ignore[arg-type]
     return {n: o for n, o in objects.items() if n not in names}

@@ -63,11 +63,17 @@ def _print_report(info: dict[str, Any]) -> None:
 @ckpt.command()
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def inspect(path: str, as_json: bool) -> None:
-    """Show what a checkpoint holds: format, size, torch version, tensors, prefixes, contents."""
+@click.option("--trust", is_flag=True,
+              help="Unpickle a sharded checkpoint's .metadata freely (can run code; trusted files only).")
+def inspect(path: str, as_json: bool, trust: bool) -> None:
+    """Show what a checkpoint holds: format, size, torch version, tensors, prefixes, contents.
+
+    Nothing in PATH is ever run: files are read with weights_only, and a sharded checkpoint's
+    index (.metadata) through a restricted unpickler unless --trust is given.
+    """
     from gpukit.checkpoint._inspect import inspect_checkpoint
 
-    info = inspect_checkpoint(path)
+    info = inspect_checkpoint(path, trust=trust)
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
     else:
@@ -83,7 +89,8 @@ def inspect(path: str, as_json: bool) -> None:
 @click.option("--format", "fmt", type=click.Choice(["torch", "safetensors"]),
               help="Output format (default: from TARGET's extension).")
 @click.option("--select", help="Convert only this (dotted) key, e.g. 'model' (in gpukit checkpoints: a saved object).")
-@click.option("--trust", is_flag=True, help="Allow full unpickling of SOURCE (can run code; trusted files only).")
+@click.option("--trust", is_flag=True,
+              help="Allow full unpickling of SOURCE and of a sharded .metadata (can run code; trusted files only).")
 def convert(source: str, target: str, strip_prefix: bool, to_cpu: bool, dtype: str | None,
             fmt: str | None, select: str | None, trust: bool) -> None:
     """Convert SOURCE into TARGET (written atomically).
