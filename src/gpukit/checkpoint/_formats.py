@@ -8,9 +8,11 @@ safetensors file with an 8-byte header length followed by ``{``.
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import math
 import os
+import pickletools
 import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -33,6 +35,7 @@ __all__ = [
     "read_metadata",
     "check_readable_file",
     "read_safetensors_header",
+    "pickled_globals",
     "SAFETENSORS_DTYPES",
     "MARKER_NAME",
 ]
@@ -246,3 +249,41 @@ def _check_tiling(ranges: list[tuple[int, int, str]], data_bytes: int, damaged: 
         position, previous = end, name
     if position != data_bytes:
         raise damaged(f"the tensors cover {position:,} of the {data_bytes:,} bytes of tensor data")
+
+
+def pickled_globals(path: Path, fmt: str) -> list[str]:
+    """Python globals a pickle would import beyond what ``weights_only`` admits, found by reading
+    opcodes (nothing is executed); ``fmt`` is TORCH_ZIP or TORCH_LEGACY."""
+    if fmt == TORCH_ZIP:
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+            streams = [io.BytesIO(archive.read(name))]
+    else:
+        with open(path, "rb") as handle:  # a regular file (checked before): bounded read
+            streams = [io.BytesIO(handle.read(64 * 1024 * 1024))]
+    found: list[str] = []
+    strings: list[str] = []
+    for stream in streams:
+        for _ in range(5):  # legacy torch files are several pickles in a row
+            try:
+                for opcode, arg, _pos in pickletools.genops(stream):
+                    if isinstance(arg, str):
+                        strings.append(arg)
+                    if opcode.name == "GLOBAL":
+                        found.append(str(arg).replace(" ", "."))
+                    elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                        found.append(f"{strings[-2]}.{strings[-1]}")
+            except Exception:  # end of data or not a pickle: stop scanning this stream
+                break
+    names = {g.replace("__builtin__.", "builtins.", 1) for g in found}
+    return sorted(names - _weights_only_allowed())
+
+
+def _weights_only_allowed() -> set[str]:
+    """Globals torch's weights-only loader accepts (to list only the others)."""
+    try:
+        from torch._weights_only_unpickler import _get_allowed_globals
+
+        return set(_get_allowed_globals())
+    except (ImportError, AttributeError):  # private torch API: without it, list everything
+        return set()

@@ -7,10 +7,8 @@ file that needs full unpickling is reported with the Python globals it would imp
 
 from __future__ import annotations
 
-import io
 import os
-import pickletools
-import zipfile
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ from gpukit.checkpoint._formats import (
     SAFETENSORS_DTYPES,
     TORCH_ZIP,
     check_readable_file,
+    pickled_globals,
     read_metadata,
     read_safetensors_header,
     sniff_format,
@@ -103,43 +102,6 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _pickled_globals(path: Path, fmt: str) -> list[str]:
-    """Python globals a pickle would import, found by reading opcodes (nothing is executed)."""
-    if fmt == TORCH_ZIP:
-        with zipfile.ZipFile(path) as archive:
-            name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
-            streams = [io.BytesIO(archive.read(name))]
-    else:
-        with open(path, "rb") as handle:  # a regular file (checked before): bounded read
-            streams = [io.BytesIO(handle.read(64 * 1024 * 1024))]
-    found: list[str] = []
-    strings: list[str] = []
-    for stream in streams:
-        for _ in range(5):  # legacy torch files are several pickles in a row
-            try:
-                for opcode, arg, _pos in pickletools.genops(stream):
-                    if isinstance(arg, str):
-                        strings.append(arg)
-                    if opcode.name == "GLOBAL":
-                        found.append(str(arg).replace(" ", "."))
-                    elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
-                        found.append(f"{strings[-2]}.{strings[-1]}")
-            except Exception:  # end of data or not a pickle: stop scanning this stream
-                break
-    names = {g.replace("__builtin__.", "builtins.", 1) for g in found}
-    return sorted(names - _weights_only_allowed())
-
-
-def _weights_only_allowed() -> set[str]:
-    """Globals torch's weights-only loader accepts (to list only the others)."""
-    try:
-        from torch._weights_only_unpickler import _get_allowed_globals
-
-        return set(_get_allowed_globals())
-    except (ImportError, AttributeError):  # private torch API: without it, list everything
-        return set()
-
-
 def _inspect_file(path: Path) -> tuple[dict[str, Any], Any]:
     """(report, loaded state or None) for one file."""
     size = check_readable_file(path)
@@ -162,13 +124,15 @@ def _inspect_file(path: Path) -> tuple[dict[str, Any], Any]:
             return storage
 
         try:
-            state = torch.load(path, map_location=record, weights_only=True, mmap=fmt == TORCH_ZIP)
+            with warnings.catch_warnings():  # torch's note on a legacy file's pickle protocol
+                warnings.filterwarnings("ignore", message="Detected pickle protocol")
+                state = torch.load(path, map_location=record, weights_only=True, mmap=fmt == TORCH_ZIP)
         except Exception:
             try:
                 state = load(path, map_location="cpu")
             except UnsafeCheckpointError as exc:
                 info["unsafe"] = str(exc).split(" Nothing was executed.")[0]
-                info["pickled_globals"] = _pickled_globals(path, fmt)
+                info["pickled_globals"] = pickled_globals(path, fmt)
                 return info, None
         rows = [(k, list(v.shape), str(v.dtype).removeprefix("torch."),
                  locations.get(v.untyped_storage().data_ptr(), "cpu"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,10 +19,13 @@ from gpukit.checkpoint._atomic import atomic_write
 from gpukit.checkpoint._dist import current_dist
 from gpukit.checkpoint._formats import (
     SAFETENSORS,
+    TORCH_LEGACY,
+    TORCH_ZIP,
     append_zip_metadata,
     check_readable_file,
     format_for_save,
     metadata_entry,
+    pickled_globals,
     read_safetensors_header,
     safetensors_metadata,
     sniff_format,
@@ -212,9 +216,15 @@ def _unsafe_reason(message: str) -> str | None:
 def _load_torch(path: Path, map_location: Any, trust: bool) -> Any:
     location = auto_map_location if map_location == "auto" else map_location
     try:
-        return torch.load(path, map_location=location, weights_only=not trust)
+        with warnings.catch_warnings():  # torch's note on a legacy file's pickle protocol is no use here
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location=location, weights_only=not trust)
     except pickle.UnpicklingError as exc:
         name = _unsafe_reason(str(exc))
+        if name is None:  # an opcode the weights-only reader lacks: is it hiding globals?
+            with open(path, "rb") as head:
+                found = pickled_globals(path, TORCH_ZIP if head.read(2) == b"PK" else TORCH_LEGACY)
+            name = ", ".join(found[:5]) if found else None
         if name is not None:
             raise UnsafeCheckpointError(
                 f"Refused to load {path}: it contains pickled Python objects ({name}) and unpickling "

@@ -37,9 +37,8 @@ from gpukit.checkpoint._prefixes import match_state_dict
 from gpukit.checkpoint._resume_checks import (
     check_step_files,
     check_world_size,
+    open_newest,
     read_marker,
-    warn_damaged_newer,
-    warn_unusable,
 )
 from gpukit.checkpoint._rng import capture_rng_state, restore_rng_state
 from gpukit.checkpoint._sharded import (
@@ -316,7 +315,8 @@ class CheckpointManager:
             directory = Path(path)
             marker, shared_file, rank_file = self._open_step(directory, dist, trust)
         else:
-            newest = self._open_newest(dist, trust)
+            newest = open_newest(self.directory, self.checkpoints(), dist,
+                                 lambda step: self._open_step(step, dist, trust))
             if newest is None:
                 return None
             directory, (marker, shared_file, rank_file) = newest
@@ -378,29 +378,3 @@ class CheckpointManager:
             shared_file.close()
             raise
         return marker, shared_file, rank_file
-
-    def _open_newest(
-        self, dist: DistContext, trust: bool
-    ) -> tuple[Path, tuple[dict[str, Any], LazyCheckpoint, Any]] | None:
-        """The newest step every rank can open, warning about each newer one passed over."""
-        candidates = self.checkpoints()
-        warn_damaged_newer(self.directory, candidates[-1] if candidates else None)
-        passed: list[str] = []
-        for index in range(len(candidates) - 1, -1, -1):
-            directory = candidates[index]
-            try:
-                opened, problem = self._open_step(directory, dist, trust), None
-            except CheckpointError as exc:
-                opened, problem = None, str(exc)
-            problems = [p for p in dist.gather_all(problem) if p]  # all ranks pass over it, or none
-            if not problems:
-                return directory, opened  # type: ignore[return-value]
-            if opened is not None:  # this rank could open it, another could not
-                opened[1].close()
-            passed.append(f"{directory.name}: {problems[0]}")
-            if dist.is_main and index > 0:
-                warn_unusable(directory, problems[0], candidates[index - 1])
-        if passed:
-            raise CheckpointError(f"No checkpoint in {self.directory} can be resumed: {' | '.join(passed)} "
-                                  "Copy the checkpoints again, or move them away to start from scratch.")
-        return None

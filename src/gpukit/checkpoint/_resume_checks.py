@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpukit._util.warnings import warn_at_user_code
 from gpukit.checkpoint._formats import MARKER_NAME
 from gpukit.checkpoint._untrusted import is_plain_name, read_json, regular_file_size
 from gpukit.errors import CheckpointError
 
-__all__ = ["read_marker", "warn_damaged_newer", "warn_unusable", "check_step_files", "check_world_size"]
+__all__ = ["read_marker", "warn_damaged_newer", "warn_unusable", "open_newest", "check_step_files", "check_world_size"]
 
+T = TypeVar("T")
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -82,7 +83,7 @@ def warn_unusable(path: Path, problem: str, fallback: Path | None) -> None:
     """Warn that resuming passes over the step directory ``path`` (and what it does instead)."""
     instead = f"resuming from {fallback.name} instead" if fallback is not None else "starting from scratch"
     warn_at_user_code(UserWarning(
-        f"Checkpoint {path} is damaged: {problem}; {instead} (the steps after it are redone). "
+        f"Checkpoint {path} is damaged: {problem.rstrip('.')}; {instead} (the steps after it are redone). "
         f"Delete {path} once you have looked at it."))
 
 
@@ -101,6 +102,41 @@ def warn_damaged_newer(root: Path, chosen: Path | None) -> None:
         if marker is not None and marker.get("step") == step:
             continue
         warn_unusable(path, problem or "its step does not match its name", chosen)
+
+
+def open_newest(root: Path, candidates: list[Path], dist: Any, open_step: Callable[[Path], T]) -> tuple[Path, T] | None:
+    """The newest of ``candidates`` (complete steps, oldest first) that every rank can open.
+
+    Each step is tried newest first with ``open_step`` (which raises CheckpointError for
+    anything wrong); the ranks agree on each verdict (``dist.gather_all``), so all of them pass
+    over a step that one cannot open. Rank 0 warns for each step passed over.
+
+    Returns:
+        ``(step directory, what open_step returned)``, or ``None`` when there is no complete step.
+
+    Raises:
+        CheckpointError: complete steps exist but none can be opened (each one and why).
+    """
+    warn_damaged_newer(root, candidates[-1] if candidates else None)
+    passed: list[str] = []
+    for index in range(len(candidates) - 1, -1, -1):
+        directory = candidates[index]
+        try:
+            opened, problem = open_step(directory), None
+        except CheckpointError as exc:
+            opened, problem = None, str(exc)
+        problems = [p for p in dist.gather_all(problem) if p]  # all ranks pass over it, or none
+        if not problems:
+            return directory, opened  # type: ignore[return-value]
+        if opened is not None and hasattr(opened[1], "close"):  # this rank could open it, another could not
+            opened[1].close()
+        passed.append(f"{directory.name}: {problems[0]}")
+        if dist.is_main and index > 0:
+            warn_unusable(directory, problems[0], candidates[index - 1])
+    if passed:
+        raise CheckpointError(f"No checkpoint in {root} can be resumed: {' | '.join(passed)} "
+                              "Copy the checkpoints again, or move them away to start from scratch.")
+    return None
 
 
 def check_step_files(directory: Path, shared: Any, per_rank: Any) -> None:
