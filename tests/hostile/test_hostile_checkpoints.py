@@ -3,6 +3,10 @@
 Each probe runs one reader in a fresh process; the planted-pickle probes also check that the
 canary file the pickle would create does not exist. Resume probes that damage only the newest
 step must resume from the step before it, with a warning naming the damaged one.
+
+Every probe costs a fresh process (2-4 s, more under load), and the DDP/FSDP templates a
+2-process launch each: the default run takes the one-process probes of each kind of fault
+(~40 s idle), the full battery (50 probes, ~4 min idle) runs with the slow tests.
 """
 
 from __future__ import annotations
@@ -14,8 +18,12 @@ import pytest
 from _probe import SAFE, execute
 from corpus_checkpoints import PROBES
 
+QUICK = {"metadata-pickle-single-inspect", "metadata-pickle-single-convert", "metadata-pickle-single-resume",
+         "state-pickle-resume", "one-byte-inspect", "one-byte-load", "marker-fifo-resume",
+         "step-symlink-loop-resume", "safetensors-overlap-inspect", "marker-world-size-text-resume"}
 
-@pytest.mark.parametrize("name", sorted(PROBES))
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in QUICK else pytest.mark.slow) for n in sorted(PROBES)])
 def test_hostile_checkpoint(name: str, tmp_path: Path) -> None:
     run = PROBES[name](tmp_path)
     result = execute(run)
