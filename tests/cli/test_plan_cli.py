@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from cli_helpers import importable_models
 from gpukit.cli import cli, main
 
 MODELS = """
@@ -27,11 +27,7 @@ def not_a_model():
 
 @pytest.fixture
 def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = f"gpukit_plan_models_{abs(hash(tmp_path))}"
-    (tmp_path / f"{name}.py").write_text(MODELS)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    return name
+    return importable_models(tmp_path, monkeypatch, MODELS, "gpukit_plan_models")
 
 
 def test_plan_prints_a_breakdown(models: str) -> None:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import run_gpukit
+from cli_helpers import importable_models, run_gpukit
 
 MODELS = """
 import torch
@@ -45,11 +45,7 @@ def llama_with_inputs():
 
 @pytest.fixture
 def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = f"gpukit_plan_inputs_{abs(hash(tmp_path))}"
-    (tmp_path / f"{name}.py").write_text(MODELS)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    return name
+    return importable_models(tmp_path, monkeypatch, MODELS, "gpukit_plan_inputs")
 
 
 def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict:

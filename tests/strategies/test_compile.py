@@ -49,20 +49,15 @@ def test_user_compile_kept_on_one_device(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_user_compile_kept_under_ddp(tmp_path: Path) -> None:
-    records = _run(tmp_path, "ddp", "user")
+@pytest.mark.parametrize(("strategy", "how", "returned"), [
+    ("ddp", "user", "DistributedDataParallel"),  # torch.compile(model) before setup: the DDP wrapper compiled
+    ("fsdp", "session", "FSDPTiny"),  # Session(compile=True): each FSDP unit compiled
+])
+def test_compile_kept_on_two_processes(tmp_path: Path, strategy: str, how: str, returned: str) -> None:
+    records = _run(tmp_path, strategy, how)
     assert len(records) == 2
     for record in records:
-        assert record["graphs"] >= 1 and record["returned"] == "DistributedDataParallel"
-    _check_portable(tmp_path)
-
-
-@pytest.mark.slow
-def test_session_compile_under_fsdp_compiles_each_unit(tmp_path: Path) -> None:
-    records = _run(tmp_path, "fsdp", "session")
-    assert len(records) == 2
-    for record in records:
-        assert record["graphs"] >= 1 and record["returned"] == "FSDPTiny"
+        assert record["graphs"] >= 1 and record["returned"] == returned
     assert records[0]["losses"] != records[1]["losses"]  # each rank trained on its own batches
     _check_portable(tmp_path)
 
