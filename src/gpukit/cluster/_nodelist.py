@@ -3,7 +3,8 @@
 The grammar, as ``scontrol show hostnames`` of SLURM 22.05 (Debian 12's slurm-client) expands it,
 checked against it by tests/cluster/test_nodelist.py on generated lists:
 
-* host expressions separated by commas, spaces or tabs (several in a row count as one); separators inside ``[...]`` belong to the brackets;
+* host expressions separated by commas, spaces or tabs (several in a row count as one);
+  separators inside ``[...]`` belong to the brackets;
 * an expression is text with bracket groups, each a comma-separated list of numbers and
   ``lo-hi`` ranges; ``a[1-2]-b[3-4]`` is ``a1-b3, a1-b4, a2-b3, a2-b4``;
 * with three or more groups SLURM's order is its own: the last group varies fastest, then the
@@ -15,10 +16,12 @@ checked against it by tests/cluster/test_nodelist.py on generated lists:
   before the last that spans more than 65,536 numbers (SLURM's ``MAX_PREFIX_CNT``).
 
 Differences, on purpose: text after the last ``]`` (``rack[1-2]n[001-002].cluster``) is an
-error in SLURM 22.05 and a suffix from 23.02; gpukit accepts it as a suffix. A list of more than
-:data:`MAX_HOSTS` hosts, an unclosed ``[``, a stray ``]``, junk after a range's low number
-(``[1abc-2]``), control characters (a newline) and numbers beyond 2**64 - 2 are errors here where scontrol prints something
-(or crashes). Counts are computed before anything is expanded, so no list can exhaust memory.
+error in SLURM 22.05 and a suffix from 23.02; gpukit accepts it as a suffix. These are errors
+here where scontrol 22.05 prints something (or crashes): a list of more than :data:`MAX_HOSTS`
+hosts, an unclosed ``[``, a stray ``]``, junk after a range's low number (``[1abc-2]``), control
+characters (a newline), numbers beyond 2**64 - 2, and a bad group before the last-but-one (which
+makes SLURM drop the whole expression without a word). Counts are computed before anything is
+expanded, so no list can exhaust memory.
 Order is kept (the first host is the job's first node, where rank 0 runs).
 """
 
@@ -119,17 +122,16 @@ def _parse_group(group: str, text: str, *, prefix: bool) -> Group:
 def _expression(expr: str, text: str) -> tuple[list[str], list[Group]]:
     """``"a[1-2]b[3]c"`` -> texts ``["a", "b", "c"]`` and the groups between them."""
     texts: list[str] = []
-    groups: list[Group] = []
+    bodies: list[str] = []
     rest = expr
     while "[" in rest:
         head, _, tail = rest.partition("[")
         body, _, rest = tail.partition("]")
         texts.append(head)
-        groups.append(body)  # type: ignore[arg-type]  # parsed below, once the last is known
+        bodies.append(body)
     texts.append(rest)
-    parsed = [_parse_group(body, text, prefix=i < len(groups) - 1)  # type: ignore[arg-type]
-              for i, body in enumerate(groups)]
-    return texts, parsed
+    # every group but the last is a "prefix" group in SLURM's terms, with its own size limit
+    return texts, [_parse_group(body, text, prefix=i < len(bodies) - 1) for i, body in enumerate(bodies)]
 
 
 def _group_size(group: Group) -> int:
