@@ -1,6 +1,6 @@
 """Worker for test_compile.py: train a tiny model compiled under a strategy, count the graphs.
 
-Usage: ``_compile_worker.py OUT STRATEGY HOW`` where HOW is ``user`` (``torch.compile(model)``
+Usage: ``_compile_worker.py OUT STRATEGY HOW [gpu]`` where HOW is ``user`` (``torch.compile(model)``
 before ``session.setup``) or ``session`` (``Session(compile=True)``); started directly for
 ``single`` and by ``gpukit run --cpu --nproc 2`` for ``ddp`` / ``fsdp``. Writes
 ``OUT/rank<R>.json`` (graphs compiled, losses, the returned model's type) and the weights
@@ -43,10 +43,10 @@ class Tiny(nn.Module):
         return self.head(h)
 
 
-def main(out: Path, strategy: str, how: str) -> None:
+def main(out: Path, strategy: str, how: str, accelerator: str = "cpu") -> None:
     from torch._dynamo.utils import counters
 
-    session = gpukit.Session(accelerator="cpu", strategy=strategy, seed=0, verbose=False,
+    session = gpukit.Session(accelerator=accelerator, strategy=strategy, seed=0, verbose=False,
                              compile=True if how == "session" else None)
     torch.manual_seed(0)
     model = Tiny()
@@ -57,7 +57,7 @@ def main(out: Path, strategy: str, how: str) -> None:
     g = torch.Generator().manual_seed(session.rank)
     losses = []
     for _ in range(2):
-        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
+        x, y = (t.to(session.device) for t in (torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)))
         loss = nn.functional.mse_loss(model(x), y)
         session.backward(loss)
         session.step(optimizer)
@@ -70,4 +70,4 @@ def main(out: Path, strategy: str, how: str) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], "auto" if sys.argv[4:] == ["gpu"] else "cpu")

@@ -24,11 +24,12 @@ import gpukit  # noqa: E402
 from gpukit.errors import ConfigurationError  # noqa: E402
 
 
-def _run(out: Path, strategy: str, how: str) -> list[dict]:
+def _run(out: Path, strategy: str, how: str, gpus: bool = False) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    script = [str(Path(worker.__file__)), str(out), strategy, how]
+    script = [str(Path(worker.__file__)), str(out), strategy, how, *(["gpu"] if gpus else [])]
+    where = ["--gpus", "2"] if gpus else ["--cpu", "--nproc", "2"]
     cmd = [sys.executable, *script] if strategy == "single" else [
-        sys.executable, "-m", "gpukit", "run", "--cpu", "--nproc", "2", *script]
+        sys.executable, "-m", "gpukit", "run", *where, *script]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
@@ -59,6 +60,14 @@ def test_compile_kept_on_two_processes(tmp_path: Path, strategy: str, how: str, 
     for record in records:
         assert record["graphs"] >= 1 and record["returned"] == returned
     assert records[0]["losses"] != records[1]["losses"]  # each rank trained on its own batches
+    _check_portable(tmp_path)
+
+
+@pytest.mark.requires_gpus(2)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_compile_kept_on_two_gpus(tmp_path: Path, strategy: str) -> None:
+    records = _run(tmp_path, strategy, "user", gpus=True)  # nccl; inductor's GPU (triton) kernels
+    assert len(records) == 2 and all(r["graphs"] >= 1 for r in records)
     _check_portable(tmp_path)
 
 
