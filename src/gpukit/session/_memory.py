@@ -3,13 +3,13 @@
 The Session holds one :class:`SessionMemory` and delegates ``run_step``, ``watch_memory``,
 ``memory_report``, ``free_memory`` and ``oom_backoff`` to it. Every method here is a thin layer
 over :mod:`gpukit.memory`, which owns the logic; what the component adds is the composition with
-the session's step: autocast, accumulation, the GradScaler and DDP's gradient sync, which it gets
-as callables from the Session that builds it.
+the session's step: autocast (the precision), accumulation, the GradScaler and DDP's gradient
+sync (the session's :class:`~gpukit.session._steps.TrainingSteps`, which it gets when built).
 
 How ``run_step`` keeps the maths of a step when it backs off (``oom="backoff"``):
 
 * each micro-batch's loss is weighted by ``len(micro) / len(batch)`` and goes through
-  ``session.backward`` (which divides by ``accumulate_grad_batches`` and scales for fp16), so
+  the session's backward (which divides by ``accumulate_grad_batches`` and scales for fp16), so
   the summed gradient is the batch's mean-loss gradient whatever the split;
 * gradients of earlier batches of the accumulation window are set aside while the batch runs
   and added back afterwards, so dropping a failed attempt's partial gradients loses nothing;
@@ -36,7 +36,8 @@ from gpukit.placement import unwrap_model
 
 if TYPE_CHECKING:
     from gpukit.accelerators import Accelerator
-    from gpukit.session._steps import StepCounter
+    from gpukit.precision import Precision
+    from gpukit.session._steps import TrainingSteps
     from gpukit.strategies import Strategy
 
 __all__ = ["SessionMemory", "check_memory_options", "OOM_MODES", "DEFAULT_WATCH_EVERY_N_STEPS"]
@@ -86,29 +87,20 @@ class SessionMemory:
     Args:
         oom: the Session's ``oom`` option (already checked by :func:`check_memory_options`).
         watch_every: steps between leak checks from the first step, or ``None``.
-        strategy, accelerator: the Session's.
-        steps: the Session's step counter (is the next micro-batch an accumulation boundary?).
-        autocast, accumulate, backward: the Session's own methods, composed around ``step_fn``.
-        require_launched: raises the Session's "not launched" error for a method name.
+        strategy, precision, accelerator: the Session's (``precision`` autocasts ``step_fn``).
+        steps: the Session's training step (accumulation window, backward), composed around ``step_fn``.
     """
 
     def __init__(
-        self, oom: str | None, watch_every: int | None, *, strategy: Strategy, accelerator: Accelerator,
-        steps: StepCounter,
-        autocast: Callable[[], contextlib.AbstractContextManager[Any]],
-        accumulate: Callable[[nn.Module], contextlib.AbstractContextManager[Any]],
-        backward: Callable[[torch.Tensor], None],
-        require_launched: Callable[[str], None],
+        self, oom: str | None, watch_every: int | None, *, strategy: Strategy, precision: Precision,
+        accelerator: Accelerator, steps: TrainingSteps,
     ) -> None:
         self._oom = oom
         self._watch_every = watch_every
         self._strategy = strategy
         self._accelerator = accelerator
+        self._precision = precision
         self._steps = steps
-        self._autocast = autocast
-        self._accumulate = accumulate
-        self._backward = backward
-        self._require_launched = require_launched
         self._backoff: _memory.OomBackoff | None = None
         self._leak_watcher: _memory.LeakWatcher | None = None
         self._models: list[nn.Module] = []
@@ -146,14 +138,13 @@ class SessionMemory:
                 one item does not fit; the message carries the post-mortem.
             ConfigurationError: ``step_fn`` did not return a scalar tensor; no or several models.
         """
-        self._require_launched("session.run_step()")
         model = self._step_model(model)
         if self._oom == "backoff":
             return self._run_with_backoff(step_fn, batch, model)
         with self._postmortem_on_oom(batch) if self._oom == "raise" else contextlib.nullcontext():
-            with self._accumulate(model):
+            with self._steps.accumulate(model):
                 loss = self._forward(step_fn, batch)
-                self._backward(loss)
+                self._steps.backward(loss)
         return loss.detach()
 
     @property
@@ -175,7 +166,6 @@ class SessionMemory:
         Returns:
             The watcher; its ``findings`` list what was found.
         """
-        self._require_launched("session.watch_memory()")
         self._leak_watcher = _memory.LeakWatcher(every_n_steps, device=self._device, **options)
         return self._leak_watcher
 
@@ -232,7 +222,7 @@ class SessionMemory:
         )
 
     def _forward(self, step_fn: Callable[[Any], torch.Tensor], batch: Any) -> torch.Tensor:
-        with self._autocast():
+        with self._precision.autocast():
             loss = step_fn(batch)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
@@ -265,7 +255,7 @@ class SessionMemory:
             loss = self._forward(step_fn, part)
             if weight != 1:
                 loss = loss * weight
-            self._backward(loss)
+            self._steps.backward(loss)
             return loss.detach()
 
         try:

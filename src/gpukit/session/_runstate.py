@@ -1,14 +1,15 @@
 """The run-state component of :class:`gpukit.Session`: stopping together, and the session's own
 state that checkpoints carry.
 
-The Session holds one :class:`RunState` and delegates ``should_stop``, ``state_dict`` and
-``load_state_dict`` to it. ``should_stop`` turns a stop request (SIGTERM/SIGINT caught by
+The Session holds one :class:`RunState` and delegates ``should_stop``, ``save_checkpoint``,
+``resume``, ``state_dict`` and ``load_state_dict`` to it. ``should_stop`` turns a stop request (SIGTERM/SIGINT caught by
 :mod:`gpukit.launch._preemption`) into one answer on every rank; the state is the step counter,
 the precision's (GradScaler) state and the micro-batch size OOM back-off settled on.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,7 +17,7 @@ import torch
 if TYPE_CHECKING:
     from gpukit.precision import Precision
     from gpukit.session._memory import SessionMemory
-    from gpukit.session._steps import StepCounter
+    from gpukit.session._steps import TrainingSteps
     from gpukit.strategies import Strategy
 
 __all__ = ["RunState"]
@@ -31,7 +32,7 @@ class RunState:
         memory: the Session's memory component (its back-off micro-batch size is saved).
     """
 
-    def __init__(self, *, strategy: Strategy, precision: Precision, steps: StepCounter,
+    def __init__(self, *, strategy: Strategy, precision: Precision, steps: TrainingSteps,
                  memory: SessionMemory) -> None:
         self._strategy = strategy
         self._precision = precision
@@ -50,6 +51,21 @@ class RunState:
         if stop:
             mark_stop_agreed(strategy.rank)  # gpukit run exits 75 even if only one rank got it
         return stop
+
+    def save_checkpoint(
+        self, directory: str | os.PathLike[str], step: int, *, keep_last: int = 3,
+        extra: dict[str, Any] | None = None, **objects: Any,
+    ) -> Any:
+        """Save ``step`` with ``objects`` and this state under the name ``session`` (every rank)."""
+        from gpukit.checkpoint import CheckpointManager
+
+        return CheckpointManager(directory, keep_last=keep_last).save(step, extra=extra, session=self, **objects)
+
+    def resume(self, directory: str | os.PathLike[str], **objects: Any) -> int | None:
+        """Restore ``objects`` and this state from the latest complete checkpoint in ``directory``."""
+        from gpukit.checkpoint import CheckpointManager
+
+        return CheckpointManager(directory).resume(session=self, **objects)
 
     def state_dict(self) -> dict[str, Any]:
         backoff = self._memory.oom_backoff

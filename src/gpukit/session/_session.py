@@ -1,26 +1,13 @@
-"""Session: one training loop for the CPU, one GPU, DataParallel and DDP.
+"""Session: one training loop (the user's own) on the CPU, one GPU, DataParallel, DDP, FSDP or a
+split model; docs/sessions.md shows the loop.
 
-The session holds three objects -- an accelerator (what the device is), a strategy (how the
-model is placed and kept in sync) and a precision (how the maths runs) -- and its methods
-delegate to them. Users keep their own loop::
-
-    session = gpukit.Session(precision="auto", accumulate_grad_batches=2, seed=0)
-    model, optimizer = session.setup(model, optimizer)
-    loader = session.setup_dataloader(dataset, batch_size=64, shuffle=True)
-    for epoch in range(3):
-        for x, y in session.progress(loader):
-            with session.accumulate(model):
-                with session.autocast():
-                    loss = loss_fn(model(x), y)
-                session.backward(loss)
-            session.step(optimizer, clip_grad_norm=1.0)
-
-The facade holds its parts and delegates: ``strategy``, ``precision`` and ``accelerator`` (how
-the model is wrapped, how the maths runs, what the device is), a step counter, and three
-components -- :class:`~gpukit.session._services.SessionServices` (stop signals, heartbeat,
-requeue, the run record), :class:`~gpukit.session._memory.SessionMemory` (``run_step`` with OOM
-back-off, leak watching) and :class:`~gpukit.session._runstate.RunState` (``should_stop``, the
-state checkpoints carry).
+The facade holds its parts, each built here with what it needs, and delegates: ``strategy``,
+``precision`` and ``accelerator`` (how the model is wrapped, how the maths runs, what the device
+is) and four components -- :class:`~gpukit.session._steps.TrainingSteps` (backward, gradient
+accumulation, the optimizer step), :class:`~gpukit.session._services.SessionServices` (stop
+signals, heartbeat, requeue, the run record), :class:`~gpukit.session._memory.SessionMemory`
+(``run_step`` with OOM back-off, leak watching) and :class:`~gpukit.session._runstate.RunState`
+(``should_stop``, the state checkpoints carry).
 """
 
 from __future__ import annotations
@@ -48,7 +35,7 @@ from gpukit.session._launch import launch_workers
 from gpukit.session._memory import DEFAULT_WATCH_EVERY_N_STEPS, SessionMemory, check_memory_options
 from gpukit.session._runstate import RunState
 from gpukit.session._services import SessionServices
-from gpukit.session._steps import StepCounter
+from gpukit.session._steps import TrainingSteps
 from gpukit.strategies import Strategy, select_strategy
 from gpukit.strategies._checkpointing import configure_strategy
 from gpukit.strategies._compile import check_compile, compile_module, compile_request
@@ -96,21 +83,12 @@ class Session:
     """
 
     def __init__(
-        self,
-        devices: Any = "auto",
-        precision: str | Precision = "auto",
-        strategy: str | Strategy = "auto",
-        seed: int | None = None,
-        accumulate_grad_batches: int = 1,
-        sync_batchnorm: bool = False,
-        accelerator: str | Accelerator = "auto",
-        verbose: bool = True,
-        oom: str | None = None,
-        watch_memory: bool | int = False,
-        record: str | os.PathLike[str] | None = None,
-        timeout_s: float | None = None,
-        activation_checkpointing: Any = None,
-        compile: bool | dict[str, Any] | None = None,
+        self, devices: Any = "auto", precision: str | Precision = "auto",
+        strategy: str | Strategy = "auto", seed: int | None = None, accumulate_grad_batches: int = 1,
+        sync_batchnorm: bool = False, accelerator: str | Accelerator = "auto", verbose: bool = True,
+        oom: str | None = None, watch_memory: bool | int = False,
+        record: str | os.PathLike[str] | None = None, timeout_s: float | None = None,
+        activation_checkpointing: Any = None, compile: bool | dict[str, Any] | None = None,
     ) -> None:
         check_session_options(accumulate_grad_batches, seed)
         watch_every = check_memory_options(oom, watch_memory, sync_batchnorm)  # before any set-up
@@ -132,9 +110,8 @@ class Session:
         self.accelerator: Accelerator = self.strategy.accelerator
         self.precision: Precision = get_precision(precision, self.accelerator, self.strategy.root_device)
         self.strategy.precision = self.precision
-        self.accumulate_grad_batches = accumulate_grad_batches
         self.seed = seed
-        self._steps = StepCounter(accumulate_grad_batches)
+        self._steps = TrainingSteps(self.strategy, self.precision, accumulate_grad_batches)
         #: step-time breakdown of every gpukit loader (data wait, copy, compute); listeners
         self.timings = StepTimings(self.accelerator, rank=self.strategy.rank, report=verbose)
         if seed is not None:
@@ -148,9 +125,8 @@ class Session:
         #: the run recorder (``Session(record=...)``), ``None`` unless recording
         self.recorder = self._services.recorder
         self._memory = SessionMemory(
-            oom, watch_every, strategy=self.strategy, accelerator=self.accelerator, steps=self._steps,
-            autocast=self.autocast, accumulate=self.accumulate, backward=self.backward,
-            require_launched=self._require_launched,
+            oom, watch_every, strategy=self.strategy, precision=self.precision,
+            accelerator=self.accelerator, steps=self._steps,
         )
         self._runstate = RunState(strategy=self.strategy, precision=self.precision, steps=self._steps,
                                   memory=self._memory)
@@ -180,6 +156,11 @@ class Session:
     def is_main(self) -> bool:
         """True on rank 0 -- the process that prints, logs and saves."""
         return self.strategy.rank == 0
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """Micro-batches per optimizer step."""
+        return self._steps.accumulate_grad_batches
 
     # -- set-up -----------------------------------------------------------------------------------
     def setup(self, model: M, optimizer: torch.optim.Optimizer | None = None) -> Any:
@@ -259,17 +240,12 @@ class Session:
 
     def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Context that skips DDP's gradient sync except on the last micro-batch of a step."""
-        if self._steps.next_is_boundary():
-            return contextlib.nullcontext()
-        return self.strategy.no_backward_sync(model)
+        return self._steps.accumulate(model)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, divided by ``accumulate_grad_batches`` and scaled for fp16."""
         self._require_launched("session.backward()")
-        if self.accumulate_grad_batches > 1:
-            # summed over the micro-batches this gives the gradient of the mean loss
-            loss = loss / self.accumulate_grad_batches
-        self.precision.scale_loss(loss).backward(**kwargs)
+        self._steps.backward(loss, **kwargs)
 
     def step(self, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None = None) -> bool:
         """Count a micro-batch; on the accumulation boundary clip, step and zero the grads.
@@ -280,14 +256,7 @@ class Session:
             True when the optimizer stepped; False between boundaries and when fp16 found
             non-finite gradients (the step is skipped and the loss scale lowered).
         """
-        stepped = False
-        if self._steps.count_micro_batch():
-            if clip_grad_norm is not None:
-                self.precision.unscale_(optimizer)
-                self.strategy.clip_gradients(optimizer, clip_grad_norm)
-            stepped = self.precision.optimizer_step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
-            self._steps.optimizer_steps += int(stepped)
+        stepped = self._steps.step(optimizer, clip_grad_norm)
         self._memory.after_step()  # leak check every n steps when watch_memory is on
         return stepped
 
@@ -315,6 +284,7 @@ class Session:
         """Forward and backward of one batch, ``loss = step_fn(batch)``, with the ``oom=`` policy
         (``"backoff"``: split a batch that does not fit). Returns the loss, detached. See
         :meth:`SessionMemory.run_step <gpukit.session._memory.SessionMemory.run_step>`."""
+        self._require_launched("session.run_step()")
         return self._memory.run_step(step_fn, batch, model=model)
 
     @property
@@ -326,6 +296,7 @@ class Session:
     def watch_memory(self, every_n_steps: int = DEFAULT_WATCH_EVERY_N_STEPS, **options: Any) -> _memory.LeakWatcher:
         """Check for memory leaks every ``every_n_steps`` calls of ``session.step`` (names the
         variable behind ``total_loss += loss``); returns the :class:`~gpukit.memory.LeakWatcher`."""
+        self._require_launched("session.watch_memory()")
         return self._memory.watch_memory(every_n_steps, **options)
 
     def memory_report(self) -> _memory.MemoryReport:
@@ -358,9 +329,7 @@ class Session:
         state (GradScaler, step counters) and every rank's RNG and loader position are added.
         See :class:`gpukit.CheckpointManager`. Returns the step directory written.
         """
-        from gpukit.checkpoint import CheckpointManager
-
-        return CheckpointManager(directory, keep_last=keep_last).save(step, extra=extra, session=self, **objects)
+        return self._runstate.save_checkpoint(directory, step, keep_last=keep_last, extra=extra, **objects)
 
     def resume(self, directory: str | os.PathLike[str], **objects: Any) -> int | None:
         """Restore ``objects`` and this session from the latest complete checkpoint in ``directory``.
@@ -368,9 +337,7 @@ class Session:
         Returns:
             The step it resumed from, or ``None`` when ``directory`` has no checkpoint yet.
         """
-        from gpukit.checkpoint import CheckpointManager
-
-        return CheckpointManager(directory).resume(session=self, **objects)
+        return self._runstate.resume(directory, **objects)
 
     def state_dict(self) -> dict[str, Any]:
         """Session-owned training state: step counters, GradScaler, and the micro-batch size OOM
