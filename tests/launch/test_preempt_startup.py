@@ -64,3 +64,14 @@ def test_saved_workers_that_tear_down_past_grace_are_a_clean_stop(start_run) -> 
     assert [(run.out / f"stopped-{r}").exists() for r in (0, 1)] == [True, True]
     assert len(list((run.out / "ckpt").glob("step_*"))) == 1
     assert_none_survive(run.marker)
+
+
+@pytest.mark.slow
+def test_ranks_stopped_at_different_points_of_their_start_are_a_clean_stop(start_run) -> None:
+    run = start_run("--cpu", "--nproc", "2", "--grace", "3", str(SCRIPTS / "half_started.py"), "{out}")
+    run.files("starting-0", "starting-1")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait(60) == PREEMPTED_EXIT_CODE, run.output()
+    assert "rank 1's Session started: nothing to save" in run.output()
+    assert "a worker had not started its Session yet, nothing was trained to save" in run.output()
+    assert_none_survive(run.marker)

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["AGREED", "FINISHED", "BEFORE_START", "StopMarker", "write_marker", "read_markers", "done_ranks"]
+__all__ = ["AGREED", "FINISHED", "BEFORE_START", "StopMarker", "write_marker", "read_markers"]
 
 AGREED = "agreed"
 FINISHED = "finished"
@@ -72,8 +72,3 @@ def read_markers(directory: str | os.PathLike[str]) -> dict[int, StopMarker]:
         state = words[1] if len(words) > 1 and words[1] in _STATES else AGREED
         found[int(suffix)] = StopMarker(name, state)
     return found
-
-
-def done_ranks(directory: str | os.PathLike[str]) -> set[int]:
-    """Ranks whose stop is complete (``finished`` or ``before-start``)."""
-    return {rank for rank, marker in read_markers(directory).items() if marker.done}

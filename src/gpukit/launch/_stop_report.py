@@ -22,7 +22,7 @@ from typing import Any
 
 from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
 from gpukit.launch._signals import RunInterruptedError
-from gpukit.launch._stop_markers import done_ranks
+from gpukit.launch._stop_markers import BEFORE_START, read_markers
 
 __all__ = ["NodeReports", "exchange_stop_reports", "interrupted_outcome", "report_stop", "REPORT_WAIT_EXTRA_S"]
 
@@ -111,13 +111,20 @@ def exchange_stop_reports(
 
 def interrupted_outcome(signum: int, agent: Any, run_dir: str, nproc: int, grace_s: float) -> RunInterruptedError:
     """How the launcher's stop went: clean when no worker had started yet, when every worker
-    exited 0/75, or when every worker had finished its stop (marker) before it was killed."""
+    exited 0/75, when a worker was stopped before its Session joined the process group (no step
+    could complete), or when every worker had finished its stop (marker) before it was killed."""
     if agent.attempts == 0:
         return RunInterruptedError(signum, preempted=True, grace_s=grace_s,
                                    detail="no worker had started yet, nothing to save")
     if agent.stopped_cleanly():
         return RunInterruptedError(signum, preempted=True, grace_s=grace_s)
-    done = done_ranks(run_dir)
+    markers = read_markers(run_dir)
+    if any(marker.state == BEFORE_START for marker in markers.values()):
+        # a rank that never joined the process group: no step of this attempt could complete,
+        # so whatever its peers did when they found it gone (an error, a kill), nothing is lost
+        return RunInterruptedError(signum, preempted=True, grace_s=grace_s,
+                                   detail="a worker had not started its Session yet, nothing was trained to save")
+    done = {rank for rank, marker in markers.items() if marker.done}
     if len(done) >= nproc:
         slow = sum(1 for code in agent.exit_codes.values() if code not in (0, PREEMPTED_EXIT_CODE))
         detail = "every worker finished its stop"
