@@ -4,6 +4,7 @@ is a clean stop: exit 75."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -74,4 +75,21 @@ def test_ranks_stopped_at_different_points_of_their_start_are_a_clean_stop(start
     assert run.wait(60) == PREEMPTED_EXIT_CODE, run.output()
     assert "rank 1's Session started: nothing to save" in run.output()
     assert "a worker had not started its Session yet, nothing was trained to save" in run.output()
+    assert_none_survive(run.marker)
+
+
+@pytest.mark.slow
+def test_usr2_while_waiting_for_gpus_ends_the_wait(start_run, tmp_path: Path) -> None:
+    spec = tmp_path / "busy.json"  # a fake box whose one GPU never has 30 GiB free
+    spec.write_text(json.dumps({"driver_version": "535.104.05", "gpus": [
+        {"name": "NVIDIA A100", "uuid": "GPU-1111aaaa-0000-0000-0000-000000000001", "pci_bus_id": "00000000:01:00.0",
+         "memory_total_mib": 40960, "memory_used_mib": 30000}]}))
+    (tmp_path / "claims").mkdir()
+    env = {"GPUKIT_FAKE_GPUS": str(spec), "GPUKIT_CLAIM_DIR": str(tmp_path / "claims")}
+    run = start_run("--gpus", "1", "--min-free", "30GiB", "--wait", str(SCRIPTS / "slow_start.py"), "{out}", env=env)
+    poll(lambda: "wait" in run.output().lower() or run.proc.poll() is not None, 60, "the wait for GPUs")
+    assert run.proc.poll() is None, run.output()
+    run.proc.send_signal(signal.SIGUSR2)
+    assert run.wait(30) == PREEMPTED_EXIT_CODE, run.output()
+    assert "no worker had started yet, nothing to save" in run.output(), run.output()
     assert_none_survive(run.marker)

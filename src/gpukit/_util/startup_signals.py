@@ -17,9 +17,10 @@ import signal
 import threading
 from types import FrameType
 
-__all__ = ["hold_warning_signals", "received", "forget"]
+__all__ = ["HELD_SIGNALS", "hold_warning_signals", "received", "forget"]
 
-_HELD = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2", "SIGTERM") if hasattr(signal, name))
+#: What the CLI entry point holds while ``gpukit run`` starts.
+HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2", "SIGTERM") if hasattr(signal, name))
 _received: list[int] = []
 
 
@@ -39,7 +40,7 @@ def hold_warning_signals() -> bool:
     own handlers. Returns whether installed (only the main thread can)."""
     if threading.current_thread() is not threading.main_thread():
         return False
-    for signum in _HELD:
+    for signum in HELD_SIGNALS:
         if signal.getsignal(signum) in (signal.SIG_DFL, None):  # keep a handler someone chose
             signal.signal(signum, _record)
     return True

@@ -15,6 +15,7 @@ import os
 import pickle
 import sys
 import uuid
+from contextlib import nullcontext
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ from gpukit.launch._orphans import LAUNCHER_PID_ENV
 from gpukit.launch._preemption import PREEMPT_SIGNAL_ENV, parse_preempt_signal
 from gpukit.launch._preemption import preempt_signal as default_preempt_signal
 from gpukit.launch._requeue import max_requeues_from_env, requeue_after_preemption
-from gpukit.launch._signals import RunInterruptedError, StopSignal, startup_stop_signals
+from gpukit.launch._signals import RunInterruptedError, StopSignal, held_signals_raise, raise_if_held
 
 __all__ = ["launch_function", "launch_script", "GRACE_ENV", "RUN_ID_ENV", "MAX_NPROC_ENV", "DEFAULT_GRACE_S"]
 
@@ -300,14 +301,14 @@ def launch_script(
     if gpus is None and nproc is None and not cpu:
         gpus = scheduler_gpu_count(cluster)  # every GPU SLURM gave this node, and no other
     try:
-        # the preemption warning (and SIGTERM) stop a launcher that is still starting or waiting
-        # for GPUs cleanly -- exit 75, and a requeue for the warning -- instead of killing it
-        with startup_stop_signals(preempt):
-            _launch_script_workers(target, script_args, module=module, nproc=nproc, cpu=cpu, gpus=gpus,
-                                   max_restarts=max_restarts, grace_s=grace_s, topology=topology,
-                                   min_free_memory=min_free_memory, max_utilization=max_utilization,
-                                   wait=wait, wait_timeout_s=wait_timeout_s, verbose=verbose, echo=echo,
-                                   preempt=preempt, limit=limit, timeout_s=timeout_s)
+        # a stop held since the CLI started is acted on here, and when run_workers installs the
+        # launcher's handlers (after its imports): stop before any worker starts, exit 75
+        raise_if_held()
+        _launch_script_workers(target, script_args, module=module, nproc=nproc, cpu=cpu, gpus=gpus,
+                               max_restarts=max_restarts, grace_s=grace_s, topology=topology,
+                               min_free_memory=min_free_memory, max_utilization=max_utilization,
+                               wait=wait, wait_timeout_s=wait_timeout_s, verbose=verbose, echo=echo,
+                               preempt=preempt, limit=limit, timeout_s=timeout_s)
     except StopSignal as exc:  # before any worker started: nothing to save
         interrupted = RunInterruptedError(exc.signum, preempted=True, grace_s=grace_s,
                                           detail="no worker had started yet, nothing to save")
@@ -332,8 +333,9 @@ def _launch_script_workers(target: str, script_args: Sequence[str], *, module: b
                            min_free_memory: int | str | None, max_utilization: float | None, wait: bool,
                            wait_timeout_s: float | None, verbose: bool, echo: Echo | None, preempt: Any,
                            limit: int, timeout_s: float | None) -> None:
-    plan = plan_devices(gpus, cpu=cpu, nproc=nproc, min_free_memory=min_free_memory,
-                        max_utilization=max_utilization, wait=wait, wait_timeout_s=wait_timeout_s)
+    with held_signals_raise() if wait else nullcontext():  # a stop while waiting for GPUs ends the wait
+        plan = plan_devices(gpus, cpu=cpu, nproc=nproc, min_free_memory=min_free_memory,
+                            max_utilization=max_utilization, wait=wait, wait_timeout_s=wait_timeout_s)
     try:
         workers = nproc or max(1, plan.gpu_count)
         _announce(echo, plan, workers, topology)

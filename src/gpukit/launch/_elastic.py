@@ -343,7 +343,8 @@ def run_workers(
             try:
                 handler = registry.get_rendezvous_handler(_rendezvous_parameters(topology, run_id))
             except StopSignal as exc:  # stopped while still reaching the master: no worker ran
-                raise RunInterruptedError(exc.signum, preempted=False, grace_s=grace_s) from None
+                raise RunInterruptedError(exc.signum, preempted=True, grace_s=grace_s,
+                                          detail="no worker had started yet, nothing to save") from None
             except (RendezvousError, RuntimeError, ValueError, TimeoutError) as exc:
                 raise _rendezvous_error(exc, topology) from exc
             spec = WorkerSpec(

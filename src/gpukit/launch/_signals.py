@@ -22,7 +22,8 @@ from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
 __all__ = [
     "STOP_SIGNALS",
     "StopSignal",
-    "startup_stop_signals",
+    "raise_if_held",
+    "held_signals_raise",
     "RunInterruptedError",
     "launcher_signals",
     "escalate_on_signal",
@@ -123,35 +124,38 @@ def launcher_signals(preempt: int | None = None) -> Iterator[None]:
     """
     # Restoring also undoes the handlers the elastic agent installs at every worker start.
     with _stop_signals_handled_by(_raise_stop, preempt):
+        raise_if_held()  # from here on a signal raises: one held while starting, too
         yield
 
 
-@contextmanager
-def startup_stop_signals(preempt: int) -> Iterator[None]:
-    """``preempt`` and SIGTERM raise :class:`StopSignal` inside the block -- also when they
-    arrived earlier, while ``gpukit run`` was still importing (``gpukit._util.startup_signals``)
-    -- so that a launcher still starting, choosing GPUs or waiting for them stops cleanly (and,
-    for ``preempt``, requeues) instead of dying. Ctrl-C keeps its meaning. Main thread only.
-    """
+def raise_if_held() -> None:
+    """Raise :class:`StopSignal` for a stop signal ``gpukit run`` held while it was starting
+    (``gpukit._util.startup_signals``: the CLI entry point records SIGUSR1/SIGUSR2/SIGTERM from
+    its first line). Called where stopping is safe -- never in the middle of an import, where an
+    exception raised by a signal handler leaves half-imported modules behind (numpy: "cannot load
+    module more than once") or is swallowed by importlib (the launcher then never stops)."""
     from gpukit._util import startup_signals
+
+    early = startup_signals.received()
+    if early is not None:
+        startup_signals.forget()
+        raise StopSignal(early)
+
+
+@contextmanager
+def held_signals_raise() -> Iterator[None]:
+    """Inside the block (a wait with nothing being imported: ``--wait`` for GPUs) the signals the
+    CLI holds while starting raise :class:`StopSignal` at once instead of waiting to be acted on."""
+    from gpukit._util.startup_signals import HELD_SIGNALS
 
     if not _in_main_thread():
         yield
         return
-    with _signals_raise({int(preempt), int(signal.SIGTERM)}):
-        early = startup_signals.received()
-        startup_signals.forget()
-        if early is not None:
-            raise StopSignal(early)
-        yield
-
-
-@contextmanager
-def _signals_raise(signums: set[int]) -> Iterator[None]:
-    saved = {signum: signal.getsignal(signum) for signum in signums}
+    saved = {signum: signal.getsignal(signum) for signum in HELD_SIGNALS}
     try:
-        for signum in signums:
+        for signum in HELD_SIGNALS:
             signal.signal(signum, _raise_stop)
+        raise_if_held()
         yield
     finally:
         for signum, previous in saved.items():
