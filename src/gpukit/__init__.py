@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpukit._util.lazy import lazy_exports
+from gpukit._util.version import __version__
 from gpukit.errors import (
     CheckpointError,
     ConfigurationError,
@@ -17,8 +18,6 @@ from gpukit.errors import (
     GpukitError,
     GpuSelectionError,
 )
-
-__version__ = "0.1.0"
 
 # public name -> module that owns it
 _LAZY: dict[str, str] = {

@@ -1,5 +1,6 @@
-"""Small helpers shared by every layer: units, timeouts, processes, warnings, progress, seeding.
+"""Small helpers shared by every layer: units, timeouts, processes, warnings, progress, version.
 
-``units``, ``timeouts``, ``cpu``, ``lazy`` and ``process`` never import torch, so the lowest
-layers (``devices``, ``cluster``, ``doctor``) may use them; ``warnings`` and ``seeding`` do.
+``units``, ``timeouts``, ``cpu``, ``lazy``, ``process`` and ``version`` never import torch, so the
+lowest layers (``devices``, ``cluster``, ``doctor``) may use them; ``warnings`` does. Nothing here
+imports another part of gpukit but ``errors``.
 """

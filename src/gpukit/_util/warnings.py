@@ -8,14 +8,14 @@ import warnings
 
 import torch
 
-import gpukit
-
 __all__ = ["warn_at_user_code", "user_stacklevel", "is_internal"]
 
+# gpukit's own directory is two up from this file (gpukit/_util/warnings.py)
+_GPUKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _INTERNAL_DIRS = tuple(
-    os.path.dirname(os.path.abspath(module.__file__)) + os.sep
-    for module in (gpukit, torch)
-    if module.__file__
+    directory + os.sep
+    for directory in (_GPUKIT_DIR, os.path.dirname(os.path.abspath(torch.__file__ or "")))
+    if directory
 )
 
 

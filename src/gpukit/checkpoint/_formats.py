@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from gpukit._util.version import __version__
 from gpukit.checkpoint._untrusted import regular_file_size
 from gpukit.errors import CheckpointError, ConfigurationError
 
@@ -59,8 +60,6 @@ SAFETENSORS_DTYPES = {
 
 def metadata_entry() -> dict[str, str]:
     """What gpukit records about a save: its own and torch's version, and when."""
-    from gpukit import __version__
-
     return {
         "gpukit_version": __version__,
         "torch_version": torch.__version__,

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from gpukit.data._advice import EpochReport
 from gpukit.data._loader import DeviceLoader, build_loader
+from gpukit.data._loader_settings import LoaderSettings
 from gpukit.data._sampler import ResumableBatchSampler
 from gpukit.data._stall import DEFAULT_DATA_TIMEOUT_S, SharedMemoryWarning
 from gpukit.data._timing import StepTiming, StepTimings, TimingSummary
 from gpukit.data._tune import tune_loader
-from gpukit.data._tune_result import LoaderSettings, Trial, TuneResult
+from gpukit.data._tune_result import Trial, TuneResult
 from gpukit.data._workers import auto_num_workers, seed_worker
 
 __all__ = [

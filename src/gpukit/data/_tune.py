@@ -35,8 +35,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpukit.accelerators import Accelerator
+from gpukit.data._loader_settings import LoaderSettings
 from gpukit.data._tune_cache import RETUNE_ENV, _cache_key, _read_cache, _write_cache
-from gpukit.data._tune_result import DEFAULT_TUNE_BUDGET_S, LoaderSettings, Trial, TuneResult
+from gpukit.data._tune_result import DEFAULT_TUNE_BUDGET_S, Trial, TuneResult
 from gpukit.data._workers import usable_cpu_count
 from gpukit.errors import ConfigurationError
 

@@ -15,16 +15,14 @@ import platform
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.data import TensorDataset
 
+from gpukit.data._loader_settings import LoaderSettings
 from gpukit.data._workers import usable_cpu_count
 from gpukit.errors import GpukitError
-
-if TYPE_CHECKING:
-    from gpukit.data._tune_result import LoaderSettings
 
 __all__ = ["RETUNE_ENV", "cache_dir", "cache_file", "dataset_fingerprint"]
 
@@ -89,8 +87,6 @@ def _cache_key(dataset: Any, batch_size: int, step_fn: Any, device: torch.device
 def _read_cache(key: str) -> tuple[LoaderSettings, float | None] | None:
     """The cached settings of ``key`` and the batches/s they were measured at (if recorded)."""
     try:
-        from gpukit.data._tune_result import LoaderSettings
-
         entry = json.loads(cache_file().read_text()).get(key)
         if not entry:
             return None

@@ -18,8 +18,9 @@ _LAZY: dict[str, str] = {
     "GpuSnapshot": "_snapshot", "GpuProcess": "_snapshot", "list_gpus": "_snapshot",
     "selectable_units": "_snapshot",
     "select_gpus": "_select", "ORDERS": "_select",
-    "claim_gpus": "_claims", "claim_holders": "_claims", "claim_owners": "_claims", "GpuClaim": "_claims",
-    "default_claim_dir": "_claims", "CLAIM_DIR_ENV": "_claims",
+    "claim_gpus": "_claims", "GpuClaim": "_claims",
+    "claim_holders": "_claim_files", "claim_owners": "_claim_files", "default_claim_dir": "_claim_files",
+    "CLAIM_DIR_ENV": "_claim_files",
     "use_gpus": "_env", "cuda_initialized": "_env",
     "parse_visible_devices": "_visible", "resolve_visible": "_visible", "VisibleEntry": "_visible",
     "logical_to_physical": "_visible", "describe_mapping": "_visible",
@@ -61,9 +62,8 @@ __getattr__, __dir__ = lazy_exports(
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from gpukit.devices._claims import (
-        CLAIM_DIR_ENV, GpuClaim, claim_gpus, claim_holders, claim_owners, default_claim_dir,
-    )
+    from gpukit.devices._claim_files import CLAIM_DIR_ENV, claim_holders, claim_owners, default_claim_dir
+    from gpukit.devices._claims import GpuClaim, claim_gpus
     from gpukit.devices._env import cuda_initialized, use_gpus
     from gpukit.devices._fake import FakeNvml
     from gpukit.devices._nvml import FAKE_ENV, driver_version, unavailable_reason

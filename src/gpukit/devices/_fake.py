@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, NoReturn
 
 import pynvml
 
+from gpukit.devices._override import set_backend_override
 from gpukit.devices._spec import FakeGpu, FakeMigDevice, FakeProcess, FakeSpec, load_spec, parse_spec
 
 __all__ = ["FakeNvml"]
@@ -103,16 +104,12 @@ class FakeNvml:
     # -- installing as gpukit's backend -------------------------------------------------------
     def install(self) -> FakeNvml:
         """Make gpukit use this fake (instead of the real driver or ``GPUKIT_FAKE_GPUS``) until :meth:`uninstall`."""
-        from gpukit.devices import _nvml
-
-        _nvml.set_backend_override(self)
+        set_backend_override(self)
         return self
 
     def uninstall(self) -> None:
         """Stop using this fake; gpukit goes back to ``GPUKIT_FAKE_GPUS`` or the real driver."""
-        from gpukit.devices import _nvml
-
-        _nvml.set_backend_override(None)
+        set_backend_override(None)
 
     def __enter__(self) -> FakeNvml:
         return self.install()

@@ -16,6 +16,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
+from gpukit.devices._override import backend_override, set_backend_override
+
 __all__ = [
     "FAKE_ENV",
     "query",
@@ -76,16 +78,8 @@ class _State:
 
 _lock = threading.RLock()
 _state: _State | None = None
-_override: Any | None = None
 _notice_given = False
 _atexit_registered = False
-
-
-def set_backend_override(fake: Any | None) -> None:
-    """Use ``fake`` (a FakeNvml) as the backend in this process; ``None`` goes back to env/real."""
-    global _override
-    with _lock:
-        _override = fake
 
 
 def silence_notice() -> None:
@@ -96,8 +90,9 @@ def silence_notice() -> None:
 
 def _wanted_key() -> Hashable:
     # Cheap to compute on every call, so tests and `ls --watch` see a changed env or spec file.
-    if _override is not None:
-        return ("override", id(_override))
+    override = backend_override()
+    if override is not None:
+        return ("override", override)  # the fake itself: _open uses the one the key was made for
     path = os.environ.get(FAKE_ENV)
     if path:
         try:
@@ -111,9 +106,9 @@ def _wanted_key() -> Hashable:
 def _open(key: Hashable) -> _State:
     nvml: Any
     if key[0] == "override":  # type: ignore[index]
-        nvml = _override
+        nvml = key[1]  # type: ignore[index]
     elif key[0] == "fake":  # type: ignore[index]
-        from gpukit.devices._fake import FakeNvml
+        from gpukit.devices._fake import FakeNvml  # imported when asked for (it needs pynvml's types)
 
         nvml = FakeNvml.from_file(key[1])  # type: ignore[index]  # FakeSpecError propagates: a typo must not pass silently
     elif _pynvml is None:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from gpukit._util.units import format_bytes, parse_size
 from gpukit.devices import _nvml
+from gpukit.devices._claim_files import claim_holders
 from gpukit.devices._snapshot import GpuSnapshot, list_gpus, selectable_units
 from gpukit.devices._visible import ENV_VAR, resolve_visible
 from gpukit.errors import ClaimTimeoutError, ConfigurationError, GpuSelectionError
@@ -326,8 +327,6 @@ def select_gpus(
         ClaimTimeoutError: ``wait=True`` and ``timeout_s`` passed first.
         ConfigurationError: invalid arguments.
     """
-    from gpukit.devices._claims import claim_holders
-
     count = check_count(count)
     check_order(order)
     criteria = make_criteria(min_free_memory=min_free_memory, max_utilization=max_utilization,

@@ -18,7 +18,7 @@ from typing import Callable, Literal
 
 from gpukit._util.units import format_bytes
 from gpukit.devices import CLAIM_DIR_ENV, GpuProcess, GpuSnapshot, _nvml, claim_holders, default_claim_dir
-from gpukit.devices._claims import _read_owner
+from gpukit.devices._claim_files import _read_owner
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
 from gpukit.launch._orphans import LAUNCHER_PID_ENV

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from gpukit import memory as _memory
-from gpukit._util.seeding import fresh_seed, seed_everything
+from gpukit.session._seeding import fresh_seed, seed_everything
 from gpukit._util.timeouts import parse_timeout_s
 from gpukit.accelerators import Accelerator
 from gpukit.data import DeviceLoader, StepTimings, TimingSummary, build_loader
