@@ -90,18 +90,12 @@ class Session:
         record: str | os.PathLike[str] | None = None, timeout_s: float | None = None,
         activation_checkpointing: Any = None, compile: bool | dict[str, Any] | None = None,
     ) -> None:
+        # what a worker started by launch() needs to build the same session: every argument
+        self._config = {name: value for name, value in locals().items() if name != "self"}
         check_session_options(accumulate_grad_batches, seed)
         watch_every = check_memory_options(oom, watch_memory, sync_batchnorm)  # before any set-up
         if accelerator == "auto" and os.environ.get("GPUKIT_CPU") == "1":
-            accelerator = "cpu"  # `gpukit run --cpu`: gloo on the CPU even where GPUs exist
-        # what a worker started by launch() needs to build the same session
-        self._config = dict(
-            devices=devices, precision=precision, strategy=strategy, seed=seed,
-            accumulate_grad_batches=accumulate_grad_batches, sync_batchnorm=sync_batchnorm,
-            accelerator=accelerator, verbose=verbose, oom=oom, watch_memory=watch_memory, record=record,
-            timeout_s=timeout_s, activation_checkpointing=activation_checkpointing,
-            compile=compile,
-        )
+            accelerator = self._config["accelerator"] = "cpu"  # `gpukit run --cpu`: gloo even where GPUs exist
         self._compile = check_compile(compile)
         self.strategy: Strategy = select_strategy(devices, strategy, accelerator, sync_batchnorm=sync_batchnorm)
         configure_strategy(self.strategy, activation_checkpointing, verbose=verbose)
@@ -193,12 +187,8 @@ class Session:
         return model, optimizer
 
     def setup_dataloader(
-        self,
-        data: Any,
-        batch_size: int | None = None,
-        shuffle: bool | None = None,
-        num_workers: int | str | None = None,
-        **kwargs: Any,
+        self, data: Any, batch_size: int | None = None, shuffle: bool | None = None,
+        num_workers: int | str | None = None, **kwargs: Any,
     ) -> DeviceLoader:
         """A loader for this process: its shard of ``data``, batches on ``session.device``.
 
@@ -355,9 +345,7 @@ class Session:
             kwargs.setdefault("flush", True)
             builtins.print(*args, **kwargs)
 
-    def progress(
-        self, iterable: Iterable[T], total: int | None = None, description: str = ""
-    ) -> Iterator[T]:
+    def progress(self, iterable: Iterable[T], total: int | None = None, description: str = "") -> Iterator[T]:
         """Iterate ``iterable`` with a live bar (samples/s, data share) drawn on rank 0 only."""
         return timed_progress(iterable, self.timings, total=total, description=description,
                               enabled=self.is_main)
