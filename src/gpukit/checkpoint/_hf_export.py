@@ -27,6 +27,7 @@ from torch import nn
 from gpukit.checkpoint._atomic import atomic_write, clean_temp_files, fsync_directory, temp_path_for
 from gpukit.checkpoint._dist import current_dist
 from gpukit.checkpoint._formats import read_safetensors_header, safetensors_metadata
+from gpukit.checkpoint._gather import gather_sharded
 from gpukit.errors import CheckpointError, ConfigurationError
 
 __all__ = ["export_pretrained", "DEFAULT_MAX_SHARD_BYTES", "WEIGHTS_NAME", "INDEX_NAME", "CONFIG_NAME"]
@@ -91,24 +92,10 @@ def _model_class_name(model: nn.Module) -> str:
     return type(model).__name__
 
 
-def _module_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The full, prefix-free state dict of ``model``; gathered on rank 0 when it is FSDP-sharded."""
-    from gpukit.checkpoint._io import to_saveable
-    from gpukit.checkpoint._prefixes import strip_wrapper_prefixes
-    from gpukit.checkpoint._sharded import split_sharded
-
-    if split_sharded({"model": model}):  # DTensor parameters: collective, every rank takes part
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return strip_wrapper_prefixes(get_model_state_dict(model, options=options))
-    return to_saveable(model)
-
-
 def _write_merged(source: Any, merged: Path, *, select: str | None, dtype: str | None, trust: bool) -> None:
     """All weights of ``source`` as one safetensors file ``merged`` (on rank 0 under torch.distributed)."""
     from gpukit.checkpoint._inspect import DTYPES, convert_checkpoint
-    from gpukit.checkpoint._io import save
+    from gpukit.checkpoint._io import save, to_saveable
 
     if isinstance(source, (str, os.PathLike)):
         convert_checkpoint(source, merged, strip_prefix=True, to_cpu=True, dtype=dtype, format="safetensors",
@@ -116,18 +103,13 @@ def _write_merged(source: Any, merged: Path, *, select: str | None, dtype: str |
         return
     if dtype is not None and dtype not in DTYPES:
         raise ConfigurationError(f"Unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
-    if isinstance(source, nn.Module):
-        state: Any = _module_state(source)
-    elif isinstance(source, Mapping):
-        from gpukit.checkpoint._io import to_saveable
-
-        state = to_saveable(source)
-    else:
+    if not isinstance(source, (nn.Module, Mapping)):
         raise ConfigurationError(f"export_pretrained: got a {type(source).__name__} to export; give a model, a "
                                  "state dict, or the path of a checkpoint.")
+    state = gather_sharded(source, everywhere=False)  # collective: an FSDP model's full tensors, on rank 0
     if dtype is not None:
         state = {k: v.to(DTYPES[dtype]) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                 for k, v in state.items()}
+                 for k, v in to_saveable(state).items()}
     save(state, merged, format="safetensors")  # collective: rank 0 writes
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from gpukit.accelerators import get_accelerator
 from gpukit.checkpoint._atomic import atomic_write
 from gpukit.checkpoint._dist import current_dist
+from gpukit.checkpoint._gather import gather_sharded
 from gpukit.checkpoint._formats import (
     SAFETENSORS,
     TORCH_LEGACY,
@@ -164,10 +165,13 @@ def save(
     target = Path(path)
     fmt = format_for_save(target, format)
     dist = current_dist()
+    # FSDP-sharded models become full tensors, gathered by every rank: rank 0's shards alone
+    # would be silent data loss
     if not rank_zero_only or dist.world_size == 1:
-        _save_here(state, target, fmt)
+        _save_here(gather_sharded(state, everywhere=True), target, fmt)
         return target
     dist.check_all_arrived("gpukit.save")
+    state = gather_sharded(state, everywhere=False)  # after the check: a rank missing would hang it
     failure: BaseException | None = None
     if dist.is_main:
         try:
