@@ -6,6 +6,10 @@ is: fetch the batch (and put it on the device), forward, loss, backward, optimiz
 grad. Run on the CPU (an MLP and a small CNN) and on the first GPU when there is one.
 
     python bench/overhead.py [--steps 300] [--warmup 30]
+    python bench/overhead.py --peers [--steps 2000] [--epochs 10] [--wall]   # vs Fabric and Accelerate
+
+``--peers`` (bench/_peers.py) reports microseconds per step and per batch for gpukit, Lightning
+Fabric and Accelerate side by side (``pip install 'gpukit[bench]'`` installs the peers).
 
 Peak memory: on a GPU, the peak allocated bytes of each loop measured in separate windows
 (accelerator.memory_stats); on the CPU torch does not account allocations per loop, so
@@ -142,7 +146,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--peers", action="store_true", help="per step and per batch vs Fabric and Accelerate")
+    parser.add_argument("--epochs", type=int, default=10, help="--peers: epochs per loader")
+    parser.add_argument("--wall", action="store_true", help="--peers: wall time instead of thread CPU time")
     args = parser.parse_args()
+    if args.peers:
+        import _peers
+
+        _peers.main(args.steps if args.steps != 300 else 2000, args.epochs, args.wall)
+        return
     torch.manual_seed(0)
     devices = [torch.device("cpu")]
     if torch.cuda.is_available():

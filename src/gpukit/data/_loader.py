@@ -144,6 +144,7 @@ class DeviceLoader:
             ):
                 self._consumed += 1
                 yield batch
+                del batch  # no second holder while the next batch is made (see _timing.iterate)
         finally:
             guard.end()
         self._epoch, self._consumed, self._in_progress = self._epoch + 1, 0, False

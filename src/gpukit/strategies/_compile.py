@@ -18,6 +18,7 @@ Compiling in place keeps the module and its state-dict keys: checkpoints have no
 
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,11 +34,11 @@ COMPILE_OPTIONS = ("fullgraph", "dynamic", "backend", "mode", "options", "disabl
 
 
 def _optimized_module_type() -> type | None:
-    try:
-        from torch._dynamo.eval_frame import OptimizedModule
-    except ImportError:  # a torch without dynamo (some platforms)
-        return None
-    return OptimizedModule
+    # torch.compile(model) imports torch._dynamo.eval_frame before it can return a wrapper: when
+    # the module is not loaded, no model is compiled, and importing dynamo (1-2 s) to find that
+    # out would make every Session.setup pay for it
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return getattr(eval_frame, "OptimizedModule", None)
 
 
 def is_compiled_wrapper(model: Any) -> bool:
