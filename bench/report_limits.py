@@ -3,7 +3,7 @@
 Builds the big hostile records of tests/hostile/corpus_records.py once (streamed to disk), then
 reports each with every given source tree, interleaved (A, B, A, B ...) so machine load hits
 both alike. Each report runs in a fresh process; its peak RSS comes from getrusage of that one
-child.
+child, and its CPU time (user + system: less sensitive to a busy machine than wall time).
 
     python bench/report_limits.py OLD_SRC NEW_SRC [--timeout 600] [--only steps_1m_lines ...]
 """
@@ -30,7 +30,8 @@ try:
     code = proc.returncode
 except subprocess.TimeoutExpired:
     code = "timeout"
-print(code, round(time.monotonic() - start, 2), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(code, round(time.monotonic() - start, 2), round(usage.ru_utime + usage.ru_stime, 2), usage.ru_maxrss)
 """
 
 
@@ -39,9 +40,10 @@ def measure(src: str, directory: Path, out: Path, timeout_s: float) -> str:
     out.unlink(missing_ok=True)
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(timeout_s), sys.executable, "-m", "gpukit", "report",
                            str(directory), "--out", str(out)], env=env, capture_output=True, text=True)
-    code, seconds, rss_kib = proc.stdout.split()
+    code, seconds, cpu_s, rss_kib = proc.stdout.split()
     size = f"{out.stat().st_size / 2**20:,.2f} MB" if out.exists() else "none"
-    return f"exit {code}, {float(seconds):,.1f} s, peak RSS {int(rss_kib) / 2**10:,.0f} MiB, HTML {size}"
+    return (f"exit {code}, {float(seconds):,.1f} s wall, {float(cpu_s):,.1f} s CPU, "
+            f"peak RSS {int(rss_kib) / 2**10:,.0f} MiB, HTML {size}")
 
 
 def main() -> int:

@@ -4,8 +4,9 @@ Parsing a line costs microseconds, so a file of millions of lines cannot be pars
 still report in seconds. Lines are classed first by their opening bytes (the recorder writes
 ``{"type":"step",...``): headers are parsed up to :data:`MAX_RUNS`, events up to
 :data:`MAX_EVENTS_PER_RANK` (the rest counted), and step and system lines are *sampled* once
-their count passes the rank's budget: past ``budget`` lines of a class one line in 2 is parsed,
-past ``2 x budget`` one in 4, and so on (the recorder's own doubling windows). A sampled step
+their count passes the rank's budget: past ``budget`` lines of a class one line in 4 is parsed,
+past ``2 x budget`` one in 16, past ``4 x budget`` one in 64, and so on, so a file of any length
+costs at most 1.5 x budget parsed lines (and its 64 KiB-bounded lines read). A sampled step
 line stands for the lines passed over since the previous one: its step count and samples are
 scaled by the stride, so totals and throughput are estimates of the same size, and the report
 says so. A record written by gpukit (about 11,000 step lines per million steps) is read in full.
@@ -32,11 +33,13 @@ _UNREAD_EVENTS = "(not read: over the limit)"
 
 
 class _Sampler:
-    """Says which lines of one class to parse: all of the first ``budget``, then 1 in 2, 1 in 4..."""
+    """Says which lines of one class to parse: all of the first ``budget``; past ``budget x 2^k``
+    lines, one in ``4^(k+1)`` -- so at most ``1.5 x budget`` are parsed however long the file is."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.seen = 0
+        self.level = 1
         self.stride = 1
         self.passed = 0
 
@@ -44,8 +47,9 @@ class _Sampler:
         """0: pass this line over; else the stride it stands for."""
         seen = self.seen
         self.seen += 1
-        if seen >= self.budget * self.stride:
-            self.stride *= 2
+        if seen >= self.budget * self.level:
+            self.level *= 2
+            self.stride = self.level * self.level
         if seen % self.stride:
             self.passed += 1
             return 0
@@ -154,7 +158,7 @@ def read_rank(rank: int, path: Path, fd: int, max_bytes: int, budget: int) -> tu
         sampler = reader.samplers[key]
         if sampler.passed:
             notes.append(f"{name}: {sampler.seen:,} {what} lines; past the first {sampler.budget:,} one in "
-                         f"2, 4 ... {sampler.stride} was read ({sampler.passed:,} passed over; step counts, "
+                         f"4, 16 ... {sampler.stride} was read ({sampler.passed:,} passed over; step counts, "
                          "samples and throughput are estimates scaled by the stride)")
     if reader.extra_headers:
         notes.append(f"{name}: {reader.extra_headers:,} more run header(s) than the {MAX_RUNS} runs told "
