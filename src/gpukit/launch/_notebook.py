@@ -65,6 +65,11 @@ def needs_fork(fn: Callable[..., Any], args: tuple[Any, ...]) -> bool:
     """
     if not is_interactive():
         return False  # a script: spawned workers import its __main__ from its file
+    # the common case first, without pickling (a large tensor in args would be copied):
+    # the function itself, or Session.launch's (session class, config, fn, args), comes from a cell
+    shallow = [fn, *args, *(a for arg in args if isinstance(arg, tuple) for a in arg)]
+    if any(getattr(obj, "__module__", None) == "__main__" for obj in shallow if callable(obj)):
+        return True
     import pickle
     import types
 
