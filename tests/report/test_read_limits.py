@@ -91,3 +91,29 @@ def test_names_are_cut_with_an_ellipsis_and_counts_are_capped(tmp_path: Path) ->
     assert "d" * 1000 not in text and "k" * 100 not in text and "…" in text
     assert "and 40 more" in text and "scalars beyond the first 48 names" in text
     assert len(text) < 2_000_000
+
+
+@pytest.mark.slow  # writes a 120 MB record (~5 s) and reports it in a fresh process
+def test_a_million_step_lines_report_in_seconds_of_cpu(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    template = ('{"type":"step","t":%.3f,"step":%d,"n":1,"epoch":0,"samples":32,"step_s":0.01,'
+                '"data_s":0.002,"compute_s":0.008,"max_step_s":0.01,"exact":true,"scalars":{"loss":%.5f}}\n')
+    with open(tmp_path / "rank0.jsonl", "w") as handle:
+        handle.write(json.dumps(META) + "\n")
+        for block in range(0, 1_000_000, 10_000):
+            handle.write("".join(template % (T0 + 0.01 * (i + 1), i, 1.0 / (i + 1)) for i in range(block, block + 10_000)))
+    # measured in a fresh wrapper process: its only child is the report, so getrusage is the report's own
+    wrapper = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True); "
+               "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+               "print(p.returncode, u.ru_utime + u.ru_stime, u.ru_maxrss)")
+    proc = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "gpukit", "report", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    code, cpu_s, rss_kib = proc.stdout.split()
+    assert code == "0", proc.stderr
+    # CPU time, not wall time: the machine may be busy. The old reader took 14 s of CPU and 1.7 GB.
+    assert float(cpu_s) < 6.0, f"report took {float(cpu_s):.1f} s of CPU"
+    assert int(rss_kib) < 300 * 1024, f"peak RSS {int(rss_kib) / 1024:.0f} MiB"
+    report = (tmp_path / "report.html").read_text()
+    assert "1,000,000 step lines" in report and len(report) < 1_000_000
