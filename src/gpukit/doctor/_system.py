@@ -19,6 +19,9 @@ _NVML_FEATURE_ENABLED = 1
 
 def versions(ctx: DoctorContext) -> dict[str, str | None]:
     """Versions a bug report needs (``None``: not installed / no driver)."""
+    cached = ctx.extra.get("versions")
+    if cached is not None:  # the check and the report both ask; the metadata lookup scans site-packages
+        return dict(cached)
     import gpukit
 
     try:
@@ -27,11 +30,13 @@ def versions(ctx: DoctorContext) -> dict[str, str | None]:
         nvml = version("nvidia-ml-py")
     except Exception:  # not installed, or metadata unreadable
         nvml = None
-    return {
+    found = {
         "gpukit": gpukit.__version__, "python": platform.python_version(), "torch": ctx.torch.version,
         "torch_cuda": ctx.torch.cuda, "nvidia_driver": ctx.driver_version, "nvidia_ml_py": nvml,
         "os": f"{platform.system()} {platform.release()}", "machine": platform.machine(),
     }
+    ctx.extra["versions"] = found
+    return dict(found)
 
 
 def check_versions(ctx: DoctorContext) -> list[Finding]:
