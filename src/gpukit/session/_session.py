@@ -7,7 +7,7 @@ is) and four components -- :class:`~gpukit.session._steps.TrainingSteps` (backwa
 accumulation, the optimizer step), :class:`~gpukit.session._services.SessionServices` (stop
 signals, heartbeat, requeue, the run record), :class:`~gpukit.session._memory.SessionMemory`
 (``run_step`` with OOM back-off, leak watching) and :class:`~gpukit.session._runstate.RunState`
-(``should_stop``, the state checkpoints carry).
+(``should_stop``, saving and resuming checkpoints, the state they carry).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from gpukit import memory as _memory
-from gpukit.session._seeding import fresh_seed, seed_everything
 from gpukit._util.timeouts import parse_timeout_s
 from gpukit.accelerators import Accelerator
 from gpukit.data import DeviceLoader, StepTimings, TimingSummary, build_loader
@@ -34,6 +33,7 @@ from gpukit.session._checks import check_optimizer, check_session_options, choic
 from gpukit.session._launch import launch_workers
 from gpukit.session._memory import DEFAULT_WATCH_EVERY_N_STEPS, SessionMemory, check_memory_options
 from gpukit.session._runstate import RunState
+from gpukit.session._seeding import fresh_seed, seed_everything
 from gpukit.session._services import SessionServices
 from gpukit.session._steps import TrainingSteps
 from gpukit.strategies import Strategy, select_strategy
