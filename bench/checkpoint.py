@@ -1,6 +1,6 @@
 """Benchmark: save and restore of a model + Adam state, gpukit vs plain torch, Fabric and Accelerate.
 
-    python bench/checkpoint.py [--size-mib 504] [--reps 5] [--dir DIR]
+    python bench/checkpoint.py [--size-mib 504] [--reps 5] [--dir DIR] [--tools torch,gpukit,...]
 
 Every restore runs in a fresh process, as a resumed job does: the process builds the model
 and optimizer, restores the checkpoint saved by the previous repetition (timed: the restore
@@ -173,14 +173,16 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=504)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where to write (default: the system temp dir)")
+    parser.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {', '.join(TOOLS)}")
     parser.add_argument("--child", choices=TOOLS, help=argparse.SUPPRESS)
     parser.add_argument("--restore", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, Path(args.dir), args.size_mib, args.restore)
         return
-    tools = [t for t in TOOLS if _available(t)]
-    missing = [t for t in TOOLS if t not in tools]
+    wanted = [t for t in args.tools.split(",") if t in TOOLS]
+    tools = [t for t in wanted if _available(t)]
+    missing = [t for t in wanted if t not in tools]
     results: dict[str, list[dict[str, float]]] = {t: [] for t in tools}
     load_before = _load_average()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -200,6 +202,8 @@ def main() -> None:
                 if abs(result["checksum"] - expected) > 1e-6 * max(1.0, abs(expected)):
                     raise SystemExit(f"{tool}: restored weights differ from the saved ones")
                 results[tool].append(result)
+                print(f"  rep {rep} {tool}: " + ", ".join(f"{k} {v:.3f}" for k, v in result.items()
+                                                       if k.endswith("_s")), file=sys.stderr, flush=True)
     med = {t: {k: statistics.median(r[k] for r in results[t]) for k in results[t][0]
                if results[t][0][k] is not None} for t in tools}
     mib = lambda b: f"{b / 2**20:6.0f} MiB"  # noqa: E731
