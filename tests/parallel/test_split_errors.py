@@ -85,3 +85,29 @@ def test_tied_parameters_across_stages_are_refused_before_moving() -> None:
         split(model, ["cpu", "cpu"], balance=[2, 3], layers=["embed", "blocks", "head"], verbose=False)
     # both users in one stage is fine
     split(model, ["cpu"], layers=["embed", "blocks", "head"], verbose=False)
+
+
+class _Residual(nn.Module):
+    """A forward that does more than chain its layers: x + head(body(x))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.head(self.body(x))
+
+
+def test_layers_that_do_not_reproduce_a_custom_forward_are_refused_or_warned() -> None:
+    import gpukit.parallel._forward_check as forward_check
+
+    with pytest.raises(ConfigurationError, match=r"differ by up to .*_Residual.forward.*residual connections"):
+        split(_Residual(), ["cpu", "cpu"], layers=["body", "head"], example_input=torch.empty(3, 4, device="meta"),
+              verbose=False)
+    forward_check._WARNED.discard(_Residual)
+    with pytest.warns(UserWarning, match=r"replaces _Residual.forward.*example_input") as caught:
+        split(_Residual(), ["cpu", "cpu"], layers=["body", "head"], verbose=False)
+        split(_Residual(), ["cpu", "cpu"], layers=["body", "head"], verbose=False)
+    assert sum("replaces _Residual.forward" in str(w.message) for w in caught) == 1  # once
+    chain = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    split(chain, ["cpu", "cpu"], layers=["0", "1"], example_input=torch.empty(3, 4), verbose=False)  # agrees: fine

@@ -124,9 +124,12 @@ def _visible_gpu_count() -> int:
               help="fsdp: per-rank memory with parameters, gradients and optimizer state sharded over --nproc.")
 @click.option("--nproc", type=click.IntRange(1, 1 << 20), default=None,
               help="Processes the model is sharded over (with --strategy fsdp) [default: the GPUs visible here].")
+@click.option("--fit", "fit_memory", metavar="SIZE", default=None,
+              help="Memory per device, e.g. 24GiB: rank the configurations that fit (precision, activation "
+                   "checkpointing, strategy over --nproc devices, micro-batch) by predicted step time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")
 def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], dtypes: tuple[str, ...], precision: str,
-         optimizer: str, device: str, strategy: str, nproc: int | None, as_json: bool) -> None:
+         optimizer: str, device: str, strategy: str, nproc: int | None, fit_memory: str | None, as_json: bool) -> None:
     """Predict peak training memory of MODEL (a 'module:factory' returning an nn.Module).
 
     The inputs: --batch-shape (positional), --input NAME=SHAPE[:DTYPE] (keyword; a Hugging Face
@@ -149,7 +152,8 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
         raise ConfigurationError(f"--precision {precision!r}: plan for one of {', '.join(_PRECISIONS)} "
                                  "('auto' depends on the GPU that will run it, so name the precision).")
     dims = [_shape(s) for s in shapes]
-    if strategy == "fsdp" and nproc is None:
+    budget = _fit_budget(fit_memory)
+    if strategy == "fsdp" and nproc is None and budget is None:
         nproc = _visible_gpu_count()
     factory = _load_factory(model)  # a typo in MODEL is reported before torch loads (unless the module imports it)
 
@@ -177,6 +181,9 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
         keywords = {n: torch.empty(d, dtype=getattr(torch, t)) for n, d, t in named}
     batch = example if example is not None else keywords or (
         positional[0] if len(positional) == 1 else tuple(positional))
+    if budget is not None:
+        _print_fit(built, batch, budget, nproc or 1, optimizer, device, as_json)
+        return
     try:
         estimate = estimate_memory(built, optimizer, batch, precision=precision, device=device)
     except MemoryPlanError as exc:
@@ -192,3 +199,31 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
 
         estimate = shard_estimate(estimate, nproc or 1, unit_param_counts(built, units_to_shard(built)))
     click.echo(json.dumps(estimate.to_dict(), indent=2) if as_json else str(estimate))
+
+
+def _fit_budget(text: str | None) -> int | None:
+    """``--fit SIZE`` in bytes (checked before torch loads)."""
+    if text is None:
+        return None
+    from gpukit._util.units import parse_size
+
+    budget = parse_size(text)
+    if budget <= 0:
+        raise ConfigurationError(f"--fit {text!r}: give the memory of one device, e.g. --fit 24GiB.")
+    return budget
+
+
+def _print_fit(model: object, batch: object, budget: int, devices: int, optimizer: str, device: str,
+               as_json: bool) -> None:
+    """``gpukit plan --fit``: the ranked configurations (``gpukit.memory.fit``), or what is missing."""
+    from dataclasses import asdict
+
+    from gpukit.memory import fit
+
+    result = fit(model, batch, memory=budget, devices=devices, optimizer=optimizer, device=device)  # type: ignore[arg-type]
+    if as_json:
+        click.echo(json.dumps({"memory_bytes": result.memory_bytes, "global_batch": result.global_batch,
+                               "options": [{**asdict(o), "session": o.session_line()} for o in result.options],
+                               "closest": asdict(result.closest) if result.closest else None}, indent=2))
+    else:
+        click.echo(str(result))

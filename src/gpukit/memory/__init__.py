@@ -8,6 +8,7 @@ Entry points for :class:`gpukit.Session` (each works on its own as well):
   (``session.watch_memory(...)``), ``inference_guard(model)`` per set-up model.
 * ``OomBackoff(micro_batch_size, device=..., zero_grad=..., parameters=..., no_sync=...)``
   with ``.run(step_fn, batch)`` (``Session(oom="backoff")`` + ``session.run_step``).
+* ``fit(model, example_input, memory="24GiB", devices=N)``: the cheapest configuration that fits.
 * ``free_memory(device)`` (``session.free_memory()``), ``oom_postmortem(device=...)``.
 """
 
@@ -25,7 +26,9 @@ from gpukit.memory._free import free_memory
 from gpukit.memory._inference_guard import InferenceGradWarning, InferenceGuard, inference_guard
 from gpukit.memory._leaks import LeakFinding, LeakWatcher, MemoryLeakWarning, watch
 from gpukit.memory._live import live_tensor_bytes
+from gpukit.memory._fit import FitOption, FitResult, fit
 from gpukit.memory._measure import measure_peak_memory
+from gpukit.memory._measure_cpu import MeasuredMemory, measure_step_memory
 from gpukit.memory._planner import MemoryEstimate, estimate_memory
 from gpukit.memory._shard_plan import shard_estimate
 from gpukit.memory._postmortem import (
@@ -62,6 +65,11 @@ __all__ = [
     "shard_estimate",
     "MemoryEstimate",
     "measure_peak_memory",
+    "measure_step_memory",
+    "MeasuredMemory",
+    "fit",
+    "FitResult",
+    "FitOption",
     "free_memory",
     "write_oom_snapshot",
     "oom_postmortem",

@@ -24,12 +24,14 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.flop_counter import flop_registry
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpukit._util.units import format_bytes
 from gpukit.accelerators import get_accelerator
 from gpukit.errors import ConfigurationError, MemoryPlanError
-from gpukit.precision import PRECISIONS, get_precision
+from gpukit.memory._activation import check_policy, checkpointing_applied, policy_name
+from gpukit.precision import NORM_LAYERS, PRECISIONS, _cast_hook, _cast_output_hook, get_precision
 
 __all__ = ["MemoryEstimate", "estimate_memory", "OPTIMIZERS"]
 
@@ -57,6 +59,9 @@ class MemoryEstimate:
         activations_bytes: peak of forward+backward above what was live before the forward,
             less the gradients: saved activations and temporaries.
         notes: approximations made (e.g. optimizer state computed by formula).
+        activation_checkpointing: the policy planned for ("none", "full", "selective", "custom").
+        flops: floating-point operations of one forward+backward (checkpointing's recompute
+            included), as ``torch.utils.flop_counter`` counts them (matmuls, convolutions, attention).
     """
 
     peak_bytes: int
@@ -69,6 +74,8 @@ class MemoryEstimate:
     precision: str
     device: str
     notes: tuple[str, ...] = field(default_factory=tuple)
+    activation_checkpointing: str = "none"
+    flops: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,14 +90,16 @@ class MemoryEstimate:
             ("activations (peak)", self.activations_bytes),
             ("peak", self.peak_bytes),
         ]
-        lines = [f"estimated training memory ({self.precision} on {self.device})"]
+        checkpointing = f", activation checkpointing {self.activation_checkpointing}" if self.activation_checkpointing != "none" else ""
+        lines = [f"estimated training memory ({self.precision} on {self.device}{checkpointing})"]
         lines += [f"  {name:<20}{format_bytes(value):>12}" for name, value in rows]
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
 
 class _LiveBytes(TorchDispatchMode):
-    """Counts live storage bytes through every operator, freed via weakref callbacks."""
+    """Counts live storage bytes through every operator, freed via weakref callbacks (and, while
+    ``count_flops``, the FLOPs of the operators ``torch.utils.flop_counter`` knows)."""
 
     def __init__(self, block: int) -> None:
         super().__init__()
@@ -98,6 +107,8 @@ class _LiveBytes(TorchDispatchMode):
         self.live = 0
         self.peak = 0
         self._refs: dict[int, weakref.ref[Any]] = {}
+        self.count_flops = True
+        self.flops = 0
 
     def size(self, storage: Any) -> int:
         nbytes = int(storage.nbytes())
@@ -122,6 +133,8 @@ class _LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if self.count_flops and func.overloadpacket in flop_registry:  # as FlopCounterMode counts
+            self.flops += flop_registry[func.overloadpacket](*args, **(kwargs or {}), out_val=out)
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self.track(leaf)
@@ -146,11 +159,50 @@ def _optimizer_class(optimizer: Any) -> tuple[type[torch.optim.Optimizer] | None
     )
 
 
-def _call(model: torch.nn.Module, state: dict[str, torch.Tensor], batch: Any) -> Any:
+def _call(model: torch.nn.Module, batch: Any) -> Any:
     if isinstance(batch, dict):
-        return torch.func.functional_call(model, state, (), batch)
-    args = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-    return torch.func.functional_call(model, state, args)
+        return model(**batch)
+    return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+
+
+@contextlib.contextmanager
+def _simulated(
+    model: torch.nn.Module, state: dict[str, torch.Tensor], checkpointing: Any, low: torch.dtype | None,
+) -> Iterator[list[str]]:
+    """``model`` running on the fake ``state`` -- for backward too, where checkpointed blocks
+    run their forward again -- with ``checkpointing`` applied; all undone afterwards."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    with _reparametrize_module(model, state), checkpointing_applied(model, checkpointing) as names, \
+            _true_precision_casts(model, low):
+        yield names
+
+
+def _norm_tensor_names(model: torch.nn.Module) -> set[str]:
+    """Parameters and buffers of the norm layers a "-true" precision keeps in fp32."""
+    return {f"{prefix}.{name}" if prefix else name
+            for prefix, sub in model.named_modules() if isinstance(sub, NORM_LAYERS)
+            for name, _ in [*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]}
+
+
+@contextlib.contextmanager
+def _true_precision_casts(model: torch.nn.Module, low: torch.dtype | None) -> Iterator[None]:
+    """The casts ``TruePrecision.convert_module`` adds (fp32 norm layers; fp32 outputs), for the
+    simulation only: they copy activations, which the plan must count."""
+    if low is None or getattr(model, "_gpukit_precision", None) is not None:
+        yield  # no "-true" precision, or the model was converted already (its hooks run)
+        return
+    handles = []
+    for sub in model.modules():
+        if isinstance(sub, NORM_LAYERS):
+            handles.append(sub.register_forward_pre_hook(_cast_hook(torch.float32), with_kwargs=True))
+            handles.append(sub.register_forward_hook(_cast_output_hook(low)))
+    handles.append(model.register_forward_hook(_cast_output_hook(torch.get_default_dtype())))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _default_loss(output: Any) -> torch.Tensor:
@@ -202,6 +254,7 @@ def estimate_memory(
     precision: str = "32-true",
     device: str | torch.device = "cuda",
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    activation_checkpointing: Any = None,
 ) -> MemoryEstimate:
     """Predict peak training memory of ``model`` on ``device`` without allocating there.
 
@@ -215,6 +268,9 @@ def estimate_memory(
         device: the device to plan for (``"cuda"`` by default; no GPU is needed).
         loss_fn: ``loss_fn(output) -> scalar``; by default the model's own ``output.loss``
             (Hugging Face models given ``labels``), else the mean of the outputs.
+        activation_checkpointing: plan with it (True, "selective", classes or a callable, as
+            ``Session(activation_checkpointing=...)``): the simulated step really checkpoints,
+            so only block inputs are kept and one block is recomputed at a time in backward.
 
     Returns:
         A :class:`MemoryEstimate` breakdown.
@@ -224,6 +280,7 @@ def estimate_memory(
         MemoryPlanError: when the model cannot run on fake tensors.
     """
     param_dtype, autocast_dtype, precision = _precision_dtypes(precision)
+    checkpointing = check_policy(activation_checkpointing)
     if example_batch is None:
         raise ConfigurationError("estimate_memory needs example_batch=... (e.g. torch.empty(64, 3, 32, 32)) to size activations.")
     opt_cls, opt_defaults = _optimizer_class(optimizer)
@@ -242,11 +299,17 @@ def estimate_memory(
 
     try:
         with _quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True):
+            # "-true" precisions keep norm layers in fp32 (gpukit.precision.TruePrecision)
+            fp32 = _norm_tensor_names(model) if param_dtype != torch.float32 else set()
+
+            def dtype_of(name: str, t: torch.Tensor) -> torch.dtype | None:
+                return (torch.float32 if name in fp32 else param_dtype) if t.is_floating_point() else None
+
             params = {
-                name: fake_like(p, param_dtype if p.is_floating_point() else None).requires_grad_(p.requires_grad)
+                name: fake_like(p, dtype_of(name, p)).requires_grad_(p.requires_grad)
                 for name, p in model.named_parameters()
             }
-            buffers = {name: fake_like(b, param_dtype if b.is_floating_point() else None) for name, b in model.named_buffers()}
+            buffers = {name: fake_like(b, dtype_of(name, b)) for name, b in model.named_buffers()}
             # "-true" precisions feed the model low-precision inputs too; an input that requires
             # grad keeps it (a middle layer, as gpukit.parallel plans one, sends gradients back)
             inputs = tree_map(
@@ -261,16 +324,19 @@ def estimate_memory(
                 "inputs": sum(tracker.size(t.untyped_storage()) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)),
             }
             trainable = [p for p in params.values() if p.requires_grad]
-            with tracker:
+            true_low = param_dtype if param_dtype != torch.float32 else None
+            with tracker, _simulated(model, {**params, **buffers}, checkpointing, true_low) as checkpointed:
                 fake_opt = _make_optimizer(opt_cls, opt_defaults, trainable, notes)
                 for step in range(2):
                     before_forward = tracker.live
                     tracker.reset_peak()
                     with torch.autocast(simulated.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                        output = _call(model, {**params, **buffers}, inputs)
+                        output = _call(model, inputs)
                         loss = (loss_fn or _default_loss)(output)
                     loss.backward()
                     del output, loss
+                    if step == 0:  # forward+backward FLOPs (recompute included): fit's cost model
+                        flops, tracker.count_flops = tracker.flops, False
                     fwd_bwd_peak = tracker.peak - before_forward
                     grads = sum(tracker.size(p.grad.untyped_storage()) for p in trainable if p.grad is not None)
                     if fake_opt is not None:
@@ -282,6 +348,9 @@ def estimate_memory(
                     if step == 0:
                         overall_peak = tracker.peak
                 overall_peak = max(overall_peak, tracker.peak)
+                if checkpointed:
+                    notes.append(f"activation checkpointing ({policy_name(checkpointing)}): {len(checkpointed)} "
+                                 "block(s) keep their input and are recomputed in backward")
                 state = _state_bytes(fake_opt, tracker) if fake_opt is not None else 0
     except (RuntimeError, TypeError, NotImplementedError) as exc:
         raise MemoryPlanError(
@@ -304,6 +373,8 @@ def estimate_memory(
         precision=precision,
         device=str(target),
         notes=tuple(notes),
+        activation_checkpointing=policy_name(checkpointing),
+        flops=int(flops),
     )
 
 

@@ -15,6 +15,7 @@ from gpukit._util.warnings import warn_at_user_code
 from gpukit.errors import ConfigurationError
 from gpukit.parallel._balance import LayerCost, check_balance, layer_costs, partition
 from gpukit.parallel._batchnorm import has_training_batchnorm
+from gpukit.parallel._forward_check import check_chain_matches_forward
 from gpukit.parallel._layers import resolve_layers
 from gpukit.parallel._pipeline import SplitModel, Stage
 from gpukit.placement import resolve_device
@@ -84,7 +85,9 @@ def split(
         chunks: micro-batches per forward (>= 1, at most the batch size).
         layers: for a model that is not an ``nn.Sequential``: its sub-modules in the order they
             run (names, dotted paths or modules; a ModuleList counts as its children). The split
-            model computes ``layers[-1](...layers[0](x))`` instead of ``model.forward``.
+            model computes ``layers[-1](...layers[0](x))`` instead of ``model.forward``: with
+            ``example_input`` the two are compared once (an error when they differ, e.g. a
+            forward with residual connections); without it a warning says so once.
         example_input: an input batch (only shapes and dtypes are used) so that ``balance=None``
             weighs each layer by the planner's parameters + gradients + optimizer state +
             activations; without it layers are weighed by parameter bytes only.
@@ -106,6 +109,8 @@ def split(
     check_chunks(chunks)
     stage_devices = resolve_stage_devices(devices)
     names, modules = resolve_layers(model, layers)
+    if layers is not None:
+        check_chain_matches_forward(model, modules, example_input)
     if len(stage_devices) > len(modules):
         raise ConfigurationError(
             f"split() got {len(stage_devices)} devices, so {len(stage_devices)} stages, but "

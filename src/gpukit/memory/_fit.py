@@ -1,0 +1,329 @@
+"""``fit``: the cheapest training configuration whose planned peak fits the device memory.
+
+Candidates: precision (32-true, bf16-mixed, bf16-true) x activation checkpointing (none,
+selective, full; only where the model has blocks) x strategy (single, DDP, FSDP, FSDP with
+CPU offload, pipeline; the multi-device ones with ``devices > 1``) x micro-batch size (the
+global batch per device, halved while it divides, with gradient accumulation making up the
+global batch). Memory per device comes from :func:`estimate_memory` (and
+:func:`shard_estimate` for FSDP); step time from the cost model below. The top candidates are
+planned again at their exact micro-batch, so what is printed is what the planner predicts.
+
+Cost model (seconds per optimizer step; documented, simple, overridable):
+
+* compute: the planner's counted FLOPs of forward+backward (checkpointing's recompute
+  included: ~+1/3 of the forward for full) / ``flops_per_s`` (x2 for 16-bit precisions, the
+  tensor-core rate), per micro-batch, plus ``micro_batch_overhead_s`` per micro-batch;
+* DDP: one all-reduce of the gradients per step, 2(N-1)/N x gradient bytes / ``link_bytes_per_s``;
+* FSDP: per micro-batch two all-gathers of the parameters (forward, backward) and a
+  reduce-scatter of the gradients, (N-1)/N x bytes each;
+* CPU offload: FSDP's traffic plus the shard's parameters and gradients over
+  ``host_bytes_per_s`` per micro-batch and the optimizer step on the host
+  (state + parameters + gradients over ``host_bytes_per_s``);
+* pipeline over N stages with 4N micro-batches (GPipe): compute x (4N + N - 1) / (4N) / N.
+  Per-stage memory is modelled as the single-device plan / N x 1.2 (balance is never perfect).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+
+from gpukit._util.units import format_bytes, parse_size
+from gpukit.errors import ConfigurationError
+from gpukit.memory._activation import checkpoint_targets
+from gpukit.memory._blocks import unit_param_counts, units_to_shard
+from gpukit.memory._planner import MemoryEstimate, estimate_memory
+from gpukit.memory._shard_plan import shard_estimate
+
+__all__ = ["FitOption", "FitResult", "fit", "STRATEGIES"]
+
+PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
+CHECKPOINTING = ("none", "selective", "full")
+STRATEGIES = ("single", "ddp", "fsdp", "fsdp-offload", "pipeline")
+_POLICY = {"none": None, "selective": "selective", "full": True}
+_PIPELINE_IMBALANCE = 1.2
+
+
+@dataclass(frozen=True)
+class FitOption:
+    """One configuration: where it runs, its planned peak per device and predicted step time."""
+
+    precision: str
+    activation_checkpointing: str
+    strategy: str
+    devices: int
+    micro_batch: int
+    accumulate: int
+    peak_bytes: int
+    step_s: float
+    exact: bool = False  # planned at this micro-batch (not interpolated)
+
+    def session_line(self) -> str:
+        """The ``Session(...)`` that runs this configuration."""
+        args = []
+        if self.strategy == "pipeline":
+            args.append(f"strategy=PipelineStrategy(list(range({self.devices})), chunks={4 * self.devices})")
+        elif self.strategy == "fsdp-offload":
+            args.append("strategy=FSDPStrategy(cpu_offload=True)")
+        elif self.strategy != "single":
+            args.append(f"strategy={self.strategy!r}")
+        if self.devices > 1 and self.strategy != "pipeline":
+            args.insert(0, f"devices={self.devices}")
+        args.append(f"precision={self.precision!r}")
+        if self.activation_checkpointing != "none":
+            policy = _POLICY[self.activation_checkpointing]
+            args.append(f"activation_checkpointing={policy!r}")
+        if self.accumulate > 1:
+            args.append(f"accumulate_grad_batches={self.accumulate}")
+        return f"Session({', '.join(args)})"
+
+    def describe(self) -> str:
+        where = self.strategy if self.devices == 1 else f"{self.strategy} x{self.devices}"
+        return (f"{self.precision:<10} ckpt {self.activation_checkpointing:<9} {where:<16} "
+                f"micro-batch {self.micro_batch:>5} x{self.accumulate:<3} {format_bytes(self.peak_bytes):>11}/device "
+                f"~{self.step_s * 1e3:9.1f} ms/step")
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Ranked configurations that fit (cheapest first), or the closest one and what it lacks."""
+
+    memory_bytes: int
+    global_batch: int
+    options: tuple[FitOption, ...]
+    closest: FitOption | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the cheapest configuration left out for memory (it predicts a faster step than ``best``)
+    cheaper_rejected: FitOption | None = None
+
+    @property
+    def best(self) -> FitOption | None:
+        return self.options[0] if self.options else None
+
+    def __str__(self) -> str:
+        head = f"fit: global batch {self.global_batch}, {format_bytes(self.memory_bytes)} per device"
+        if not self.options:
+            lines = [f"{head}: nothing fits."]
+            if self.closest is not None:
+                short = self.closest.peak_bytes - self.memory_bytes
+                lines.append(f"  closest: {self.closest.describe()}")
+                lines.append(f"  it needs {format_bytes(short)} more per device "
+                             f"({self.closest.peak_bytes / self.memory_bytes:.2f}x the budget): add devices "
+                             "(--nproc / devices=), a smaller global batch, or a GPU with more memory.")
+            return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+        lines = [f"{head}; cheapest first:"]
+        for rank, option in enumerate(self.options, 1):
+            lines.append(f"  {rank}. {option.describe()}")
+            lines.append(f"     {option.session_line()}")
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+
+def fit(
+    model: torch.nn.Module,
+    example_input: Any,
+    *,
+    memory: str | int,
+    devices: int = 1,
+    optimizer: Any = "adam",
+    global_batch: int | None = None,
+    device: str = "cuda",
+    strategies: Sequence[str] | None = None,
+    precisions: Sequence[str] = PRECISIONS,
+    checkpointing: Sequence[str] = CHECKPOINTING,
+    top: int = 5,
+    flops_per_s: float = 100e12,
+    link_bytes_per_s: float = 100e9,
+    host_bytes_per_s: float = 20e9,
+    micro_batch_overhead_s: float = 2e-3,
+) -> FitResult:
+    """Rank the configurations whose planned peak fits ``memory`` per device by predicted step time.
+
+    Args:
+        model: the model (not modified).
+        example_input: one global batch (dim 0 of every tensor is the batch): a tensor, tuple
+            or dict, as for :func:`estimate_memory`; only shapes and dtypes are used.
+        memory: memory per device: ``"24GiB"`` or bytes.
+        devices: devices available (multi-device strategies need 2 or more).
+        optimizer: as for :func:`estimate_memory`.
+        global_batch: samples per optimizer step (default: dim 0 of ``example_input``).
+        device: the device type planned for ("cuda"; "cpu" to check against CPU allocations).
+        strategies: restrict to some of ``STRATEGIES``.
+        precisions, checkpointing: restrict the precisions and checkpointing policies
+            ("none", "selective", "full") considered (each one costs two planner runs).
+        top: how many configurations to return.
+        flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s: the cost
+            model's constants (fp32 FLOP/s; 16-bit precisions run at twice it).
+
+    Returns:
+        A :class:`FitResult`; ``print`` it for the table and the ``Session(...)`` lines.
+
+    Raises:
+        ConfigurationError: a bad ``memory``, ``devices``, batch or strategy name.
+        MemoryPlanError: the model cannot run on fake tensors.
+    """
+    budget = parse_size(memory)
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ConfigurationError(f"fit(devices={devices!r}): use an int >= 1.")
+    batch = _batch_size(example_input) if global_batch is None else global_batch
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigurationError(f"fit(global_batch={global_batch!r}): use an int >= 1.")
+    chosen = _strategies(strategies, devices)
+    has_blocks = _has_blocks(model)
+    bad = [p for p in precisions if p not in PRECISIONS] + [c for c in checkpointing if c not in CHECKPOINTING]
+    if bad or not precisions or not checkpointing:
+        raise ConfigurationError(f"fit: unknown or no precisions/checkpointing {bad or '(empty)'}; choose from "
+                                 f"{', '.join(PRECISIONS)} and {', '.join(CHECKPOINTING)}.")
+    policies = list(checkpointing) if has_blocks else ["none"]
+    notes = [] if has_blocks else ["no blocks found: activation checkpointing not considered"]
+    units = unit_param_counts(model, units_to_shard(model))
+    costs = _Costs(flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s)
+    planner = _Planner(model, example_input, optimizer, device)
+    candidates: list[FitOption] = []
+    for precision in precisions:
+        for ckpt in policies:
+            for strategy in chosen:
+                n = 1 if strategy == "single" else devices
+                per_device = batch if strategy in ("single", "pipeline") else batch // n
+                if per_device < 1 or (strategy not in ("single", "pipeline") and batch % n):
+                    continue
+                for micro in _micro_batches(per_device):
+                    estimate = planner.interpolated(precision, ckpt, micro)
+                    candidates.append(_option(estimate, precision, ckpt, strategy, n, micro,
+                                              per_device // micro, units, costs))
+    candidates.sort(key=lambda o: (o.step_s, o.peak_bytes))
+    fitting: list[FitOption] = []
+    rejected: FitOption | None = None
+    for option in candidates:  # cheapest first; plan the promising ones exactly
+        if option.peak_bytes > budget * 1.25:
+            rejected = rejected or option
+            continue
+        exact = _option(planner.exact(option.precision, option.activation_checkpointing, option.micro_batch),
+                        option.precision, option.activation_checkpointing, option.strategy, option.devices,
+                        option.micro_batch, option.accumulate, units, costs, exact=True)
+        if exact.peak_bytes <= budget:
+            fitting.append(exact)
+            if len(fitting) >= top:
+                break
+        elif not fitting:
+            rejected = rejected or exact
+    closest = None if fitting else min(candidates, key=lambda o: o.peak_bytes, default=None)
+    if closest is not None:
+        closest = _option(planner.exact(closest.precision, closest.activation_checkpointing, closest.micro_batch),
+                          closest.precision, closest.activation_checkpointing, closest.strategy, closest.devices,
+                          closest.micro_batch, closest.accumulate, units, costs, exact=True)
+    return FitResult(budget, batch, tuple(fitting), closest, tuple(notes), rejected if fitting else None)
+
+
+@dataclass
+class _Costs:
+    flops_per_s: float
+    link_bytes_per_s: float
+    host_bytes_per_s: float
+    micro_batch_overhead_s: float
+
+
+def _option(estimate: MemoryEstimate, precision: str, ckpt: str, strategy: str, n: int, micro: int,
+            accumulate: int, units: list[int], costs: _Costs, exact: bool = False) -> FitOption:
+    rate = costs.flops_per_s * (1 if precision == "32-true" else 2)
+    compute_s = accumulate * (estimate.flops / rate + costs.micro_batch_overhead_s)
+    share = (n - 1) / n if n > 1 else 0.0
+    grads, params = estimate.gradients_bytes, estimate.parameters_bytes
+    gathered = params / 2 if precision == "bf16-mixed" else params  # FSDP gathers in the compute dtype
+    peak = estimate.peak_bytes
+    if strategy == "single":
+        step_s = compute_s
+    elif strategy == "ddp":
+        peak += grads  # DDP's gradient buckets
+        step_s = compute_s + 2 * share * grads / costs.link_bytes_per_s
+    elif strategy in ("fsdp", "fsdp-offload"):
+        sharded = shard_estimate(estimate, n, units)
+        peak = sharded.peak_bytes
+        comm = accumulate * share * (2 * gathered + grads) / costs.link_bytes_per_s
+        step_s = compute_s + comm
+        if strategy == "fsdp-offload":
+            peak -= sharded.parameters_bytes + sharded.gradients_bytes + sharded.optimizer_state_bytes
+            host = sharded.parameters_bytes + sharded.gradients_bytes
+            step_s += accumulate * host / costs.host_bytes_per_s
+            step_s += (sharded.optimizer_state_bytes + host) / costs.host_bytes_per_s
+    else:  # pipeline: GPipe with 4n micro-batches per batch
+        chunks = 4 * n
+        peak = int(peak / n * _PIPELINE_IMBALANCE)
+        step_s = compute_s * (chunks + n - 1) / chunks / n
+    return FitOption(precision, ckpt, strategy, n, micro, accumulate, int(peak), step_s, exact)
+
+
+class _Planner:
+    """``estimate_memory`` at a micro-batch size: exact (cached), or interpolated linearly in the
+    batch from two exact plans (activations grow with the batch; the rest does not)."""
+
+    def __init__(self, model: torch.nn.Module, example_input: Any, optimizer: Any, device: str) -> None:
+        self.model, self.example, self.optimizer, self.device = model, example_input, optimizer, device
+        self._cache: dict[tuple[str, str, int], MemoryEstimate] = {}
+        self._full = _batch_size(example_input)
+
+    def exact(self, precision: str, ckpt: str, micro: int) -> MemoryEstimate:
+        key = (precision, ckpt, micro)
+        if key not in self._cache:
+            self._cache[key] = estimate_memory(self.model, self.optimizer, _resized(self.example, micro),
+                                               precision=precision, device=self.device,
+                                               activation_checkpointing=_POLICY[ckpt])
+        return self._cache[key]
+
+    def interpolated(self, precision: str, ckpt: str, micro: int) -> MemoryEstimate:
+        big = max(1, self._full)
+        small = max(1, big // 4)
+        if micro in (big, small) or big == small:
+            return self.exact(precision, ckpt, micro)
+        a, b = self.exact(precision, ckpt, small), self.exact(precision, ckpt, big)
+        t = (micro - small) / (big - small)
+
+        def lerp(x: int, y: int) -> int:
+            return max(0, int(round(x + (y - x) * t)))
+
+        return replace(b, peak_bytes=lerp(a.peak_bytes, b.peak_bytes),
+                       activations_bytes=lerp(a.activations_bytes, b.activations_bytes),
+                       inputs_bytes=lerp(a.inputs_bytes, b.inputs_bytes), flops=lerp(a.flops, b.flops))
+
+
+def _micro_batches(per_device: int) -> list[int]:
+    sizes, size = [], per_device
+    while size >= 1:
+        sizes.append(size)
+        if size % 2:
+            break
+        size //= 2
+    return sizes
+
+
+def _strategies(strategies: Sequence[str] | None, devices: int) -> list[str]:
+    names = list(STRATEGIES if strategies is None else strategies)
+    unknown = [s for s in names if s not in STRATEGIES]
+    if unknown:
+        raise ConfigurationError(f"fit(strategies={names!r}): unknown {unknown}; choose from {', '.join(STRATEGIES)}.")
+    return [s for s in names if s == "single" or devices > 1]
+
+
+def _has_blocks(model: torch.nn.Module) -> bool:
+    try:
+        return bool(checkpoint_targets(model, True))
+    except ConfigurationError:
+        return False
+
+
+def _batch_size(example: Any) -> int:
+    sizes = {t.shape[0] for t in tree_leaves(example) if isinstance(t, torch.Tensor) and t.dim() > 0}
+    if len(sizes) != 1:
+        raise ConfigurationError(
+            f"fit(example_input=...): every input tensor needs the batch as dim 0 (got batch sizes {sorted(sizes)}); "
+            "pass global_batch= to say it.")
+    return sizes.pop()
+
+
+def _resized(example: Any, micro: int) -> Any:
+    return tree_map(lambda t: torch.empty((micro, *t.shape[1:]), dtype=t.dtype, device="meta")
+                    if isinstance(t, torch.Tensor) and t.dim() > 0 else t, example)

@@ -1,0 +1,74 @@
+"""gpukit.memory.fit and `gpukit plan --fit`: the cheapest configuration that fits, checked
+against real allocations measured on the CPU (torch's profiler)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpukit.errors import ConfigurationError
+from gpukit.memory import fit, measure_step_memory
+
+sys.path.insert(0, str(Path(__file__).parent))
+from planner_models import mlp  # noqa: E402
+
+_POLICY = {"none": None, "selective": "selective", "full": True}
+
+
+def _measured_peak(model: torch.nn.Module, x: torch.Tensor, option: object) -> int:
+    return measure_step_memory(copy.deepcopy(model), x[: option.micro_batch], precision=option.precision,
+                               activation_checkpointing=_POLICY[option.activation_checkpointing]).peak_bytes
+
+
+@pytest.mark.slow
+def test_chosen_configuration_fits_when_measured_and_the_cheaper_one_does_not() -> None:
+    torch.manual_seed(0)
+    model, x = mlp(width=64, depth=4), torch.randn(256, 64)
+    kwargs = dict(device="cpu", strategies=["single"], precisions=["32-true", "bf16-true"])
+    unlimited = fit(model, x, memory="1GiB", top=1, **kwargs)
+    fastest = unlimited.best
+    assert fastest is not None and fastest.accumulate == 1 and fastest.activation_checkpointing == "none"
+    budget = int(fastest.peak_bytes * 0.9)  # the fastest configuration no longer fits
+    result = fit(model, x, memory=budget, top=3, **kwargs)
+    best, cheaper = result.best, result.cheaper_rejected
+    assert best is not None and cheaper is not None and best != fastest
+    assert cheaper.step_s <= best.step_s and (cheaper.precision, cheaper.micro_batch) == (fastest.precision, fastest.micro_batch)
+    assert _measured_peak(model, x, best) <= budget < _measured_peak(model, x, cheaper)
+    assert [o.step_s for o in result.options] == sorted(o.step_s for o in result.options)
+    text = str(result)
+    assert "cheapest first" in text and best.session_line() in text and "Session(precision=" in text
+
+
+def test_nothing_fits_says_by_how_much_and_session_lines() -> None:
+    model, x = mlp(width=64, depth=2), torch.randn(64, 64)
+    result = fit(model, x, memory="16KiB", device="cpu", strategies=["single"], precisions=["bf16-true"])
+    assert result.best is None and result.closest is not None
+    assert "nothing fits" in str(result) and "more per device" in str(result)
+    line = fit(model, x, memory="1GiB", devices=2, device="cpu", strategies=["fsdp-offload"],
+               precisions=["32-true"], checkpointing=["none"]).best.session_line()
+    assert line.startswith("Session(devices=2, strategy=FSDPStrategy(cpu_offload=True)")
+    with pytest.raises(ConfigurationError, match="Invalid size"):
+        fit(model, x, memory="lots")
+    with pytest.raises(ConfigurationError, match="unknown"):
+        fit(model, x, memory="1GiB", strategies=["zero3"])
+
+
+@pytest.mark.slow
+def test_cli_plan_fit(tmp_path: Path) -> None:
+    (tmp_path / "fitmodels.py").write_text(
+        "import sys\nsys.path.insert(0, %r)\nfrom planner_models import mlp\n"
+        "def small():\n    return mlp(width=64, depth=2)\n" % str(Path(__file__).parent))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    base = [sys.executable, "-m", "gpukit", "plan", "fitmodels:small", "--batch-shape", "64,64", "--device", "cpu"]
+    ok = subprocess.run([*base, "--fit", "1GiB", "--nproc", "2"], cwd=tmp_path, env=env,
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "cheapest first" in ok.stdout and "Session(" in ok.stdout
+    bad = subprocess.run([*base, "--fit", "lots"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("gpukit: error:") and "Invalid size" in bad.stderr
