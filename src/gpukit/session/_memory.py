@@ -264,7 +264,8 @@ class SessionMemory:
             for param, grad in zip(params, held):  # a failed batch leaves no partial gradient
                 param.grad = grad
             if isinstance(exc, _memory.OutOfMemoryAfterBackoffError):
-                self._raise_out_of_memory(exc, _memory.OutOfMemoryAfterBackoffError, str(exc), fixes="")
+                self._raise_out_of_memory(exc, _memory.OutOfMemoryAfterBackoffError, str(exc),
+                                          fixes=self._planned_fixes(batch) or "")
             raise
         for param, grad in zip(params, held):
             if grad is not None:
@@ -286,7 +287,17 @@ class SessionMemory:
                 exc, _memory.StepOutOfMemoryError,
                 f"Out of memory in session.run_step on {self._device} with a batch of "
                 f"{batch_length(batch)} items (Session(oom='raise')).",
+                fixes=self._planned_fixes(batch) or _FIXES,
             )
+
+    def _planned_fixes(self, batch: Any) -> str | None:
+        """The fixes with the planner's predicted saving for this model and batch (None: not plannable)."""
+        from gpukit.memory._advice import planned_fixes
+
+        if len(self._models) != 1:
+            return None
+        return planned_fixes(unwrap_model(self._models[0]), batch, precision=self._precision.name,
+                             activation_checkpointing=self._strategy.activation_checkpointing, device=self._device)
 
     def _raise_out_of_memory(
         self, exc: BaseException, error: type[Exception], headline: str, fixes: str = _FIXES
