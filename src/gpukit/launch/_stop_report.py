@@ -60,6 +60,7 @@ def exchange_stop_reports(
     clean: bool,
     wait_s: float,
     echo: Callable[[str], None] | None = None,
+    publish_timeout_s: float = _PUBLISH_TIMEOUT_S,
 ) -> NodeReports | None:
     """Publish this node's report; on node 0, also wait for every other node's.
 
@@ -71,6 +72,7 @@ def exchange_stop_reports(
         clean: Whether this node's workers stopped cleanly.
         wait_s: How long node 0 waits for the others.
         echo: Where node 0 says that it is waiting / that a node did not answer.
+        publish_timeout_s: How long writing this node's report may take (node 0 gone: no one reads it).
 
     Returns:
         On node 0: the reports (its own included); elsewhere ``None``. Never raises: a store
@@ -80,7 +82,7 @@ def exchange_stop_reports(
         return None
     report = json.dumps({"signal": signal_name or "", "clean": bool(clean)})
     try:
-        store.set_timeout(timedelta(seconds=_PUBLISH_TIMEOUT_S))
+        store.set_timeout(timedelta(seconds=publish_timeout_s))
         store.set(_key(run_id, node_rank), report)
     except Exception:  # noqa: BLE001 - node 0 (and its store) is gone: nobody is waiting
         return None
