@@ -22,6 +22,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from slurm_helpers import steps_gone  # tests/cluster, put on sys.path by bench/preemption.py
+
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "tests" / "cluster"
 TRAIN = CLUSTER / "scripts" / "train.py"
@@ -34,7 +36,8 @@ def _run(env: dict[str, str], *args: str, timeout_s: float = 60) -> subprocess.C
 
 
 def _state(env: dict[str, str], job: str) -> str:
-    return _run(env, "squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
+    result = _run(env, "squeue", "-h", "-j", job, "-o", "%T")
+    return result.stdout.strip() if result.returncode == 0 else "UNKNOWN"  # slurmctld too busy to answer
 
 
 def _restarts(env: dict[str, str], job: str) -> int:
@@ -75,8 +78,8 @@ def trial(env: dict[str, str], reference: dict, delay_s: float, workdir: Path) -
         state = _state(env, job)
         if state == "":
             break
-        if state == "PENDING" and _restarts(env, job) >= 1 and not requeued:
-            requeued = True
+        if state == "PENDING" and _restarts(env, job) >= 1 and not requeued and steps_gone(job):
+            requeued = True  # released once the first run's step daemons are gone (credential race)
             _run(env, "scontrol", "update", f"JobId={job}", "StartTime=now")
         time.sleep(0.2)
     output = log.read_text(errors="replace") if log.exists() else ""

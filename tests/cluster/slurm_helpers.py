@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+
+import psutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,8 +38,22 @@ class SlurmCluster:
         return SlurmCluster(self.directory, {**self.env, "PYTHONPATH": str(SRC), MARKER_ENV: marker})
 
     def state(self, job_id: str) -> str:
-        """The job's state (``""`` once it has left the queue)."""
-        return self.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout.strip()
+        """The job's state (``""`` once it has left the queue; ``"UNKNOWN"`` while squeue fails,
+        e.g. slurmctld too busy to answer in time on a loaded machine)."""
+        result = self.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False)
+        return result.stdout.strip() if result.returncode == 0 else "UNKNOWN"
 
     def wait_gone(self, job_id: str, timeout_s: float) -> None:
         poll(lambda: self.state(job_id) == "", timeout_s, f"SLURM job {job_id} to finish")
+
+
+def steps_gone(job_id: str) -> bool:
+    """No ``slurmstepd: [JOB.*]`` left on this machine (both nodes run here): every node's slurmd
+    has processed the job's end. Releasing a requeued job before that (``StartTime=now``) races
+    the credential revocation: "Killing non-startable batch JobId=6: Job credential revoked"."""
+    prefix = f"slurmstepd: [{job_id}."
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if cmdline and cmdline[0].startswith(prefix):
+            return False
+    return True

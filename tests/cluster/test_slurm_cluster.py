@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 from launch_helpers import assert_none_survive, catches, poll, processes_with_marker
-from slurm_helpers import SRC, TRAIN, SlurmCluster
+from slurm_helpers import SRC, TRAIN, SlurmCluster, steps_gone
 
 # The first test's set-up may install the slurm packages (apt-get) before the cluster starts.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -123,7 +123,9 @@ def _requeued_then_finished(job: Job) -> str:
          or (cluster.state(job_id) in ("", "FAILED", "COMPLETED") and _restarts(cluster, job_id) == 0), 180,
          "the job to be requeued")
     assert _restarts(cluster, job_id) == 1, f"not requeued ({cluster.state(job_id)}):\n{job.log.read_text()}"
-    # SLURM keeps a requeued job from starting for ~2 minutes; the test need not wait for that
+    # SLURM keeps a requeued job from starting for ~2 minutes; the test need not wait for that,
+    # only for the first run's step daemons to be gone on both nodes
+    poll(lambda: steps_gone(job_id), 60, "the first run's slurmstepd to exit")
     cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
     cluster.wait_gone(job_id, 240)
     output = job.log.read_text()
