@@ -4,8 +4,9 @@
     PYTHONPATH=src python bench/preemption.py slurm [--trials 20]
 
 ``sigterm``: SIGTERM to ``gpukit run --cpu --nproc 2`` of a training script with 2 loader
-workers per rank, at a random moment from start-up to a few seconds into training, with
-``--load`` busy processes beside it. Every trial must exit 75 (clean stop, whether it had
+workers per rank, at a random moment up to ``--max-delay`` s after start (``--in-training``:
+after both ranks trained a step, the "first steps under load" case), with ``--load`` busy
+processes beside it. Every trial must exit 75 (clean stop, whether it had
 started training or not). ``--modes`` interleaves how a worker that finished its stop leaves
 (``GPUKIT_STOP_EXIT``: ``hooks`` the default, ``python`` the interpreter's own exit, ``now``)
 and prints the launcher's exit time for each, side by side.
@@ -49,13 +50,18 @@ def _load() -> str:
     return f"{one:.1f}/{five:.1f}"
 
 
-def sigterm_trial(mode: str, delay_s: float) -> dict[str, object]:
-    """One SIGTERM at ``delay_s`` after start; returns exit code and seconds to exit."""
+def sigterm_trial(mode: str, delay_s: float, after_training_starts: bool = False) -> dict[str, object]:
+    """One SIGTERM at ``delay_s`` after start (or after both ranks trained a step); returns exit
+    code and seconds to exit."""
     out = Path(tempfile.mkdtemp(prefix="gpukit-preempt-"))
     env = {**os.environ, MARKER: uuid.uuid4().hex, "GPUKIT_STOP_EXIT": mode}
     with (out / "log").open("wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "gpukit", "run", "--cpu", "--nproc", "2", "--grace", "10",
                                  str(TRAIN_LOADERS), str(out)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while after_training_starts and time.monotonic() < deadline and proc.poll() is None and not (
+            (out / "pid-0").exists() and (out / "pid-1").exists()):
+        time.sleep(0.02)
     time.sleep(delay_s)
     training = (out / "pid-0").exists() and (out / "pid-1").exists()
     sent = time.monotonic()
@@ -71,7 +77,7 @@ def sigterm_trial(mode: str, delay_s: float) -> dict[str, object]:
             "saved": bool(saved), "log": (out / "log").read_text(errors="replace")[-600:]}
 
 
-def run_sigterm(trials: int, modes: list[str], load: int, max_delay_s: float) -> int:
+def run_sigterm(trials: int, modes: list[str], load: int, max_delay_s: float, training: bool) -> int:
     rng = random.Random(17)
     burners = _burners(load)
     results: list[dict[str, object]] = []
@@ -79,7 +85,7 @@ def run_sigterm(trials: int, modes: list[str], load: int, max_delay_s: float) ->
         for trial in range(trials):
             delay_s = round(rng.uniform(0.0, max_delay_s), 2)
             for mode in modes:  # interleaved: both modes see the same moment and the same load
-                result = sigterm_trial(mode, delay_s)
+                result = sigterm_trial(mode, delay_s, training)
                 results.append(result)
                 print(f"trial {trial:2d} {mode:6s} delay {delay_s:5.2f} s training={result['training']!s:5} "
                       f"exit {result['code']} in {result['exit_s']:.2f} s load {_load()}", flush=True)
@@ -108,10 +114,12 @@ def main() -> int:
     parser.add_argument("--modes", default="hooks")
     parser.add_argument("--load", type=int, default=2, help="busy processes beside the run (sigterm)")
     parser.add_argument("--max-delay", type=float, default=8.0, help="latest SIGTERM, seconds after start")
+    parser.add_argument("--in-training", action="store_true",
+                        help="measure the delay from the moment both ranks trained a step (sigterm)")
     args = parser.parse_args()
     print(f"# {args.battery}: {os.cpu_count()} CPU(s), load average {_load()} at start", flush=True)
     if args.battery == "sigterm":
-        return run_sigterm(args.trials, args.modes.split(","), args.load, args.max_delay)
+        return run_sigterm(args.trials, args.modes.split(","), args.load, args.max_delay, args.in_training)
     from preemption_slurm import run_slurm  # noqa: PLC0415 - the cluster part is apart
 
     return run_slurm(args.trials)
