@@ -12,7 +12,8 @@ started training or not). ``--modes`` interleaves how a worker that finished its
 and prints the launcher's exit time for each, side by side.
 
 ``slurm``: the real 2-node SLURM cluster (tests/cluster/slurm_cluster.sh); ``scancel
---signal=USR2 --batch`` at a random moment from 0 to 25 s after the job starts RUNNING
+--signal=USR2 --batch`` at a random moment up to ``--max-delay`` s after the job starts RUNNING
+(``--in-training``: after every rank made its Session; 6 steps of 1 s follow)
 (start-up included) of ``exec srun gpukit run --cpu --nproc 2 train.py --ckpt``, ``--requeue``.
 A trial is lost unless the job is requeued and then completes with the weights of an
 uninterrupted run.
@@ -115,14 +116,15 @@ def main() -> int:
     parser.add_argument("--load", type=int, default=2, help="busy processes beside the run (sigterm)")
     parser.add_argument("--max-delay", type=float, default=8.0, help="latest SIGTERM, seconds after start")
     parser.add_argument("--in-training", action="store_true",
-                        help="measure the delay from the moment both ranks trained a step (sigterm)")
+                        help="measure the delay from the first training step (sigterm: both ranks trained "
+                             "one; slurm: all 4 ranks have their Session)")
     args = parser.parse_args()
     print(f"# {args.battery}: {os.cpu_count()} CPU(s), load average {_load()} at start", flush=True)
     if args.battery == "sigterm":
         return run_sigterm(args.trials, args.modes.split(","), args.load, args.max_delay, args.in_training)
     from preemption_slurm import run_slurm  # noqa: PLC0415 - the cluster part is apart
 
-    return run_slurm(args.trials)
+    return run_slurm(args.trials, args.max_delay, in_training=args.in_training)
 
 
 if __name__ == "__main__":

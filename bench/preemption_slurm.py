@@ -55,7 +55,8 @@ def _moment(output: str) -> str:
     return "after training" if "SIGUSR2" not in output else "other"
 
 
-def trial(env: dict[str, str], reference: dict, delay_s: float, workdir: Path) -> dict[str, object]:
+def trial(env: dict[str, str], reference: dict, delay_s: float, workdir: Path,
+          in_training: bool = False) -> dict[str, object]:
     marker = uuid.uuid4().hex
     job_env = {**env, "PYTHONPATH": str(SRC), "GPUKIT_TEST_MARKER": marker}
     out, ckpt = workdir / "out", workdir / "ckpt"
@@ -70,7 +71,10 @@ def trial(env: dict[str, str], reference: dict, delay_s: float, workdir: Path) -
     deadline = time.monotonic() + 300
     while _state(env, job) != "RUNNING" and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(delay_s)  # the random moment (measured from RUNNING)
+    while in_training and time.monotonic() < deadline and _state(env, job) in ("RUNNING", "UNKNOWN") and not all(
+            (out / f"rank-{r}-attempt-0").exists() for r in range(4)):
+        time.sleep(0.05)  # every rank has its Session and starts its first step
+    time.sleep(delay_s)  # the random moment (measured from RUNNING, or from the first step)
     _run(env, "scancel", "--signal=USR2", "--batch", job)
     requeued = False
     deadline = time.monotonic() + 600
@@ -94,7 +98,7 @@ def trial(env: dict[str, str], reference: dict, delay_s: float, workdir: Path) -
             "moment": _moment(output), "lost": not same, "tail": output[-1500:]}
 
 
-def run_slurm(trials: int, max_delay_s: float = 20.0, parallel: int = 2) -> int:
+def run_slurm(trials: int, max_delay_s: float = 20.0, parallel: int = 2, in_training: bool = False) -> int:
     directory = Path(tempfile.mkdtemp(prefix="gpukit-bench-slurm-"))
     started = subprocess.run([str(CLUSTER / "slurm_cluster.sh"), "start", str(directory)], capture_output=True,
                              text=True, timeout=600)
@@ -112,7 +116,7 @@ def run_slurm(trials: int, max_delay_s: float = 20.0, parallel: int = 2) -> int:
         rng = random.Random(1717)
         delays = [round(rng.uniform(0.0, max_delay_s), 2) for _ in range(trials)]
         with ThreadPoolExecutor(parallel) as pool:
-            futures = [pool.submit(trial, env, reference, delay, directory / f"trial-{i}")
+            futures = [pool.submit(trial, env, reference, delay, directory / f"trial-{i}", in_training)
                        for i, delay in enumerate(delays)]
             results = []
             for i, future in enumerate(futures):
