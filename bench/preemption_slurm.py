@@ -46,12 +46,12 @@ def _restarts(env: dict[str, str], job: str) -> int:
 
 
 def _moment(output: str) -> str:
-    if "received while starting" in output or "no worker had started yet" in output:
-        return "launcher starting"
-    if "Session started: nothing to save" in output:
-        return "workers starting"
     if "stopping at the next step boundary" in output:
         return "training"
+    if "Session started: nothing to save" in output:
+        return "workers starting"
+    if "received while starting" in output or "no worker had started yet" in output:
+        return "launcher starting"
     return "after training" if "SIGUSR2" not in output else "other"
 
 

@@ -17,11 +17,12 @@ import signal
 import threading
 from types import FrameType
 
-__all__ = ["HELD_SIGNALS", "hold_warning_signals", "received", "forget"]
+__all__ = ["HELD_SIGNALS", "hold_warning_signals", "received", "forget", "mark_started"]
 
 #: What the CLI entry point holds while ``gpukit run`` starts.
 HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2", "SIGTERM") if hasattr(signal, name))
 _received: list[int] = []
+_started: list[bool] = []  # once the launcher's own handlers took over (workers may start)
 
 
 def _record(signum: int, frame: FrameType | None) -> None:
@@ -29,7 +30,7 @@ def _record(signum: int, frame: FrameType | None) -> None:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
-    if not _received:
+    if not _received and not _started:  # after the run (its handlers restored): the exit is near
         os.write(2, f"gpukit: {signal.Signals(signum).name} received while starting; the run will stop "
                     "before any worker starts\n".encode())
     _received.append(signum)
@@ -49,6 +50,12 @@ def hold_warning_signals() -> bool:
 def received() -> int | None:
     """The warning signal that arrived while starting, ``None`` if none did."""
     return _received[0] if _received else None
+
+
+def mark_started() -> None:
+    """The launcher's own handlers are in place: what this module records from now on (after
+    they are restored, while the launcher finishes) is no longer a stop "while starting"."""
+    _started.append(True)
 
 
 def forget() -> None:

@@ -123,8 +123,11 @@ def launcher_signals(preempt: int | None = None) -> Iterator[None]:
     Off the main thread Python cannot install handlers, so this does nothing there.
     """
     # Restoring also undoes the handlers the elastic agent installs at every worker start.
+    from gpukit._util import startup_signals
+
     with _stop_signals_handled_by(_raise_stop, preempt):
         raise_if_held()  # from here on a signal raises: one held while starting, too
+        startup_signals.mark_started()
         yield
 
 
