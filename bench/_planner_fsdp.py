@@ -34,7 +34,7 @@ def measure(name: str, precision: str, checkpointing: object) -> dict:
         with forward_backward():
             with session.autocast():
                 output = model(batch)
-                output = output.logits if hasattr(output, "logits") else output
+                output = output["logits"] if isinstance(output, dict) else output  # Hugging Face: ModelOutput
                 loss = output.float().mean()
             session.backward(loss)
             del output, loss

@@ -52,7 +52,7 @@ def test_nothing_fits_says_by_how_much_and_session_lines() -> None:
     assert "nothing fits" in str(result) and "more per device" in str(result)
     line = fit(model, x, memory="1GiB", devices=2, device="cpu", strategies=["fsdp-offload"],
                precisions=["32-true"], checkpointing=["none"]).best.session_line()
-    assert line.startswith("Session(devices=2, strategy=FSDPStrategy(cpu_offload=True)")
+    assert line.startswith("Session(devices=2, strategy=gpukit.strategies.FSDPStrategy(cpu_offload=True)")
     with pytest.raises(ConfigurationError, match="Invalid size"):
         fit(model, x, memory="lots")
     with pytest.raises(ConfigurationError, match="unknown"):

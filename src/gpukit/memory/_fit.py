@@ -67,9 +67,10 @@ class FitOption:
         """The ``Session(...)`` that runs this configuration."""
         args = []
         if self.strategy == "pipeline":
-            args.append(f"strategy=PipelineStrategy(list(range({self.devices})), chunks={4 * self.devices})")
+            args.append(f"strategy=gpukit.strategies.PipelineStrategy(list(range({self.devices})), "
+                        f"chunks={4 * self.devices})")
         elif self.strategy == "fsdp-offload":
-            args.append("strategy=FSDPStrategy(cpu_offload=True)")
+            args.append("strategy=gpukit.strategies.FSDPStrategy(cpu_offload=True)")
         elif self.strategy != "single":
             args.append(f"strategy={self.strategy!r}")
         if self.devices > 1 and self.strategy != "pipeline":
@@ -173,13 +174,18 @@ def fit(
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigurationError(f"fit(global_batch={global_batch!r}): use an int >= 1.")
     chosen = _strategies(strategies, devices)
+    if "pipeline" in chosen and not isinstance(model, torch.nn.Sequential):
+        chosen.remove("pipeline")  # split() needs the layers named for other models: not guessed here
+        notes_pipeline = ["pipeline not considered: the model is no nn.Sequential (split(layers=[...]) names its layers)"]
+    else:
+        notes_pipeline = []
     has_blocks = _has_blocks(model)
     bad = [p for p in precisions if p not in PRECISIONS] + [c for c in checkpointing if c not in CHECKPOINTING]
     if bad or not precisions or not checkpointing:
         raise ConfigurationError(f"fit: unknown or no precisions/checkpointing {bad or '(empty)'}; choose from "
                                  f"{', '.join(PRECISIONS)} and {', '.join(CHECKPOINTING)}.")
     policies = list(checkpointing) if has_blocks else ["none"]
-    notes = [] if has_blocks else ["no blocks found: activation checkpointing not considered"]
+    notes = notes_pipeline + ([] if has_blocks else ["no blocks found: activation checkpointing not considered"])
     units = unit_param_counts(model, units_to_shard(model))
     costs = _Costs(flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s)
     planner = _Planner(model, example_input, optimizer, device)

@@ -30,8 +30,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gpukit._util.units import format_bytes
 from gpukit.accelerators import get_accelerator
 from gpukit.errors import ConfigurationError, MemoryPlanError
-from gpukit.memory._activation import check_policy, checkpointing_applied, policy_name
-from gpukit.precision import NORM_LAYERS, PRECISIONS, _cast_hook, _cast_output_hook, get_precision
+from gpukit.memory._activation import check_policy, policy_name
+from gpukit.memory._simulate import norm_tensor_names, simulated as simulated_step
+from gpukit.precision import PRECISIONS, get_precision
 
 __all__ = ["MemoryEstimate", "estimate_memory", "OPTIMIZERS"]
 
@@ -165,46 +166,6 @@ def _call(model: torch.nn.Module, batch: Any) -> Any:
     return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
 
 
-@contextlib.contextmanager
-def _simulated(
-    model: torch.nn.Module, state: dict[str, torch.Tensor], checkpointing: Any, low: torch.dtype | None,
-) -> Iterator[list[str]]:
-    """``model`` running on the fake ``state`` -- for backward too, where checkpointed blocks
-    run their forward again -- with ``checkpointing`` applied; all undone afterwards."""
-    from torch.nn.utils.stateless import _reparametrize_module
-
-    with _reparametrize_module(model, state), checkpointing_applied(model, checkpointing) as names, \
-            _true_precision_casts(model, low):
-        yield names
-
-
-def _norm_tensor_names(model: torch.nn.Module) -> set[str]:
-    """Parameters and buffers of the norm layers a "-true" precision keeps in fp32."""
-    return {f"{prefix}.{name}" if prefix else name
-            for prefix, sub in model.named_modules() if isinstance(sub, NORM_LAYERS)
-            for name, _ in [*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]}
-
-
-@contextlib.contextmanager
-def _true_precision_casts(model: torch.nn.Module, low: torch.dtype | None) -> Iterator[None]:
-    """The casts ``TruePrecision.convert_module`` adds (fp32 norm layers; fp32 outputs), for the
-    simulation only: they copy activations, which the plan must count."""
-    if low is None or getattr(model, "_gpukit_precision", None) is not None:
-        yield  # no "-true" precision, or the model was converted already (its hooks run)
-        return
-    handles = []
-    for sub in model.modules():
-        if isinstance(sub, NORM_LAYERS):
-            handles.append(sub.register_forward_pre_hook(_cast_hook(torch.float32), with_kwargs=True))
-            handles.append(sub.register_forward_hook(_cast_output_hook(low)))
-    handles.append(model.register_forward_hook(_cast_output_hook(torch.get_default_dtype())))
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
 def _default_loss(output: Any) -> torch.Tensor:
     # a model that computes its own loss (Hugging Face models given labels=) returns it as .loss
     own = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
@@ -300,7 +261,7 @@ def estimate_memory(
     try:
         with _quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True):
             # "-true" precisions keep norm layers in fp32 (gpukit.precision.TruePrecision)
-            fp32 = _norm_tensor_names(model) if param_dtype != torch.float32 else set()
+            fp32 = norm_tensor_names(model) if param_dtype != torch.float32 else set()
 
             def dtype_of(name: str, t: torch.Tensor) -> torch.dtype | None:
                 return (torch.float32 if name in fp32 else param_dtype) if t.is_floating_point() else None
@@ -325,7 +286,7 @@ def estimate_memory(
             }
             trainable = [p for p in params.values() if p.requires_grad]
             true_low = param_dtype if param_dtype != torch.float32 else None
-            with tracker, _simulated(model, {**params, **buffers}, checkpointing, true_low) as checkpointed:
+            with tracker, simulated_step(model, {**params, **buffers}, checkpointing, true_low) as checkpointed:
                 fake_opt = _make_optimizer(opt_cls, opt_defaults, trainable, notes)
                 for step in range(2):
                     before_forward = tracker.live
