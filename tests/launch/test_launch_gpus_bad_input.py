@@ -89,7 +89,7 @@ def test_gpus_are_claimed_for_the_run_and_bad_requests_fail_cleanly(fake_box, st
     ("args", "expected"),
     [
         (("--cpu", "does-not-exist.py"), "Script 'does-not-exist.py' not found"),
-        (("--cpu", "--nproc", "0", str(BEHAVE)), "nproc (--nproc) must be an integer >= 1, got 0"),
+        (("--cpu", "--nproc", "0", str(BEHAVE)), "'--nproc': 0"),  # the CLI's range check (cli/_common.py)
         (("--cpu", "-m", "no_such_module_gpukit"), "Module 'no_such_module_gpukit' not found"),
         (("--nnodes", "2", "--cpu", str(BEHAVE)), "needs --master-addr"),
         (("--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1", str(BEHAVE)), "out of range"),
