@@ -45,3 +45,12 @@ def test_short_torchrun_runs_all_exit_cleanly() -> None:
     results = _run_pairs(command, 2)
     failed = [(code, out[-600:]) for code, out in results if code != 0]
     assert failed == [], failed
+
+
+@pytest.mark.slow
+def test_lines_a_script_left_unflushed_are_written(tmp_path: Path) -> None:
+    script = str(Path(__file__).parent / "scripts" / "unclosed_file.py")
+    proc = subprocess.run(gpukit_command("run", "--cpu", "--nproc", "2", script, str(tmp_path)),
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [(tmp_path / f"rank{r}.log").read_text() for r in (0, 1)] == ["rank 0 done\n", "rank 1 done\n"]

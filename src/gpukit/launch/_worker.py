@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except SystemExit as exc:
         if exc.code not in (None, 0, PREEMPTED_EXIT_CODE):
             _note_failure()
-        elif finish_agreed_stop():
+        elif finish_agreed_stop() or _leaves_a_group():
             _leave_after_stop(exc.code or 0)
         raise
     except Exception as exc:
@@ -110,12 +110,22 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BaseException as exc:  # KeyboardInterrupt & co: keep Python's own exit behaviour
         record_exception(exc)
         raise
-    if finish_agreed_stop():
+    if finish_agreed_stop() or _leaves_a_group():
         _leave_after_stop(0)
     raise SystemExit(0)
 
 
-#: How a worker whose stop is finished leaves (bench/preemption.py compares them):
+def _leaves_a_group() -> bool:
+    # A script whose Session created a process group ended normally: after the exit hooks
+    # (the Session's leaves the group) it ends without the interpreter's teardown, where
+    # torch's gloo destructors aborted about 1 finished 2-process run in 30 under load
+    # ("terminate called without an active exception", exit 134: a success reported as failure).
+    lifecycle = sys.modules.get("gpukit.strategies._lifecycle")
+    return lifecycle is not None and lifecycle.leaves_a_group_at_exit()
+
+
+#: How a worker whose stop is finished, or whose script ended after its Session created a
+#: process group, leaves (bench/preemption.py compares them):
 #: ``hooks`` (default) runs the exit hooks -- the Session's leaves the process group --
 #: then ``os._exit``; ``python`` leaves as Python does (hooks, then the interpreter's teardown,
 #: where gloo's and the loaders' destructors ran for 4-12 s under load); ``now`` skips the hooks.
@@ -132,8 +142,23 @@ def _leave_after_stop(code: int) -> None:
             atexit._run_exitfuncs()
         except BaseException:  # noqa: BLE001 - the stop is complete; leaving matters more
             pass
+    _flush_open_files()  # what the interpreter's teardown would have written out
     _flush_stdio()
     os._exit(code if isinstance(code, int) else 0)
+
+
+def _flush_open_files() -> None:
+    """Flush every open buffered file the script left open: ``os._exit`` skips the teardown
+    that would have flushed them, and a line the script wrote must not be lost."""
+    import gc
+    import io
+
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, (io.BufferedIOBase, io.TextIOBase)) and not obj.closed and obj.writable():
+                obj.flush()
+        except Exception:  # noqa: BLE001 - a file that cannot be flushed now could not be later
+            pass
 
 
 def _note_failure() -> None:

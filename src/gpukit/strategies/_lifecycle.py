@@ -17,12 +17,13 @@ import weakref
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["EXIT_BARRIER_MAX_S", "leave_at_exit", "note_failure"]
+__all__ = ["EXIT_BARRIER_MAX_S", "leave_at_exit", "note_failure", "leaves_a_group_at_exit"]
 
 #: The exit barrier waits at most this long (or the collective timeout, if shorter).
 EXIT_BARRIER_MAX_S = 60.0
 
 _failing = False
+_registered = False
 
 
 def note_failure() -> None:
@@ -36,8 +37,15 @@ def _excepthook(exc_type: Any, exc: Any, tb: Any, _previous: Any = sys.excepthoo
     _previous(exc_type, exc, tb)
 
 
+def leaves_a_group_at_exit() -> bool:
+    """Whether a strategy in this process created a process group that its exit hook leaves."""
+    return _registered
+
+
 def leave_at_exit(strategy: Any) -> None:
     """Destroy the process group ``strategy`` created at interpreter exit (see module doc)."""
+    global _registered
+    _registered = True
     if sys.excepthook is not _excepthook:
         sys.excepthook = _excepthook  # an uncaught exception: this rank is failing
     atexit.register(_leave, weakref.ref(strategy))
