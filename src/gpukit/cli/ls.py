@@ -116,6 +116,9 @@ def _terminal_width() -> int:
     return shutil.get_terminal_size(fallback=(80, 24)).columns
 
 
+_RESIZE_POLL_S = 0.05  # how soon a resize is noticed
+
+
 def _watch(as_json: bool, interval_s: float) -> None:
     if as_json:  # one JSON document per line, for piping into other tools
         while True:
@@ -131,10 +134,16 @@ def _watch(as_json: bool, interval_s: float) -> None:
     console = Console()
     console.on_broken_pipe = _reader_left  # type: ignore[method-assign]  # rich would exit 1
     history = GpuHistory()
-    # a terminal resize (SIGWINCH) redraws at once instead of at the next tick
-    redraw = threading.Event()
+    # a terminal resize (SIGWINCH) redraws at once instead of at the next tick. The handler only
+    # sets a flag: a threading.Event set from a handler can deadlock when the signal lands while
+    # the main thread holds the Event's own lock inside wait().
+    resized = [False]
+
+    def on_resize(*_: Any) -> None:
+        resized[0] = True
+
     if hasattr(signal, "SIGWINCH") and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGWINCH, lambda *_: redraw.set())
+        signal.signal(signal.SIGWINCH, on_resize)
 
     def frame() -> Any:
         state = _collect()
@@ -147,8 +156,10 @@ def _watch(as_json: bool, interval_s: float) -> None:
                            history=history, hint=stop)
 
     def wait() -> None:
-        redraw.wait(interval_s)
-        redraw.clear()
+        deadline = time.monotonic() + interval_s
+        while not resized[0] and time.monotonic() < deadline:
+            time.sleep(min(_RESIZE_POLL_S, max(0.0, deadline - time.monotonic())))
+        resized[0] = False
 
     if not console.is_terminal:  # piped or logged: one frame after another, not redrawn in place
         while True:
