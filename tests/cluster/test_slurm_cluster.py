@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,10 @@ def _requeued_then_finished(job: Job) -> str:
     # SLURM keeps a requeued job from starting for ~2 minutes; the test need not wait for that,
     # only for the first run's step daemons to be gone on both nodes
     poll(lambda: steps_gone(job_id), 60, "the first run's slurmstepd to exit")
+    # slurmd refuses a credential created in the same second as the job's revocation (its times
+    # are whole seconds): a release within that second kills the second run as "non-startable"
+    revoked_by = time.time()
+    poll(lambda: time.time() >= revoked_by + 2, 10, "a credential second after the revocation")
     cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
     cluster.wait_gone(job_id, 240)
     output = job.log.read_text()
