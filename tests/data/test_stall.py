@@ -57,6 +57,36 @@ def test_a_hanging_dataset_in_process_ends_within_the_timeout_naming_the_line() 
     assert signal.getitimer(signal.ITIMER_REAL)[0] == 0.0
 
 
+@pytest.mark.timeout(60, method="thread")
+def test_a_training_step_longer_than_the_timeout_is_not_a_stall() -> None:
+    # only the wait for a batch counts: a slow step between batches is the model's time
+    s = gpukit.Session(devices="cpu", verbose=False)
+    loader = s.setup_dataloader(TensorDataset(torch.zeros(3)), batch_size=1, data_timeout_s=0.2)
+    seen = 0
+    for _ in loader:
+        seen += 1
+        end = time.monotonic() + 0.5  # a step that computes for 2.5 timeouts
+        while time.monotonic() < end:
+            pass
+    assert seen == 3
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_the_watchdog_s_signal_landing_after_the_batch_came_is_ignored() -> None:
+    # the race: the watchdog saw a wait past the timeout, the batch arrived, then its SIGALRM
+    s = gpukit.Session(devices="cpu", verbose=False)
+    loader = s.setup_dataloader(TensorDataset(torch.zeros(4)), batch_size=2, data_timeout_s=1)
+    seen = 0
+    for _ in loader:
+        seen += 1
+        guard = loader._guard
+        guard.kicked = True
+        signal.pthread_kill(threading.get_ident(), signal.SIGALRM)  # handled before the next line
+        assert guard.kicked is False  # seen by our handler, not by SIG_DFL (which would end us)
+    assert seen == 2
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
+
+
 @pytest.mark.slow
 def test_a_hanging_worker_ends_within_the_timeout() -> None:
     error, took = drain(1, Faulty(at=2), timeout_s=1.0)

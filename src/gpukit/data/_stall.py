@@ -10,9 +10,12 @@ Three ways a loader stops producing batches, each told apart here:
 Every wait for a batch has a data timeout (``data_timeout_s``, default
 :data:`DEFAULT_DATA_TIMEOUT_S`, or ``GPUKIT_DATA_TIMEOUT_S``): with workers it is the
 DataLoader's own ``timeout``; without workers (the dataset runs in the training process) a
-SIGALRM timer armed only while waiting, where this process may use one (the main thread, no
-other SIGALRM handler or timer). Where it may not, a watchdog thread prints where the
-dataset is stuck once the timeout passes (it cannot interrupt the training thread).
+watchdog thread that, once a wait passes the timeout, sends SIGALRM to the training thread,
+whose handler raises inside the dataset's code -- where this process may take SIGALRM (the
+main thread, no other SIGALRM handler or timer). Where it may not, the watchdog prints where
+the dataset is stuck (it cannot interrupt the training thread). A wait costs two clock reads,
+not a timer system call per batch (arming and disarming ``setitimer`` around every batch was
+a quarter of the loader's per-batch cost).
 Before workers fill ``/dev/shm``, a warning says so.
 """
 
@@ -102,6 +105,7 @@ class StallGuard:
         self._previous: Any = None
         self._shm_checked = False
         self._watched = False
+        self.kicked = False  # the watchdog sent SIGALRM for a wait past the timeout
         self.watched_ident: int | None = None
         self.warned_since: float | None = None
         self.batches: Iterator[Any] | None = None  # the pass under way
@@ -118,15 +122,16 @@ class StallGuard:
             _translate_sigchld()
             return
         previous = signal.getsignal(signal.SIGALRM) if hasattr(signal, "setitimer") else None
+        self.watched_ident = threading.get_ident()  # the thread the watchdog would interrupt
+        if not self._watched:
+            self._watched = True
+            _watch(self)
         if (
             threading.current_thread() is not threading.main_thread()
-            or not hasattr(signal, "setitimer")  # Windows
+            or not hasattr(signal, "pthread_kill")  # Windows
             or signal.getitimer(signal.ITIMER_REAL)[0]  # someone else's timer is running
             or previous not in (signal.SIG_DFL, None)  # the program handles SIGALRM itself
         ):
-            if not self._watched:
-                self._watched = True
-                _watch(self)
             return
         self._previous = previous
         signal.signal(signal.SIGALRM, _Handler(self, previous))
@@ -141,7 +146,6 @@ class StallGuard:
         if any(getattr(w, "exitcode", None) not in (None, 0) for w in workers):
             self.abort(batches)
         if self._alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
             if isinstance(signal.getsignal(signal.SIGALRM), _Handler):
                 signal.signal(signal.SIGALRM, self._previous or signal.SIG_DFL)
             self._alarm = False
@@ -149,12 +153,10 @@ class StallGuard:
     # -- per batch --------------------------------------------------------------------------
     def fetch(self, batches: Iterator[Any]) -> Any:
         """``next(batches)``, turning a stall into :class:`DataStallError`."""
-        alarm, watched = self._alarm, self._watched
+        watched = self._watched
         try:
-            if alarm:
+            if watched:
                 self._waiting = True
-                signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
-            elif watched:
                 self.waiting_since = time.monotonic()
             batch = next(batches)
             self._waiting = False
@@ -171,10 +173,8 @@ class StallGuard:
             self.abort(raw, hung="DataLoader timed out" in str(exc))
             raise error from exc
         finally:
-            if alarm:
+            if watched:
                 self._waiting = False
-                signal.setitimer(signal.ITIMER_REAL, 0)
-            elif watched:
                 self.waiting_since = None
         if not self._shm_checked and self.loader.num_workers:
             self._shm_checked = True
@@ -267,12 +267,12 @@ class StallGuard:
 _WATCHED: weakref.WeakSet[StallGuard] = weakref.WeakSet()  # guards without SIGALRM
 _watchdog: threading.Thread | None = None
 _watchdog_lock = threading.Lock()
+_WATCH_PERIOD_S = 0.1  # how late past the timeout a stall is noticed, at most
 
 
 def _watch(guard: StallGuard) -> None:
     """Have the one watchdog thread of the process look after ``guard``'s waits."""
     global _watchdog
-    guard.watched_ident = threading.get_ident()
     _WATCHED.add(guard)
     with _watchdog_lock:
         if _watchdog is None or not _watchdog.is_alive():
@@ -281,15 +281,20 @@ def _watch(guard: StallGuard) -> None:
 
 
 def _watch_loop() -> None:
-    """Print where a dataset is stuck once its wait passes the timeout (once per wait)."""
+    """Once a wait passes the timeout (once per wait): interrupt the waiting thread where its
+    guard installed the SIGALRM handler, else print where the dataset is stuck."""
     while True:
-        time.sleep(0.25)
+        time.sleep(_WATCH_PERIOD_S)
         now = time.monotonic()
         for guard in list(_WATCHED):
             since = guard.waiting_since
             if since is None or since == guard.warned_since or now - since <= guard.timeout_s:
                 continue
             guard.warned_since = since
+            if guard._alarm and guard.watched_ident is not None:
+                guard.kicked = True  # the handler ignores a kick that lands after the batch came
+                signal.pthread_kill(guard.watched_ident, signal.SIGALRM)
+                continue
             frame = sys._current_frames().get(guard.watched_ident or -1)
             print(f"gpukit: {guard._hang_message(None, frame)} (still waiting: this thread "
                   "cannot be interrupted)", file=sys.stderr, flush=True)
@@ -340,8 +345,12 @@ class _Handler:
         self.guard, self.previous = guard, previous
 
     def __call__(self, signum: int, frame: Any) -> None:
-        if self.guard._waiting:
+        guard = self.guard
+        kicked, guard.kicked = guard.kicked, False
+        if guard._waiting:
             raise _DataTimeout()
+        if kicked:  # the watchdog's signal, landing just after the batch came: nothing to do
+            return
         signal.signal(signal.SIGALRM, self.previous or signal.SIG_DFL)  # not ours: as before
         os.kill(os.getpid(), signal.SIGALRM)
 
