@@ -57,33 +57,38 @@ def test_a_hanging_dataset_in_process_ends_within_the_timeout_naming_the_line() 
     assert signal.getitimer(signal.ITIMER_REAL)[0] == 0.0
 
 
-@pytest.mark.timeout(60, method="thread")
-def test_a_training_step_longer_than_the_timeout_is_not_a_stall() -> None:
-    # only the wait for a batch counts: a slow step between batches is the model's time
-    s = gpukit.Session(devices="cpu", verbose=False)
-    loader = s.setup_dataloader(TensorDataset(torch.zeros(3)), batch_size=1, data_timeout_s=0.2)
+def _steps(dataset: Dataset, batch_size: int, timeout_s: float, step: object) -> int:
+    """Batches drawn from ``dataset`` through a gpukit loader, running ``step(loader)`` after each."""
+    loader = gpukit.Session(devices="cpu", verbose=False).setup_dataloader(
+        dataset, batch_size=batch_size, data_timeout_s=timeout_s)
     seen = 0
     for _ in loader:
         seen += 1
-        end = time.monotonic() + 0.5  # a step that computes for 2.5 timeouts
+        step(loader)  # type: ignore[operator]
+    return seen
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_a_training_step_longer_than_the_timeout_is_not_a_stall() -> None:
+    # only the wait for a batch counts: a slow step between batches is the model's time
+    def compute(_loader: object) -> None:  # a step that computes for 2.5 timeouts
+        end = time.monotonic() + 0.5
         while time.monotonic() < end:
             pass
-    assert seen == 3
+
+    assert _steps(TensorDataset(torch.zeros(3)), 1, 0.2, compute) == 3
 
 
 @pytest.mark.timeout(60, method="thread")
 def test_the_watchdog_s_signal_landing_after_the_batch_came_is_ignored() -> None:
     # the race: the watchdog saw a wait past the timeout, the batch arrived, then its SIGALRM
-    s = gpukit.Session(devices="cpu", verbose=False)
-    loader = s.setup_dataloader(TensorDataset(torch.zeros(4)), batch_size=2, data_timeout_s=1)
-    seen = 0
-    for _ in loader:
-        seen += 1
-        guard = loader._guard
+    def late_kick(loader: object) -> None:
+        guard = loader._guard  # type: ignore[attr-defined]
         guard.kicked = True
         signal.pthread_kill(threading.get_ident(), signal.SIGALRM)  # handled before the next line
         assert guard.kicked is False  # seen by our handler, not by SIG_DFL (which would end us)
-    assert seen == 2
+
+    assert _steps(TensorDataset(torch.zeros(4)), 2, 1.0, late_kick) == 2
     assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
 
 

@@ -110,6 +110,22 @@ READERS: dict[str, Callable[[Path, Path, Path], Run]] = {
     "resume": lambda root, step, tmp: _resume(root),
 }
 
+
+def _damaged_step2(root: Path, reader: str, tmp: Path, *, canary: Path | None = None,
+                   timeout_s: float | None = None) -> Run:
+    """``reader`` run on ``root`` whose newest step was just damaged (complete.json made to list
+    its files as they are now); a resume must fall back to step 1 and name the damaged step."""
+    step = root / STEP2
+    _refresh_marker(step)
+    run = _load(step / "state.pt") if reader == "load" else READERS[reader](root, step, tmp)
+    if canary is not None:
+        run.canary = canary
+    if timeout_s is not None:
+        run.timeout_s = timeout_s
+    if reader == "resume":
+        run.check = _resumed_from_step1(STEP2)
+    return run
+
 # -- code execution: planted pickles ------------------------------------------------------
 
 
@@ -119,12 +135,7 @@ def _planted_metadata(kind: str, reader: str) -> Callable[[Path], Run]:
         step = root / STEP2
         canary = tmp / "canary"
         (step / ".metadata").write_bytes(canary_pickle_payload(canary))
-        _refresh_marker(step)
-        run = READERS[reader](root, step, tmp)
-        run.canary = canary
-        if reader == "resume":
-            run.check = _resumed_from_step1(STEP2)
-        return run
+        return _damaged_step2(root, reader, tmp, canary=canary)
 
     return build
 
@@ -154,15 +165,7 @@ def _planted_state(reader: str) -> Callable[[Path], Run]:
         step = root / STEP2
         canary = tmp / "canary"
         (step / "state.pt").write_bytes(canary_pickle_payload(canary))
-        _refresh_marker(step)
-        if reader == "load":
-            run = _load(step / "state.pt")
-        else:
-            run = READERS[reader](root, step, tmp)
-        run.canary = canary
-        if reader == "resume":
-            run.check = _resumed_from_step1(STEP2)
-        return run
+        return _damaged_step2(root, reader, tmp, canary=canary)
 
     return build
 
@@ -205,7 +208,7 @@ def _marker_fifo(reader: str) -> Callable[[Path], Run]:
         marker = root / STEP2 / "complete.json"
         marker.unlink()
         os.mkfifo(marker)  # nobody ever writes it: opening it for reading blocks
-        run = READERS[reader](root, root / STEP2, tmp)
+        run = READERS[reader](root, root / STEP2, tmp)  # the marker stays a FIFO: not refreshed
         run.timeout_s = 40
         if reader == "resume":
             run.check = _resumed_from_step1(STEP2)
@@ -245,12 +248,7 @@ def _state_replaced(make: Callable[[Path], None], reader: str = "resume") -> Cal
         state = root / STEP2 / "state.pt"
         state.unlink()
         make(state)
-        _refresh_marker(root / STEP2)
-        run = READERS[reader](root, root / STEP2, tmp)
-        run.timeout_s = 40
-        if reader == "resume":
-            run.check = _resumed_from_step1(STEP2)
-        return run
+        return _damaged_step2(root, reader, tmp, timeout_s=40)
 
     return build
 
@@ -281,12 +279,7 @@ def _sharded_metadata(make: Callable[[Path, Path], None], reader: str) -> Callab
         step = root / STEP2
         (step / ".metadata").unlink()
         make(step / ".metadata", tmp)
-        _refresh_marker(step)
-        run = READERS[reader](root, step, tmp)
-        run.timeout_s = 40
-        if reader == "resume":
-            run.check = _resumed_from_step1(STEP2)
-        return run
+        return _damaged_step2(root, reader, tmp, timeout_s=40)
 
     return build
 
