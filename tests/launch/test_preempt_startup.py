@@ -42,13 +42,20 @@ def test_stop_signal_to_gpukit_run_while_it_imports(start_run, signum: signal.Si
     assert_none_survive(run.marker)
 
 
+def _sigterm_once_started(start_run, args: list[str], files: tuple[str, ...], wait_s: float = 60):  # noqa: ANN001, ANN202
+    """A 2-process `gpukit run --cpu ARGS` sent SIGTERM once its workers wrote ``files``;
+    returns ``(run, output)`` after checking that it exited as preempted within ``wait_s``."""
+    run = start_run("--cpu", "--nproc", "2", *args)
+    run.files(*files)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait(wait_s) == PREEMPTED_EXIT_CODE, run.output()
+    return run, run.output()
+
+
 @pytest.mark.slow
 def test_workers_stopped_before_their_session_exits_at_once(start_run) -> None:
-    run = start_run("--cpu", "--nproc", "2", "--grace", "60", str(SCRIPTS / "slow_start.py"), "{out}")
-    run.files("starting-0", "starting-1")
-    run.proc.send_signal(signal.SIGTERM)
-    assert run.wait(50) == PREEMPTED_EXIT_CODE, run.output()  # well before the 60 s grace
-    output = run.output()
+    run, output = _sigterm_once_started(start_run, ["--grace", "60", str(SCRIPTS / "slow_start.py"), "{out}"],
+                                        ("starting-0", "starting-1"), wait_s=50)  # well before the 60 s grace
     assert output.count("Session started: nothing to save") == 2, output
     assert "every worker stopped cleanly" in output
     assert_none_survive(run.marker)
@@ -56,11 +63,8 @@ def test_workers_stopped_before_their_session_exits_at_once(start_run) -> None:
 
 @pytest.mark.slow
 def test_saved_workers_that_tear_down_past_grace_are_a_clean_stop(start_run) -> None:
-    run = start_run("--cpu", "--nproc", "2", "--grace", "3", str(SCRIPTS / "slow_teardown.py"), "{out}", "120")
-    run.files("pid-0", "pid-1")
-    run.proc.send_signal(signal.SIGTERM)
-    assert run.wait(60) == PREEMPTED_EXIT_CODE, run.output()
-    output = run.output()
+    run, output = _sigterm_once_started(start_run, ["--grace", "3", str(SCRIPTS / "slow_teardown.py"), "{out}", "120"],
+                                        ("pid-0", "pid-1"))
     assert "every worker finished its stop (2 still tearing down after --grace 3 s were killed then)" in output
     assert [(run.out / f"stopped-{r}").exists() for r in (0, 1)] == [True, True]
     assert len(list((run.out / "ckpt").glob("step_*"))) == 1
@@ -69,12 +73,10 @@ def test_saved_workers_that_tear_down_past_grace_are_a_clean_stop(start_run) -> 
 
 @pytest.mark.slow
 def test_ranks_stopped_at_different_points_of_their_start_are_a_clean_stop(start_run) -> None:
-    run = start_run("--cpu", "--nproc", "2", "--grace", "3", str(SCRIPTS / "half_started.py"), "{out}")
-    run.files("starting-0", "starting-1")
-    run.proc.send_signal(signal.SIGTERM)
-    assert run.wait(60) == PREEMPTED_EXIT_CODE, run.output()
-    assert "rank 1's Session started: nothing to save" in run.output()
-    assert "a worker had not started its Session yet, nothing was trained to save" in run.output()
+    run, output = _sigterm_once_started(start_run, ["--grace", "3", str(SCRIPTS / "half_started.py"), "{out}"],
+                                        ("starting-0", "starting-1"))
+    assert "rank 1's Session started: nothing to save" in output
+    assert "a worker had not started its Session yet, nothing was trained to save" in output
     assert_none_survive(run.marker)
 
 
