@@ -7,7 +7,7 @@ import re
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["parse_size", "format_bytes", "MIB", "GIB"]
+__all__ = ["parse_size", "format_bytes", "whole_number", "MIB", "GIB"]
 
 KIB = 1024
 MIB = 1024**2
@@ -25,6 +25,19 @@ _UNITS = {
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 ACCEPTED_FORMS = "a byte count (e.g. 8589934592) or a number with a unit: 8GiB, 8000MiB, 8G, 512M, 1.5GiB"
+
+
+_WHOLE_RE = re.compile(r"[0-9]{1,18}")
+
+
+def whole_number(text: str) -> int | None:
+    """``text`` (stripped) as an int when it is 1-18 ASCII digits, else ``None``.
+
+    Not ``str.isdigit()``: that is true for '²' and other digits ``int()`` refuses, and ``int()``
+    of thousands of digits raises -- text from files and environments may hold either.
+    """
+    stripped = text.strip()
+    return int(stripped) if _WHOLE_RE.fullmatch(stripped) else None
 
 
 def parse_size(value: str | int | float) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from gpukit._util.units import whole_number
 from gpukit.checkpoint._formats import (
     MARKER_NAME,
     SAFETENSORS,
@@ -62,9 +63,10 @@ def _tensor_entries(tensors: list[tuple[str, list[int], str, str]]) -> list[dict
     groups: dict[tuple[Any, ...], list[tuple[int, ...]]] = {}
     for key, shape, dtype, device in tensors:
         parts = key.split(".")
-        pattern = tuple("#" if p.isdigit() else p for p in parts)
+        numbers = [whole_number(p) if p.isascii() else None for p in parts]  # hostile keys: '²', 5000 digits
+        pattern = tuple("#" if n is not None else p for p, n in zip(parts, numbers))
         groups.setdefault((pattern, tuple(shape), dtype, device), []).append(
-            tuple(int(p) for p in parts if p.isdigit()))
+            tuple(n for n in numbers if n is not None))
     entries = []
     for (pattern, shape, dtype, device), numbers in groups.items():
         columns = iter(list(zip(*numbers)))

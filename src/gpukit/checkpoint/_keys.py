@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gpukit._util.units import whole_number
+
 __all__ = ["group_keys", "format_indices"]
 
 
@@ -35,8 +37,9 @@ def _fold_numbers(keys: list[str]) -> list[tuple[str, int]]:
     groups: dict[tuple[str, ...], list[tuple[int, ...]]] = {}
     for key in keys:
         parts = key.split(".")
-        shape = tuple("#" if part.isdigit() else part for part in parts)
-        numbers = tuple(int(part) for part in parts if part.isdigit())
+        parsed = [whole_number(part) if part.isascii() else None for part in parts]  # not '²', not 5000 digits
+        shape = tuple("#" if n is not None else part for part, n in zip(parts, parsed))
+        numbers = tuple(n for n in parsed if n is not None)
         groups.setdefault(shape, []).append(numbers)
     folded: list[tuple[str, int]] = []
     for shape, numbers in groups.items():

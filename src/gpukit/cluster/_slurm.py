@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import overload
 
+from gpukit._util.units import whole_number
 from gpukit.cluster._nodelist import MAX_HOSTS, parse_nodelist
 from gpukit.cluster._vars import check_host, env_host, env_int, env_port
 from gpukit.errors import ConfigurationError
@@ -135,7 +136,7 @@ def in_slurm_step(env: Mapping[str, str]) -> bool:
     The batch script itself is the "batch" step: it runs once, on the first node only.
     """
     step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
-    return in_slurm_job(env) and step is not None and step.strip().isdigit() and "SLURM_PROCID" in env
+    return in_slurm_job(env) and step is not None and whole_number(step) is not None and "SLURM_PROCID" in env
 
 
 def slurm_gpus(env: Mapping[str, str]) -> tuple[str, ...] | None:
@@ -227,9 +228,8 @@ def shared_gpu_problem(tasks_on_node: int, gpus_visible: int, env: Mapping[str, 
         return None
     given = slurm_gpus(env)
     on_node = len(given) if given is not None else None
-    count = env.get("SLURM_GPUS_ON_NODE", "").strip()
-    if on_node is None and count.isdigit():
-        on_node = int(count)
+    if on_node is None:
+        on_node = whole_number(env.get("SLURM_GPUS_ON_NODE", ""))
     if on_node is None or on_node >= tasks_on_node:
         return None
     where = f"on node {node} " if node else ""

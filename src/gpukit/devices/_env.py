@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Any, MutableMapping, Sequence
 
+from gpukit._util.units import whole_number
 from gpukit.devices._snapshot import GpuSnapshot, list_gpus, selectable_units
 from gpukit.devices._visible import ENV_VAR
 from gpukit.errors import ConfigurationError, CudaAlreadyInitializedError, DeviceError
@@ -43,8 +44,8 @@ def _entry(gpu: Any, units: list[GpuSnapshot] | None) -> str:
         return gpu.uuid or "" if gpu.is_mig else str(gpu.index)
     if isinstance(gpu, bool):
         raise ConfigurationError(f"Cannot use GPU {gpu!r}: give indices, UUIDs or snapshots.")
-    if isinstance(gpu, str) and gpu.strip().isdigit():
-        gpu = int(gpu)
+    if isinstance(gpu, str) and whole_number(gpu) is not None:
+        gpu = whole_number(gpu)
     if isinstance(gpu, int):
         if gpu < 0:
             raise ConfigurationError(f"Cannot use GPU {gpu}: indices start at 0 (nvidia-smi numbering).")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
-from gpukit._util.units import format_bytes
+from gpukit._util.units import format_bytes, whole_number
 from gpukit.devices import CLAIM_DIR_ENV, GpuProcess, GpuSnapshot, _nvml, claim_holders, default_claim_dir
 from gpukit.devices._claim_files import _read_owner
 from gpukit.doctor._context import DoctorContext
@@ -70,8 +70,9 @@ def inspect_pid(pid: int) -> ProcessState:
         launcher = proc.environ().get(LAUNCHER_PID_ENV, "")
     except (psutil.Error, OSError):  # another user's process: its environment is private
         launcher = ""
-    if launcher.isdigit() and not psutil.pid_exists(int(launcher)):
-        return ProcessState("orphaned", ppid, parent_command, int(launcher))
+    launcher_pid = whole_number(launcher)
+    if launcher_pid is not None and not psutil.pid_exists(launcher_pid):
+        return ProcessState("orphaned", ppid, parent_command, launcher_pid)
     return ProcessState("running", ppid, parent_command)
 
 
