@@ -19,6 +19,7 @@ without it) raises :class:`~gpukit.errors.ConfigurationError`; nothing falls bac
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any
 
 import torch
@@ -111,6 +112,8 @@ class MixedPrecision(Precision):
         # whether scale_loss() ran since the last optimizer step: a plain loss.backward()
         # leaves the gradients unscaled, and GradScaler then fails deep inside torch
         self._scaled_since_step = False
+        self._watched: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers with our step hook
+        self._stepped = False
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
@@ -145,11 +148,22 @@ class MixedPrecision(Precision):
             return True
         self._check_scaled()
         self._scaled_since_step = False
-        scale_before = self._scaler.get_scale()
-        self._scaler.step(optimizer)  # skips the step when a gradient is inf/nan
+        if not hasattr(optimizer, "register_step_post_hook"):  # not a torch.optim.Optimizer
+            scale_before = self._scaler.get_scale()  # .item(): a device sync, before and after
+            self._scaler.step(optimizer)
+            self._scaler.update()
+            # update() lowers the scale exactly when this step found non-finite gradients
+            return self._scaler.get_scale() >= scale_before
+        if optimizer not in self._watched:  # told when the optimizer really steps: no extra sync
+            optimizer.register_step_post_hook(self._stepped_hook)
+            self._watched.add(optimizer)
+        self._stepped = False
+        self._scaler.step(optimizer)  # skips optimizer.step() when a gradient is inf/nan
         self._scaler.update()
-        # update() lowers the scale exactly when this step found non-finite gradients
-        return self._scaler.get_scale() >= scale_before
+        return self._stepped
+
+    def _stepped_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepped = True
 
     def state_dict(self) -> dict[str, Any]:
         return {} if self._scaler is None else {"scaler": self._scaler.state_dict()}
