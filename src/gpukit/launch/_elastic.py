@@ -35,6 +35,7 @@ from gpukit.launch._heartbeat import Stall, StallMonitor, stall_threshold_s
 from gpukit.launch._notebook import frozen_heap
 from gpukit.launch._orphans import Guardian
 from gpukit.launch._preemption import PREEMPTED_EXIT_CODE, RUN_DIR_ENV, stop_markers
+from gpukit.launch._rdzv_costs import cheaper_rendezvous
 from gpukit.launch._signals import (
     RunInterruptedError,
     StopSignal,
@@ -339,7 +340,8 @@ def run_workers(
     os.mkdir(run_dir)
     env = {**env, RUN_DIR_ENV: run_dir}
     try:
-        with _environ(env), _quiet_torch_logs(verbose), launcher_signals(preempt_signal):
+        with _environ(env), _quiet_torch_logs(verbose), launcher_signals(preempt_signal), \
+                cheaper_rendezvous(topology.single_machine):
             try:
                 handler = registry.get_rendezvous_handler(_rendezvous_parameters(topology, run_id))
             except StopSignal as exc:  # stopped while still reaching the master: no worker ran
