@@ -26,7 +26,7 @@ from gpukit.memory._free import free_memory
 from gpukit.memory._inference_guard import InferenceGradWarning, InferenceGuard, inference_guard
 from gpukit.memory._leaks import LeakFinding, LeakWatcher, MemoryLeakWarning, watch
 from gpukit.memory._live import live_tensor_bytes
-from gpukit.memory._fit import FitOption, FitResult, fit
+from gpukit.memory._fit import FitOption, FitPlanner, FitResult, fit
 from gpukit.memory._measure import measure_peak_memory
 from gpukit.memory._measure_cpu import MeasuredMemory, measure_step_memory
 from gpukit.memory._planner import MemoryEstimate, estimate_memory
@@ -70,6 +70,7 @@ __all__ = [
     "fit",
     "FitResult",
     "FitOption",
+    "FitPlanner",
     "free_memory",
     "write_oom_snapshot",
     "oom_postmortem",

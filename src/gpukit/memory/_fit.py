@@ -40,7 +40,7 @@ from gpukit.memory._blocks import unit_param_counts, units_to_shard
 from gpukit.memory._planner import MemoryEstimate, estimate_memory
 from gpukit.memory._shard_plan import shard_estimate
 
-__all__ = ["FitOption", "FitResult", "fit", "STRATEGIES"]
+__all__ = ["FitOption", "FitPlanner", "FitResult", "fit", "STRATEGIES"]
 
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
 CHECKPOINTING = ("none", "selective", "full")
@@ -141,6 +141,7 @@ def fit(
     link_bytes_per_s: float = 100e9,
     host_bytes_per_s: float = 20e9,
     micro_batch_overhead_s: float = 2e-3,
+    planner: FitPlanner | None = None,
 ) -> FitResult:
     """Rank the configurations whose planned peak fits ``memory`` per device by predicted step time.
 
@@ -159,6 +160,8 @@ def fit(
         top: how many configurations to return.
         flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s: the cost
             model's constants (fp32 FLOP/s; 16-bit precisions run at twice it).
+        planner: a :class:`FitPlanner` of this model and input from an earlier call: its plans
+            are reused (ranking again for another budget or subset plans only what is new).
 
     Returns:
         A :class:`FitResult`; ``print`` it for the table and the ``Session(...)`` lines.
@@ -188,7 +191,11 @@ def fit(
     notes = notes_pipeline + ([] if has_blocks else ["no blocks found: activation checkpointing not considered"])
     units = unit_param_counts(model, units_to_shard(model))
     costs = _Costs(flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s)
-    planner = _Planner(model, example_input, optimizer, device)
+    if planner is None:
+        planner = FitPlanner(model, example_input, optimizer, device)
+    elif planner.model is not model or planner.example is not example_input or planner.device != device:
+        raise ConfigurationError("fit(planner=...): the planner was built for another model, example_input or "
+                                 "device; build one with FitPlanner(model, example_input, optimizer, device).")
     candidates: list[FitOption] = []
     for precision in precisions:
         for ckpt in policies:
@@ -263,9 +270,10 @@ def _option(estimate: MemoryEstimate, precision: str, ckpt: str, strategy: str, 
     return FitOption(precision, ckpt, strategy, n, micro, accumulate, int(peak), step_s, exact)
 
 
-class _Planner:
+class FitPlanner:
     """``estimate_memory`` at a micro-batch size: exact (cached), or interpolated linearly in the
-    batch from two exact plans (activations grow with the batch; the rest does not)."""
+    batch from two exact plans (activations grow with the batch; the rest does not). One
+    planner given to several :func:`fit` calls plans each (precision, checkpointing, size) once."""
 
     def __init__(self, model: torch.nn.Module, example_input: Any, optimizer: Any, device: str) -> None:
         self.model, self.example, self.optimizer, self.device = model, example_input, optimizer, device

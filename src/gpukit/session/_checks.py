@@ -30,8 +30,9 @@ def check_session_options(accumulate_grad_batches: Any, seed: Any) -> None:
 def choice_banner(strategy: Any, precision: Any, config: dict[str, Any]) -> str:
     """The line a verbose Session prints on rank 0: what it chose, and what was chosen for the user."""
     auto = {k: ", chosen automatically" if config.get(k) == "auto" else "" for k in ("strategy", "precision")}
+    fit = "; fit chooses what is left open at setup" if config.get("fit") not in (None, False) else ""
     return (f"gpukit: strategy {strategy.describe()}{auto['strategy']}; "
-            f"precision {precision.name}{auto['precision']}")
+            f"precision {precision.name}{auto['precision']}{fit}")
 
 
 def not_launched_error(what: str, strategy: Any, devices: Any) -> DistributedError:

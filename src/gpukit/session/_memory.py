@@ -102,6 +102,7 @@ class SessionMemory:
         self._precision = precision
         self._steps = steps
         self._backoff: _memory.OomBackoff | None = None
+        self._micro_batch: int | None = None  # Session(fit=...): run_step splits batches into these
         self._leak_watcher: _memory.LeakWatcher | None = None
         self._models: list[nn.Module] = []
         self._guards: dict[int, _memory.InferenceGuard] = {}
@@ -139,7 +140,7 @@ class SessionMemory:
             ConfigurationError: ``step_fn`` did not return a scalar tensor; no or several models.
         """
         model = self._step_model(model)
-        if self._oom == "backoff":
+        if self._oom == "backoff" or self._micro_batch is not None:
             return self._run_with_backoff(step_fn, batch, model)
         with self._postmortem_on_oom(batch) if self._oom == "raise" else contextlib.nullcontext():
             with self._steps.accumulate(model):
@@ -231,6 +232,19 @@ class SessionMemory:
                 "tensor (the mean over the batch), e.g. `return F.cross_entropy(model(x), y)`."
             )
         return loss
+
+    def use_precision(self, precision: Precision) -> None:
+        """Autocast ``run_step`` with ``precision`` from now on (``Session(fit=...)`` chose it)."""
+        self._precision = precision
+
+    def use_micro_batch(self, size: int) -> None:
+        """Split every ``run_step`` batch into micro-batches of ``size`` (``Session(fit=...)``).
+
+        Without ``oom="backoff"`` the size is kept: out of memory at it raises (with the planned
+        fixes) instead of halving further."""
+        self._micro_batch = size
+        minimum = 1 if self._oom == "backoff" else size
+        self._backoff = _memory.OomBackoff(size, min_micro_batch_size=minimum, device=self._device)
 
     def restore_backoff(self, micro_batch_size: int | None) -> None:
         """Start from the micro-batch size a checkpointed run had backed off to."""

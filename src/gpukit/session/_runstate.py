@@ -39,6 +39,10 @@ class RunState:
         self._steps = steps
         self._memory = memory
 
+    def use_precision(self, precision: Precision) -> None:
+        """Save and restore ``precision``'s state (``Session(fit=...)`` chose it at setup)."""
+        self._precision = precision
+
     def should_stop(self) -> bool:
         """Whether any rank was asked to stop; every rank gets the same answer (one all-reduce)."""
         from gpukit.launch._preemption import mark_stop_agreed, stop_requested

@@ -30,6 +30,7 @@ from gpukit.data._timing import timed_progress
 from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
 from gpukit.session._checks import check_optimizer, check_session_options, choice_banner, not_launched_error
+from gpukit.session._fit import FitChoice, SessionFit, fit_at_setup
 from gpukit.session._launch import launch_workers
 from gpukit.session._memory import DEFAULT_WATCH_EVERY_N_STEPS, SessionMemory, check_memory_options
 from gpukit.session._runstate import RunState
@@ -76,6 +77,9 @@ class Session:
         compile: True or a dict of ``torch.compile`` options: ``setup`` compiles the model the
             way the strategy needs (the DDP wrapper, each FSDP unit). A ``torch.compile(model)``
             given to ``setup`` is compiled the same way with its own settings, not dropped.
+        fit: True (the GPU's free memory) or a budget per device ("20GiB"): ``setup(model,
+            optimizer, example_input=x)`` plans and applies the precision, activation checkpointing
+            and micro-batch left open (``session.fit_choice``; see docs/memory.md).
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -89,6 +93,7 @@ class Session:
         oom: str | None = None, watch_memory: bool | int = False,
         record: str | os.PathLike[str] | None = None, timeout_s: float | None = None,
         activation_checkpointing: Any = None, compile: bool | dict[str, Any] | None = None,
+        fit: bool | str | int | None = None,
     ) -> None:
         # what a worker started by launch() needs to build the same session: every argument
         self._config = {name: value for name, value in locals().items() if name != "self"}
@@ -104,6 +109,7 @@ class Session:
         self.accelerator: Accelerator = self.strategy.accelerator
         self.precision: Precision = get_precision(precision, self.accelerator, self.strategy.root_device)
         self.strategy.precision = self.precision
+        self._fit = SessionFit.create(fit, self._config, self.strategy, self.precision, verbose=verbose)
         self.seed = seed
         self._steps = TrainingSteps(self.strategy, self.precision, accumulate_grad_batches)
         #: step-time breakdown of every gpukit loader (data wait, copy, compute); listeners
@@ -152,13 +158,19 @@ class Session:
         return self.strategy.rank == 0
 
     @property
+    def fit_choice(self) -> FitChoice | None:
+        """What ``Session(fit=...)`` chose at ``setup`` (precision, checkpointing, micro-batch, peak)."""
+        return self._fit and self._fit.choice
+
+    @property
     def accumulate_grad_batches(self) -> int:
         """Micro-batches per optimizer step."""
         return self._steps.accumulate_grad_batches
 
     # -- set-up -----------------------------------------------------------------------------------
-    def setup(self, model: M, optimizer: torch.optim.Optimizer | None = None) -> Any:
-        """Place, convert and wrap ``model``; check and move ``optimizer``.
+    def setup(self, model: M, optimizer: torch.optim.Optimizer | None = None, *, example_input: Any = None) -> Any:
+        """Place, convert and wrap ``model``; check and move ``optimizer``. With ``Session(fit=...)``,
+        first choose what was left open from ``example_input`` (one batch of the model's input).
 
         Returns:
             ``(model, optimizer)``, or the model alone when no optimizer is given. The model
@@ -171,6 +183,9 @@ class Session:
         self._require_launched("session.setup()")
         if optimizer is not None:
             check_optimizer(model, optimizer)
+        if self._fit is not None or example_input is not None:  # Session(fit=...): choose before wrapping
+            self.precision = fit_at_setup(self._fit, model, optimizer, example_input, steps=self._steps,
+                                          memory=self._memory, runstate=self._runstate) or self.precision
         model, compiling = compile_request(model, self._compile)  # a torch.compile wrapper comes off here
         model = self.strategy.prepare_module(model)
         model = self.precision.convert_module(model)
@@ -377,18 +392,13 @@ class Session:
 
     # -- processes -----------------------------------------------------------------------------------
     def launch(self, fn: Callable[..., T], *args: Any) -> list[T]:
-        """Run ``fn(session, *args)`` in every process this session needs.
+        """Run ``fn(session, *args)`` in every process this session needs; returns ``fn``'s values
+        in rank order (just this process's when already launched or single-process).
 
-        When the processes are not running yet (plain ``python`` with devices > 1), starts
-        them through PyTorch's elastic launcher (as ``gpukit run`` does) and builds an equal
-        session in each. ``fn`` and ``args`` must be picklable (``fn`` defined at module level);
-        in a notebook or REPL, where ``fn`` is defined in a cell, the workers are forked from
-        this process instead (see ``gpukit.launch._notebook``). Otherwise ``fn`` runs here, once.
-
-        Returns:
-            ``fn``'s return values, one per rank in rank order (just this process's when
-            already launched or single-process).
-        """
+        Processes not running yet (plain ``python``, devices > 1) are started through PyTorch's
+        elastic launcher (as ``gpukit run``), an equal session in each; ``fn`` and ``args`` must
+        pickle (``fn`` at module level). In a notebook, where ``fn`` is defined in a cell, the
+        workers are forked from this process (``gpukit.launch._notebook``)."""
         if self.strategy.launched:
             return [fn(self, *args)]
         return launch_workers(type(self), self._config, fn, args, nproc=self.strategy.num_processes,

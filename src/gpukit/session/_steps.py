@@ -38,6 +38,10 @@ class TrainingSteps:
         self.micro_step = 0
         self.optimizer_steps = 0
 
+    def use_precision(self, precision: Precision) -> None:
+        """Scale and step with ``precision`` from now on (``Session(fit=...)`` chose it at setup)."""
+        self._precision = precision
+
     def next_is_boundary(self) -> bool:
         """Whether the micro-batch about to run is the last of its accumulation window."""
         return (self.micro_step + 1) % self.accumulate_grad_batches == 0

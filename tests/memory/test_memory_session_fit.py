@@ -1,0 +1,142 @@
+"""Session(fit=...): the session plans the options left open at setup and applies the cheapest
+configuration whose planned peak fits the budget; the budgets here come from the planner itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import gpukit
+from gpukit._util.units import format_bytes
+from gpukit.errors import ConfigurationError, MemoryPlanError
+from gpukit.memory import estimate_memory, fit
+from gpukit.memory._activation import is_checkpointed
+from planner_models import mlp
+
+BATCH = 512
+
+
+def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = mlp(width=256, depth=6)  # 3.2 M parameters: Adam's fp32 state alone is 25 MiB
+    return model, torch.optim.Adam(model.parameters())
+
+
+def _peak(model: torch.nn.Module, optimizer: object, size: int, precision: str, ckpt: object) -> int:
+    return estimate_memory(model, optimizer, torch.empty(size, 64), precision=precision, device="cpu",
+                           activation_checkpointing=ckpt).peak_bytes
+
+
+@pytest.fixture(scope="module")
+def tight_budget() -> int:
+    """Fits bf16-true with full checkpointing at the whole batch, and nothing in 32-true or bf16-mixed."""
+    model, optimizer = _model_and_optimizer()
+    budget = _peak(model, optimizer, BATCH, "bf16-true", True)
+    assert _peak(model, optimizer, 1, "32-true", True) > budget  # 32-true's static memory alone is too much
+    assert _peak(model, optimizer, 1, "bf16-mixed", True) > budget
+    assert _peak(model, optimizer, BATCH, "bf16-true", None) > budget  # and bf16-true needs checkpointing
+    return budget
+
+
+def _train_one_step(session: gpukit.Session, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    x, y = torch.randn(BATCH, 64), torch.randn(BATCH, 10)
+    loss = session.run_step(lambda b: F.mse_loss(model(b[0]).float(), b[1]), (x, y))
+    assert session.step(optimizer)
+    return loss
+
+
+def test_fit_chooses_and_applies_precision_and_checkpointing(tight_budget: int, capsys: pytest.CaptureFixture[str]) -> None:
+    model, optimizer = _model_and_optimizer()
+    session = gpukit.Session("cpu", fit=tight_budget)
+    assert session.fit_choice is None  # nothing chosen before setup
+    model, optimizer = session.setup(model, optimizer, example_input=torch.randn(BATCH, 64))
+    choice = session.fit_choice
+    assert choice is not None and choice.precision == "bf16-true" and choice.activation_checkpointing is True
+    assert choice.micro_batch == BATCH and choice.peak_bytes <= tight_budget
+    assert choice.chosen == ("precision", "activation checkpointing", "micro-batch")
+    # applied: the weights are bf16, the blocks recompute, the session autocasts/steps in bf16-true
+    assert session.precision.name == "bf16-true" and session.strategy.precision is session.precision
+    assert {p.dtype for n, p in model.named_parameters() if "norm" not in n} == {torch.bfloat16}
+    blocks = list(model[1])
+    assert session.strategy.checkpointed and all(is_checkpointed(block) for block in blocks)
+    before = [p.detach().clone() for p in model.parameters()]
+    assert torch.isfinite(_train_one_step(session, model, optimizer))
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    err = capsys.readouterr().err
+    assert "fit chooses what is left open at setup" in err  # the banner says the choice is deferred
+    assert "gpukit fit: precision bf16-true, activation checkpointing full" in err
+    assert f"of {format_bytes(tight_budget)} (given)" in err
+    assert str(choice) in err
+
+
+def test_fit_keeps_what_the_user_set_and_splits_the_batch(tight_budget: int) -> None:
+    """precision and checkpointing given: fit only chooses the micro-batch, and run_step applies it."""
+    model, optimizer = _model_and_optimizer()
+    whole = _peak(model, optimizer, BATCH, "32-true", True)
+    half = _peak(model, optimizer, BATCH // 2, "32-true", True)
+    assert half < whole
+    budget = (half + whole) // 2  # the whole batch does not fit, half of it does
+    session = gpukit.Session("cpu", precision="32-true", activation_checkpointing=True, fit=budget, verbose=False)
+    model, optimizer = session.setup(model, optimizer, example_input=torch.randn(BATCH, 64))
+    choice = session.fit_choice
+    assert (choice.precision, choice.activation_checkpointing) == ("32-true", True)
+    assert choice.micro_batch == BATCH // 2 and choice.accumulate == 2 and choice.peak_bytes <= budget
+    assert choice.chosen == ("micro-batch",)
+    assert choice.kept == ("strategy single", "precision='32-true'", "activation_checkpointing=True")
+    assert "kept as set: strategy single, precision='32-true', activation_checkpointing=True" in str(choice)
+    assert next(model.parameters()).dtype == torch.float32
+    _train_one_step(session, model, optimizer)
+    backoff = session.oom_backoff  # run_step ran the batch as two micro-batches of 256
+    assert backoff is not None and backoff.micro_batch_size == BATCH // 2 and backoff.accumulation_steps == 2
+    assert backoff.events == []  # the split was planned, not a back-off
+
+
+def test_nothing_fits_names_the_shortfall_and_what_would_fit(tight_budget: int) -> None:
+    model, optimizer = _model_and_optimizer()
+    session = gpukit.Session("cpu", precision="32-true", fit=tight_budget, verbose=False)
+    with pytest.raises(MemoryPlanError) as caught:
+        session.setup(model, optimizer, example_input=torch.randn(BATCH, 64))
+    message = str(caught.value)
+    closest = fit(model, torch.randn(BATCH, 64), memory=tight_budget, device="cpu", strategies=["single"],
+                  precisions=["32-true"], optimizer=optimizer).closest
+    assert closest is not None and closest.peak_bytes > tight_budget
+    assert f"nothing fits {format_bytes(tight_budget)} per device (given)" in message
+    assert f"needs {format_bytes(closest.peak_bytes - tight_budget)} more" in message
+    assert "Kept as set: strategy single, precision='32-true'" in message
+    assert "precision='bf16-true' would fit" in message  # the option the user fixed is the obstacle
+    assert session.fit_choice is None and session.precision.name == "32-true"
+
+
+def test_fit_bad_input_says_what_to_do() -> None:
+    with pytest.raises(ConfigurationError, match=r"fit=True\) on the CPU.*Session\(fit='8GiB'\)"):
+        gpukit.Session("cpu", fit=True)
+    with pytest.raises(ConfigurationError, match="Invalid size"):
+        gpukit.Session("cpu", fit="lots")
+    with pytest.raises(ConfigurationError, match=r"fit=\[1\]\): use True"):
+        gpukit.Session("cpu", fit=[1])
+    with pytest.raises(ConfigurationError, match="'16-mixed', fit=...\\): fit plans 32-true, bf16-mixed, bf16-true"):
+        gpukit.Session("cpu", precision="16-mixed", fit="1GiB")
+    model, optimizer = _model_and_optimizer()
+    with pytest.raises(ConfigurationError, match=r"session.setup\(model, optimizer, example_input=batch_inputs\)"):
+        gpukit.Session("cpu", fit="1GiB", verbose=False).setup(model, optimizer)
+    with pytest.raises(ConfigurationError, match=r"not given: add fit='20GiB'"):
+        gpukit.Session("cpu", verbose=False).setup(model, optimizer, example_input=torch.randn(4, 64))
+
+
+@pytest.mark.slow
+def test_two_processes_apply_the_same_choice(tight_budget: int) -> None:
+    from _session_fit_worker import fit_job
+
+    from gpukit.launch import launch_function
+
+    model, optimizer = _model_and_optimizer()  # DDP adds a gradient bucket to the single-device peak
+    ddp = fit(model, torch.randn(BATCH, 64), memory="1GiB", devices=2, global_batch=2 * BATCH, strategies=["ddp"],
+              precisions=["bf16-true"], checkpointing=["full"], top=1, device="cpu", optimizer=optimizer).best
+    results = launch_function(fit_job, (ddp.peak_bytes,), nproc=2, cpu=True, echo=None)
+    rank0, rank1 = sorted(results, key=lambda r: r["rank"])
+    # rank 1's example batch is 4x larger, yet it applies rank 0's decision
+    assert rank0["choice"] == rank1["choice"] == ("bf16-true", "full", BATCH, ddp.peak_bytes)
+    for result in (rank0, rank1):
+        assert result["dtype"] == "torch.bfloat16" and result["checkpointed"] == 6
+    assert all(torch.equal(a, b) for a, b in zip(rank0["params"], rank1["params"]))  # DDP kept them in step
