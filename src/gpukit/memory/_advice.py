@@ -23,7 +23,7 @@ log = logging.getLogger("gpukit.memory")
 
 
 def planned_fixes(model: torch.nn.Module, batch: Any, *, precision: str, activation_checkpointing: Any = None,
-                  device: str | torch.device = "cuda") -> str | None:
+                  device: str | torch.device = "cuda", smaller_batch: bool = True) -> str | None:
     """Concrete fixes for an out-of-memory step, each with its planned saving; ``None`` when the
     model cannot be planned with ``batch`` (the caller keeps its generic list then).
 
@@ -34,6 +34,7 @@ def planned_fixes(model: torch.nn.Module, batch: Any, *, precision: str, activat
         precision: the session's precision name.
         activation_checkpointing: the policy already in use (not suggested again).
         device: the device the step ran on.
+        smaller_batch: also list half the batch (not when the caller is already halving it).
     """
     from gpukit.memory._planner import estimate_memory
 
@@ -56,7 +57,10 @@ def planned_fixes(model: torch.nn.Module, batch: Any, *, precision: str, activat
             options.append((peak(activation_checkpointing=True), "Session(activation_checkpointing=True)"))
         if precision == "32-true":
             options.append((peak(precision="bf16-mixed"), "Session(precision='bf16-mixed')"))
-        if size is not None and size >= 2:
+        if precision in ("32-true", "bf16-mixed"):
+            options.append((peak(precision="bf16-true"), "Session(precision='bf16-true') (bf16 weights, "
+                                                         "no fp32 master copy)"))
+        if smaller_batch and size is not None and size >= 2:
             half = tree_map(lambda t: t[: size // 2] if isinstance(t, torch.Tensor) and t.dim() else t, example)
             options.append((peak(example=half), f"a batch of {size // 2} (Session(oom='backoff') or "
                                                 "accumulate_grad_batches=2 keeps the effective batch)"))

@@ -142,6 +142,10 @@ class OomBackoff:
             (``ddp_model.no_sync``), so no rank sits in a backward all-reduce while another fails.
         group: process group for the agreement (default group when distributed).
         on_backoff: called with each :class:`BackoffEvent`.
+        model, precision, activation_checkpointing: the plain model the step runs, at this
+            precision and checkpointing policy: the first back-off and the final error then name
+            the fixes the planner predicts for the micro-batch that ran out of memory (each with
+            its saving) instead of a generic list. The Session sets them.
 
     Raises:
         ConfigurationError: for sizes below 1.
@@ -158,6 +162,9 @@ class OomBackoff:
         no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         group: Any = None,
         on_backoff: Callable[[BackoffEvent], None] | None = None,
+        model: torch.nn.Module | None = None,
+        precision: str = "32-true",
+        activation_checkpointing: Any = None,
     ) -> None:
         for name, value in (("micro_batch_size", micro_batch_size), ("min_micro_batch_size", min_micro_batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -175,6 +182,8 @@ class OomBackoff:
         self._calls = 0
         #: the DDP model behind ``no_sync`` when that is not its bound method (set by the Session)
         self.sync_module: Any = None
+        self.model, self.precision, self.activation_checkpointing = model, precision, activation_checkpointing
+        self._advised = False  # the planned fixes are logged with the first back-off only
 
     @property
     def distributed(self) -> bool:
@@ -224,7 +233,7 @@ class OomBackoff:
                 return results
             del results
             self._release()
-            self._shrink(micro, total, ranks_failed)
+            self._shrink(micro, total, ranks_failed, batch)
 
     def _ddp_module(self) -> Any:
         owner = self.sync_module if self.sync_module is not None else getattr(self.no_sync, "__self__", None)
@@ -248,26 +257,41 @@ class OomBackoff:
         gc.collect()
         self.accelerator.empty_cache()
 
-    def _shrink(self, micro: int, total: int, ranks_failed: int) -> None:
+    def planned_fixes(self, batch: Any, micro: int) -> str | None:
+        """The planner's fixes for a micro-batch of ``micro`` items of ``batch`` (``None``: no
+        ``model`` given, or it cannot be planned)."""
+        if self.model is None:
+            return None
+        from gpukit.memory._advice import planned_fixes
+
+        part = next(split_batch(batch, micro))
+        return planned_fixes(self.model, part, precision=self.precision,
+                             activation_checkpointing=self.activation_checkpointing, device=self.accelerator.type,
+                             smaller_batch=False)  # halving is the back-off's own move
+
+    def _shrink(self, micro: int, total: int, ranks_failed: int, batch: Any) -> None:
         proposal = micro // 2
         if self.distributed:  # ranks may enter with different sizes after a restart: take the smallest
             value = torch.tensor([proposal], device=self._collective_device())
             dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.group)
             proposal = int(value.item())
         if proposal < self.min_micro_batch_size:
-            raise OutOfMemoryAfterBackoffError(
-                f"Out of memory at micro-batch size {micro}, and halving it would go below "
-                f"min_micro_batch_size={self.min_micro_batch_size}. The model, optimizer state or a single "
-                "sample does not fit: use a smaller model, a lower precision (bf16-mixed), activation "
-                "checkpointing, or more devices. `gpukit.memory.estimate_memory(...)` shows the breakdown."
-            )
+            head = (f"Out of memory at micro-batch size {micro}, and halving it would go below "
+                    f"min_micro_batch_size={self.min_micro_batch_size}. ")
+            fixes = self.planned_fixes(batch, micro)
+            raise OutOfMemoryAfterBackoffError(head + (fixes or (
+                "The model, optimizer state or a single sample does not fit: use a smaller model, a lower "
+                "precision (bf16-mixed), activation checkpointing, or more devices. "
+                "`gpukit.memory.estimate_memory(...)` shows the breakdown.")))
         self.micro_batch_size = proposal
         self.accumulation_steps = math.ceil(total / proposal)
         event = BackoffEvent(self._calls, micro, proposal, self.accumulation_steps, ranks_failed)
         self.events.append(event)
         emit("oom_backoff", from_micro_batch=micro, to_micro_batch=proposal, ranks_failed=ranks_failed)
-        log.warning(
-            "out of memory at micro-batch %d (%d rank(s)); retrying with micro-batch %d", micro, ranks_failed, proposal
-        )
+        first = not self._advised and (not self.distributed or dist.get_rank(self.group) == 0)  # one rank plans
+        fixes = self.planned_fixes(batch, micro) if first else None
+        self._advised = True
+        log.warning("out of memory at micro-batch %d (%d rank(s)); retrying with micro-batch %d%s", micro, ranks_failed,
+                    proposal, f". Instead of smaller micro-batches (more steps, same memory per item):\n{fixes}" if fixes else "")
         if self.on_backoff is not None:
             self.on_backoff(event)

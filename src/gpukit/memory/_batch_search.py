@@ -77,6 +77,10 @@ def find_batch_size(
     max_trials: int = 30,
     device: str | torch.device | None = None,
     on_trial: Callable[[BatchSizeTrial], None] | None = None,
+    model: torch.nn.Module | None = None,
+    example_input: Any = None,
+    precision: str = "32-true",
+    activation_checkpointing: Any = None,
 ) -> BatchSizeResult:
     """Largest batch size for which ``step_fn(batch_size)`` runs without running out of memory.
 
@@ -101,6 +105,10 @@ def find_batch_size(
         max_trials: hard bound on trials.
         device: device the step runs on; picks the OOM type and cache to empty.
         on_trial: called after each trial (each is also logged on ``gpukit.memory``).
+        model, example_input, precision, activation_checkpointing: the model ``step_fn`` trains
+            and one input batch of it (any size: dim 0 is the batch), at this precision and
+            checkpointing policy. When even ``start`` does not fit, the error then names the
+            fixes the planner predicts at ``start`` items, each with its saving.
 
     Returns:
         A :class:`BatchSizeResult`.
@@ -114,6 +122,11 @@ def find_batch_size(
         raise ConfigurationError(f"find_batch_size(start={start}, max={max}): max must be >= start.")
     if not 0 <= margin < 1 or not 0 < tolerance < 1:
         raise ConfigurationError(f"find_batch_size(margin={margin}, tolerance={tolerance}): expected 0 <= margin < 1, 0 < tolerance < 1.")
+    if (model is None) != (example_input is None):
+        raise ConfigurationError(
+            f"find_batch_size(model={type(model).__name__ if model is not None else None}, example_input="
+            f"{type(example_input).__name__ if example_input is not None else None}): give both (the planner sizes "
+            "the fixes it names from the model and one batch of its input) or neither.")
     accelerator = get_accelerator(device if device is not None else auto_device_type())
     # the device's own counters ("cuda:1"); None is the current device of the accelerator
     target = torch.device(device) if device is not None else None
@@ -152,11 +165,15 @@ def find_batch_size(
             hi = size
             break
     if lo == 0:
-        raise MemoryPlanError(
-            f"find_batch_size: even the start size {start} runs out of memory. Try start=1, a lower "
-            "precision (bf16-mixed), activation checkpointing, or check estimate_memory(...) for what "
-            "does not fit."
-        )
+        fixes = None
+        if model is not None:
+            from gpukit.memory._advice import planned_fixes
+
+            fixes = planned_fixes(model, _resized(example_input, start), precision=precision, device=accelerator.type,
+                                  activation_checkpointing=activation_checkpointing, smaller_batch=start > 1)
+        raise MemoryPlanError(f"find_batch_size: even the start size {start} runs out of memory. " + (fixes or (
+            "Try start=1, a lower precision (bf16-mixed), activation checkpointing, or check "
+            "estimate_memory(...) for what does not fit (or pass model= and example_input= for planned fixes).")))
     # the true limit lies in [lo, hi - 1]: stop once lo is within tolerance of that top
     while hi is not None and lo < (1 - tolerance) * (hi - 1) and len(trials) < max_trials:
         mid = int(round(math.sqrt(lo * (hi - 1))))
@@ -167,6 +184,13 @@ def find_batch_size(
             hi = mid
     chosen = lo if margin == 0 else _larger(1, math.floor(lo * (1 - margin)))
     return BatchSizeResult(chosen, lo, hi, tuple(trials))
+
+
+def _resized(example: Any, size: int) -> Any:
+    """``example`` with ``size`` items (dim 0), as meta tensors: only shapes and dtypes are planned."""
+    return torch.utils._pytree.tree_map(
+        lambda t: torch.empty((size, *t.shape[1:]), dtype=t.dtype, device="meta")
+        if isinstance(t, torch.Tensor) and t.dim() > 0 else t, example)
 
 
 def _larger(a: int, b: int) -> int:  # the builtin max is shadowed by the documented argument

@@ -261,6 +261,9 @@ class SessionMemory:
         backoff.no_sync = lambda: self._strategy.no_backward_sync(model)
         backoff.sync_module = model  # DDP's forward buffer-sync flag is reset for each attempt
         backoff.zero_grad = lambda: _drop_grads(params)
+        if len(self._models) == 1:  # its planned fixes name the options for the micro-batch that failed
+            backoff.model, backoff.precision = unwrap_model(self._models[0]), self._precision.name
+            backoff.activation_checkpointing = self._strategy.activation_checkpointing
         boundary = self._steps.next_is_boundary()
         held = [p.grad for p in params]  # earlier batches of this accumulation window
         _drop_grads(params)
@@ -278,8 +281,8 @@ class SessionMemory:
             for param, grad in zip(params, held):  # a failed batch leaves no partial gradient
                 param.grad = grad
             if isinstance(exc, _memory.OutOfMemoryAfterBackoffError):
-                self._raise_out_of_memory(exc, _memory.OutOfMemoryAfterBackoffError, str(exc),
-                                          fixes=self._planned_fixes(batch) or "")
+                # the back-off's message names the planned fixes for the micro-batch that failed
+                self._raise_out_of_memory(exc, _memory.OutOfMemoryAfterBackoffError, str(exc), fixes="")
             raise
         for param, grad in zip(params, held):
             if grad is not None:
