@@ -72,3 +72,28 @@ def test_cli_plan_fit(tmp_path: Path) -> None:
     assert "cheapest first" in ok.stdout and "Session(" in ok.stdout
     bad = subprocess.run([*base, "--fit", "lots"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("gpukit: error:") and "Invalid size" in bad.stderr
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_a_reused_planner_ranks_the_same_and_plans_less(name: str) -> None:
+    from planner_models import MODELS
+
+    from gpukit.memory import FitPlanner
+
+    factory, data = MODELS[name]
+    torch.manual_seed(0)
+    model, x = factory(), data(32)
+    kwargs = dict(device="cpu", devices=2, precisions=["32-true", "bf16-true"], top=4)
+    roomy = fit(model, x, memory="1GiB", **kwargs)
+    budget = int(min(o.peak_bytes for o in roomy.options) * 0.95)  # the roomy winners no longer fit
+    fresh_planner = FitPlanner(model, x, "adam", "cpu")
+    fresh = fit(model, x, memory=budget, planner=fresh_planner, **kwargs)
+    shared = FitPlanner(model, x, "adam", "cpu")
+    fit(model, x, memory="1GiB", planner=shared, **kwargs)
+    before = shared.plans
+    again = fit(model, x, memory=budget, planner=shared, **kwargs)
+    assert (again.options, again.closest, again.cheaper_rejected) == (fresh.options, fresh.closest, fresh.cheaper_rejected)
+    assert fresh.options and fresh.options != roomy.options[: len(fresh.options)]
+    assert shared.plans - before < fresh_planner.plans  # only the sizes the first call had not planned
+    with pytest.raises(ConfigurationError, match="built for another model"):
+        fit(mlp(width=8, depth=1), x, memory="1GiB", planner=shared)

@@ -280,6 +280,11 @@ class FitPlanner:
         self._cache: dict[tuple[str, str, int], MemoryEstimate] = {}
         self._full = _batch_size(example_input)
 
+    @property
+    def plans(self) -> int:
+        """How many planner runs this planner made (each one traces a training step)."""
+        return len(self._cache)
+
     def exact(self, precision: str, ckpt: str, micro: int) -> MemoryEstimate:
         key = (precision, ckpt, micro)
         if key not in self._cache:
