@@ -140,3 +140,17 @@ def test_two_processes_apply_the_same_choice(tight_budget: int) -> None:
     for result in (rank0, rank1):
         assert result["dtype"] == "torch.bfloat16" and result["checkpointed"] == 6
     assert all(torch.equal(a, b) for a, b in zip(rank0["params"], rank1["params"]))  # DDP kept them in step
+
+
+@pytest.mark.requires_gpu
+def test_fit_true_budgets_the_free_gpu_memory() -> None:
+    model, optimizer = _model_and_optimizer()
+    free, _ = torch.cuda.mem_get_info()
+    session = gpukit.Session("cuda", fit=True, verbose=False)
+    model, optimizer = session.setup(model, optimizer, example_input=torch.randn(BATCH, 64))
+    choice = session.fit_choice
+    assert choice.budget_source == "90% of the free GPU memory" and choice.budget_bytes <= free
+    assert choice.precision == session.precision.name == "bf16-mixed"  # "auto" on a bf16 GPU, and it fits
+    assert choice.micro_batch == BATCH and choice.peak_bytes <= choice.budget_bytes
+    _train_one_step(session, model, optimizer)
+    assert torch.cuda.max_memory_allocated() <= choice.budget_bytes

@@ -25,7 +25,6 @@ Cost model (seconds per optimizer step; documented, simple, overridable):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
