@@ -48,7 +48,11 @@ def orphan() -> Iterator[int]:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     env = dict(os.environ, GPUKIT_LAUNCHER_PID=str(gone.pid))
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+    # until the child has exec'ed, /proc/<pid>/environ is still the parent's (no launcher pid):
+    # under load the test read it too early (a flake); its first line says it runs
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     yield proc.pid
     proc.kill()
     proc.wait()
