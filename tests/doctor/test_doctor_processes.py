@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from gpukit.devices import claim_gpus
-from gpukit.doctor._processes import ProcessState, check_claims, check_gpu_processes, inspect_pid
+from gpukit.doctor._processes import ProcessState, _launcher_alive, check_claims, check_gpu_processes, inspect_pid
 
 _GPU = {"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-aaaaaaaa-1111-4222-8333-444444444444",
         "memory_total_mib": 40960, "memory_used_mib": 9000}
@@ -134,3 +134,15 @@ def test_a_claim_dir_that_is_a_file_fails_as_gpukit_run_would(tmp_path, make_ctx
     assert finding.status == "fail" and "GPUKIT_CLAIM_DIR" in finding.message and "not a directory" in finding.message
     with pytest.raises(DeviceError, match="not a directory"):  # what the finding promises
         _ensure_dir(path)
+
+
+def test_a_launcher_pid_taken_by_a_younger_process_is_an_orphan():
+    # the pid was reused: a process with the launcher's pid that started after the worker
+    younger = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        worker = psutil.Process(os.getpid())  # started before `younger`
+        assert not _launcher_alive(younger.pid, worker)
+        assert _launcher_alive(os.getppid(), worker)  # our own parent: older, alive
+    finally:
+        younger.kill()
+        younger.wait()

@@ -71,9 +71,22 @@ def inspect_pid(pid: int) -> ProcessState:
     except (psutil.Error, OSError):  # another user's process: its environment is private
         launcher = ""
     launcher_pid = whole_number(launcher)
-    if launcher_pid is not None and not psutil.pid_exists(launcher_pid):
+    if launcher_pid is not None and not _launcher_alive(launcher_pid, proc):
         return ProcessState("orphaned", ppid, parent_command, launcher_pid)
     return ProcessState("running", ppid, parent_command)
+
+
+def _launcher_alive(pid: int, worker: object) -> bool:
+    """Whether the launcher that started ``worker`` still runs: a process with its pid that
+    started after the worker is another one that got the pid after the launcher ended."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time() <= worker.create_time()  # type: ignore[attr-defined]
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, OSError):
+        return True  # cannot tell: not an orphan
 
 
 def _in_container() -> bool:
