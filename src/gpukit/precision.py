@@ -35,6 +35,7 @@ __all__ = [
     "TruePrecision",
     "get_precision",
     "NORM_LAYERS",
+    "STATS_NORM_LAYERS",
 ]
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "auto")
@@ -50,6 +51,9 @@ NORM_LAYERS: tuple[type[nn.Module], ...] = tuple(
     )
     if cls is not None
 )
+
+#: norm layers with running statistics (fp32 buffers, which ``batch_norm`` wants in its weights' dtype)
+STATS_NORM_LAYERS: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBase,)
 
 
 class Precision:

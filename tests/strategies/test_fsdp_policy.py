@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -130,5 +132,30 @@ def test_banner_names_the_real_unit_count(capsys: pytest.CaptureFixture[str]) ->
         session.setup(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)))
         err = capsys.readouterr().err
         assert session.strategy.units == ["2", "0"] and "3 unit(s)" in err and "1 unit(s)" not in err
+    finally:
+        session.close()
+
+
+def test_bf16_mixed_batchnorm_is_a_unit_gathered_in_fp32() -> None:
+    """batch_norm refuses bf16 weights beside its fp32 running statistics (which FSDP does not
+    cast): under bf16-mixed a BatchNorm is a unit of its own, gathered in fp32 as autocast runs it."""
+    import gpukit
+
+    session = gpukit.Session(strategy="fsdp", accelerator="cpu", precision="bf16-mixed", verbose=False)
+    try:
+        block = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+        model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), block, copy.deepcopy(block), nn.Flatten(), nn.Linear(4 * 36, 2))
+        model, optimizer = session.setup(model, torch.optim.Adam(model.parameters()))
+        assert {"1.1", "2.1"} <= set(session.strategy.units)  # the BatchNorms, inside the block units
+        seen: dict[str, torch.dtype] = {}
+        model[1][1].register_forward_pre_hook(lambda m, args: seen.update(bn=m.weight.dtype, x=args[0].dtype))
+        model[1][0].register_forward_pre_hook(lambda m, args: seen.update(conv=m.weight.dtype))
+        for _ in range(2):
+            with session.autocast():
+                out = model(torch.randn(2, 3, 6, 6))
+            session.backward(out.float().pow(2).mean())
+            session.step(optimizer)
+        assert seen == {"conv": torch.bfloat16, "bn": torch.float32, "x": torch.bfloat16}
+        assert model[1][1].running_mean.dtype == torch.float32 and model[1][1].num_batches_tracked.item() == 2
     finally:
         session.close()

@@ -9,8 +9,10 @@ default; the root last). Works with nccl on GPUs and gloo on CPU processes.
 Precision names map onto FSDP's ``MixedPrecisionPolicy``: "bf16-mixed" gathers parameters
 in bf16 and reduces gradients in fp32 (sharded weights and optimizer state stay fp32);
 "bf16-true"/"16-true" keep the weights in 16 bits (norm layers, kept in fp32, become units of
-their own so each unit has one dtype). "16-mixed" is refused: its GradScaler would decide
-"skip this step" per shard.
+their own so each unit has one dtype). Under "bf16-mixed" BatchNorm-like layers (running
+statistics) are units of their own gathered in fp32, as autocast runs them without FSDP: their
+buffers stay fp32, and ``batch_norm`` refuses bf16 weights beside fp32 statistics. "16-mixed"
+is refused: its GradScaler would decide "skip this step" per shard.
 
 A model built under ``with torch.device("meta"):`` is sharded first and then allocated and
 initialised shard by shard (``to_empty`` + each module's ``reset_parameters()``), so no rank
@@ -31,7 +33,7 @@ from torch import nn
 from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
 from gpukit.placement import unwrap_model
-from gpukit.precision import NORM_LAYERS, MixedPrecision
+from gpukit.precision import NORM_LAYERS, STATS_NORM_LAYERS, MixedPrecision
 from gpukit.strategies._checkpointing import check_policy
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies._wrap import DEFAULT_MIN_UNIT_PARAMS, AutoWrap, units_to_shard
@@ -129,9 +131,17 @@ class FSDPStrategy(DDPStrategy):
         offload = CPUOffloadPolicy(pin_memory=not self.accelerator.is_host) if self.cpu_offload else OffloadPolicy()
         return {"mp_policy": mp, "offload_policy": offload, "reshard_after_forward": self.reshard_after_forward}
 
+    def _own_dtype_units(self) -> tuple[type[nn.Module], ...]:
+        """Layers made units of their own whatever the policy, so that one unit holds one dtype:
+        a "-true" precision's fp32 norm layers; a "-mixed" one's layers with running statistics
+        (their fp32 buffers are not FSDP's to cast, so their weights are gathered in fp32 too)."""
+        if isinstance(self.precision, MixedPrecision):
+            return STATS_NORM_LAYERS
+        return NORM_LAYERS if self.precision.param_dtype != torch.float32 else ()
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         policies = self._policies()  # refuses what cannot work before anything moves
         module = unwrap_model(module)
@@ -142,12 +152,13 @@ class FSDPStrategy(DDPStrategy):
             module = module.to(self.root_device)
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         mesh = init_device_mesh(self.root_device.type, (self.world_size,))
-        # "-true" precisions keep norm layers in fp32; a unit must hold one dtype
-        always = NORM_LAYERS if self.precision.param_dtype != torch.float32 else ()
+        always = self._own_dtype_units()
         units = units_to_shard(module, self.auto_wrap, self.min_unit_params, always=always)
         self.checkpoint_activations(module)  # inside each unit: its hooks gather before the recompute
+        fp32 = {**policies, "mp_policy": MixedPrecisionPolicy(reduce_dtype=torch.float32)}
         for _name, unit in units:
-            fully_shard(unit, mesh=mesh, **policies)
+            stats = isinstance(self.precision, MixedPrecision) and isinstance(unit, STATS_NORM_LAYERS)
+            fully_shard(unit, mesh=mesh, **(fp32 if stats else policies))
         fully_shard(module, mesh=mesh, **policies)
         self.units = [name for name, _ in units]
         if self.announce:  # the session's banner came before the units were chosen
