@@ -79,10 +79,13 @@ def measure_step_memory(
         optimizer: ``"adam"``, ``"adamw"``, ``"sgd"`` or ``"none"``.
         steps: training steps (2: the optimizer state exists from the first step on).
         activation_checkpointing: a policy as ``Session(activation_checkpointing=...)``.
-        step_fn: instead of the loop above (where torch cannot tell the categories -- under
-            FSDP -- only ``peak_bytes`` and ``activations_bytes`` less gradients are filled), ``step_fn()`` runs one whole step (forward,
-            backward, optimizer) -- e.g. of a model set up by a distributed Session -- with
-            its forward+backward inside ``with forward_backward():``.
+        step_fn: instead of the loop above, ``step_fn()`` runs one whole step (forward,
+            backward, optimizer) -- e.g. of a model set up by a distributed Session -- with its
+            forward+backward inside ``with forward_backward():``. Only ``peak_bytes`` and
+            ``activations_bytes`` (less no gradients) are filled then: they come from the
+            allocator's raw events, since torch's memory profile, which tells the categories,
+            builds its data-flow graph on some ranks of an FSDP step and trips on the
+            collectives on others.
 
     Raises:
         ConfigurationError: an unknown optimizer, or a model not on the CPU.
@@ -90,7 +93,8 @@ def measure_step_memory(
     if optimizer not in OPTIMIZERS:
         raise ConfigurationError(f"measure_step_memory(optimizer={optimizer!r}): use one of {', '.join(OPTIMIZERS)}.")
     cpu = torch.device("cpu")
-    if step_fn is None:
+    own_step = step_fn is None
+    if own_step:
         if any(t.device != cpu for t in [*model.parameters(), *model.buffers()]):
             raise ConfigurationError("measure_step_memory measures on the CPU: move the model there first (model.cpu()).")
         chosen = get_precision(precision, get_accelerator("cpu"), cpu)
@@ -116,10 +120,10 @@ def measure_step_memory(
     held = sum(_local_bytes(t) for t in [*model.parameters(), *model.buffers()])
     held += sum(_local_bytes(t) for t in _tensors(example_batch))
     with context:
-        return _profile(step_fn, steps, held)
+        return _profile(step_fn, steps, held, categorise=own_step)
 
 
-def _profile(step_fn: Any, steps: int, held_bytes: int) -> MeasuredMemory:
+def _profile(step_fn: Any, steps: int, held_bytes: int, categorise: bool) -> MeasuredMemory:
     from torch.profiler import ProfilerActivity, profile
 
     gc.collect()  # what earlier steps left in reference cycles is not freed inside the profile
@@ -129,7 +133,7 @@ def _profile(step_fn: Any, steps: int, held_bytes: int) -> MeasuredMemory:
                      with_stack=True) as prof:
             for _ in range(steps):
                 step_fn()
-        events, windows = _events(prof, held_bytes)
+        events, windows = _events(prof, held_bytes, categorise)
     live: dict[str, int] = {}
     largest: dict[str, int] = {}
     total = peak = activations = 0
@@ -153,17 +157,20 @@ def _profile(step_fn: Any, steps: int, held_bytes: int) -> MeasuredMemory:
                           **{field: largest.get(cat, 0) for cat, field in _PERSISTENT.items()})
 
 
-def _events(prof: Any, held_bytes: int) -> tuple[list[tuple[int, str, int]], list[tuple[int, int]]]:
+def _events(prof: Any, held_bytes: int, categorise: bool = True) -> tuple[list[tuple[int, str, int]], list[tuple[int, int]]]:
     """``(time, category, bytes)`` of every allocation (+) and free (-), and the forward+backward
-    windows. Categorised by torch's memory profile; where it cannot build its data-flow graph
-    (collectives under FSDP trip an assertion there), from the raw allocator events, every
-    tensor "OTHER" and what was live before the profile counted as ``held_bytes``."""
+    windows. Categorised by torch's memory profile when ``categorise`` and it can build its
+    data-flow graph; else (a step of the caller's, e.g. under FSDP, or collectives tripping an
+    assertion there) from the raw allocator events: every block "OTHER", and what was live
+    before the profile counted as ``held_bytes``."""
     from torch.profiler import _memory_profiler as mp
 
-    try:
-        memory = prof._memory_profile()
-    except AssertionError:
-        memory = None
+    memory = None
+    if categorise:
+        try:
+            memory = prof._memory_profile()
+        except AssertionError:
+            pass
     tree = memory._op_tree if memory is not None else mp.OpTree(prof.profiler.kineto_results)
     windows = sorted((n.start_time_ns, n.end_time_ns) for n in tree.sorted_nodes if _name(n) == _RANGE)
     if memory is not None:
@@ -175,21 +182,39 @@ def _events(prof: Any, held_bytes: int) -> tuple[list[tuple[int, str, int]], lis
             name = category.name if category is not None else "OTHER"
             events.append((t, name, -size if action == mp.Action.DESTROY else size))
         return events, windows
+    allocations = [(node.start_time_ns, node.typed[1].ptr, node.typed[1].alloc_size)
+                   for node in tree.dfs() if node.typed[0] == mp._EventType.Allocation]
+    return replay_by_address(allocations, held_bytes), windows
+
+
+def replay_by_address(allocations: list[tuple[int, int, int]], held_bytes: int) -> list[tuple[int, str, int]]:
+    """The allocator's own ``(time, address, +bytes / -bytes)`` events replayed in time order.
+
+    The profiler records an allocation or free only on threads it follows: a block that a
+    collective frees on its backend's thread (gloo drops the copy ``reduce_scatter`` makes of
+    its input, and FSDP's collective buffers, on its worker thread) has no free event. A block
+    the allocator hands out at an address still counted live proves the block there was freed:
+    it leaves the count then (without that, such blocks counted live forever, 4-10 MiB of an FSDP
+    step's peak). A free at an address never allocated in the profile is of a block from before
+    it: live from the start, on top of ``held_bytes`` (the model and batch the caller counted).
+    """
     events = [(-1, "OTHER", held_bytes)]
-    seen: set[int] = set()
-    for node in tree.dfs():
-        if node.typed[0] != mp._EventType.Allocation:
-            continue
-        alloc = node.typed[1]
-        if alloc.alloc_size > 0:
-            seen.add(alloc.ptr)
-        elif alloc.ptr in seen:
-            seen.discard(alloc.ptr)
-        else:  # allocated before the profile and not counted in held_bytes: live from the start
-            events[0] = (-1, "OTHER", events[0][2] - alloc.alloc_size)
-        events.append((node.start_time_ns, "OTHER", alloc.alloc_size))
-    events.sort(key=lambda e: e[0])
-    return events, windows
+    live: dict[int, int] = {}
+    unknown = 0
+    for t, ptr, size in sorted(allocations):
+        if size > 0:
+            if ptr in live:  # its free happened where the profiler did not see it
+                events.append((t, "OTHER", -live[ptr]))
+            live[ptr] = size
+            events.append((t, "OTHER", size))
+        elif size < 0:
+            if ptr in live:
+                events.append((t, "OTHER", -live.pop(ptr)))
+            else:  # allocated before the profile
+                unknown -= size
+                events.append((t, "OTHER", size))
+    events[0] = (-1, "OTHER", held_bytes + unknown)
+    return events
 
 
 def _local_bytes(tensor: torch.Tensor) -> int:
