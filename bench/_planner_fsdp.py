@@ -3,6 +3,9 @@
 For every model x precision x activation checkpointing it sets the model up with
 ``Session(strategy="fsdp")``, measures two real training steps on this rank
 (``measure_step_memory`` with ``step_fn``) and writes <out>/fsdp-rank<R>.json.
+
+Arguments: <out> then models (``mlp``: its 6 configurations) or single configurations
+(``mlp:32-true:none``, ``cnn:bf16-mixed:full``).
 """
 
 from __future__ import annotations
@@ -45,9 +48,21 @@ def measure(name: str, precision: str, checkpointing: object) -> dict:
             "units": len(session.strategy.units or []) + 1, **measured.to_dict()}
 
 
-def main(out: Path, names: list[str]) -> None:
-    rows = [measure(name, precision, ac) for name in names
-            for precision in ("32-true", "bf16-mixed", "bf16-true") for ac in (None, True)]
+def configurations(specs: list[str]) -> list[tuple[str, str, object]]:
+    out = []
+    for spec in specs:
+        name, *rest = spec.split(":")
+        if name not in MODELS or len(rest) not in (0, 2) or (rest and rest[1] not in ("none", "full")):
+            raise SystemExit(f"bad configuration {spec!r}: use a model ({', '.join(MODELS)}) or model:precision:none|full")
+        if rest:
+            out.append((name, rest[0], True if rest[1] == "full" else None))
+        else:
+            out += [(name, precision, ac) for precision in ("32-true", "bf16-mixed", "bf16-true") for ac in (None, True)]
+    return out
+
+
+def main(out: Path, specs: list[str]) -> None:
+    rows = [measure(name, precision, ac) for name, precision, ac in configurations(specs)]
     rank = rows[0]["rank"]
     (out / f"fsdp-rank{rank}.json").write_text(json.dumps(rows))
 

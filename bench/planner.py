@@ -25,9 +25,12 @@ from pathlib import Path
 
 import torch
 
+from gpukit.accelerators import get_accelerator
 from gpukit.memory import estimate_memory, measure_peak_memory, shard_estimate
 from gpukit.memory._measure_cpu import measure_step_memory
+from gpukit.precision import get_precision
 from gpukit.strategies._wrap import unit_param_counts, units_to_shard
+from gpukit.strategies.fsdp import own_dtype_units
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "memory"))
 from planner_models import BATCHES, MODELS  # noqa: E402
@@ -90,7 +93,11 @@ def fsdp_rows(names: list[str]) -> list[dict]:
         policy = True if m["ac"] else None
         single = estimate_memory(model, "adam", batch_of(BATCHES[m["model"]]), precision=m["precision"],
                                  device="cpu", activation_checkpointing=policy)
-        per_rank = shard_estimate(single, 2, unit_param_counts(model, units_to_shard(model)))
+        # the units FSDPStrategy makes for this precision (norm layers apart where their dtype differs)
+        chosen = get_precision(m["precision"], get_accelerator("cpu"), torch.device("cpu"))
+        units = units_to_shard(model, always=own_dtype_units(chosen))
+        per_rank = shard_estimate(single, 2, unit_param_counts(model, units))
+        assert len(units) + 1 == m["units"], (m, len(units))  # the same units as the worker's Session
         rows.append(_row("fsdp x2 (rank 0)", m["model"], m["precision"], m["ac"], per_rank,
                          {"peak_bytes": m["peak_bytes"]}))
         print(_format(rows[-1]), flush=True)

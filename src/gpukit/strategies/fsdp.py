@@ -33,13 +33,23 @@ from torch import nn
 from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
 from gpukit.placement import unwrap_model
-from gpukit.precision import NORM_LAYERS, STATS_NORM_LAYERS, MixedPrecision
+from gpukit.precision import NORM_LAYERS, STATS_NORM_LAYERS, MixedPrecision, Precision
 from gpukit.strategies._checkpointing import check_policy
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies._wrap import DEFAULT_MIN_UNIT_PARAMS, AutoWrap, units_to_shard
 from gpukit.strategies.ddp import DDPStrategy
 
-__all__ = ["FSDPStrategy"]
+__all__ = ["FSDPStrategy", "own_dtype_units"]
+
+
+def own_dtype_units(precision: Precision) -> tuple[type[nn.Module], ...]:
+    """Layers FSDP makes units of their own whatever the policy, so that one unit holds one dtype
+    (pass them as ``units_to_shard(always=...)``): a "-true" precision's fp32 norm layers; under a
+    "-mixed" one the layers with running statistics (their fp32 buffers are not FSDP's to cast,
+    so their weights are gathered in fp32 too)."""
+    if isinstance(precision, MixedPrecision):
+        return STATS_NORM_LAYERS
+    return NORM_LAYERS if precision.param_dtype != torch.float32 else ()
 
 
 class FSDPStrategy(DDPStrategy):
@@ -131,13 +141,6 @@ class FSDPStrategy(DDPStrategy):
         offload = CPUOffloadPolicy(pin_memory=not self.accelerator.is_host) if self.cpu_offload else OffloadPolicy()
         return {"mp_policy": mp, "offload_policy": offload, "reshard_after_forward": self.reshard_after_forward}
 
-    def _own_dtype_units(self) -> tuple[type[nn.Module], ...]:
-        """Layers made units of their own whatever the policy, so that one unit holds one dtype:
-        a "-true" precision's fp32 norm layers; a "-mixed" one's layers with running statistics
-        (their fp32 buffers are not FSDP's to cast, so their weights are gathered in fp32 too)."""
-        if isinstance(self.precision, MixedPrecision):
-            return STATS_NORM_LAYERS
-        return NORM_LAYERS if self.precision.param_dtype != torch.float32 else ()
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
@@ -152,7 +155,7 @@ class FSDPStrategy(DDPStrategy):
             module = module.to(self.root_device)
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         mesh = init_device_mesh(self.root_device.type, (self.world_size,))
-        always = self._own_dtype_units()
+        always = own_dtype_units(self.precision)
         units = units_to_shard(module, self.auto_wrap, self.min_unit_params, always=always)
         self.checkpoint_activations(module)  # inside each unit: its hooks gather before the recompute
         fp32 = {**policies, "mp_policy": MixedPrecisionPolicy(reduce_dtype=torch.float32)}
