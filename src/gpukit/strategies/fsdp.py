@@ -141,7 +141,6 @@ class FSDPStrategy(DDPStrategy):
         offload = CPUOffloadPolicy(pin_memory=not self.accelerator.is_host) if self.cpu_offload else OffloadPolicy()
         return {"mp_policy": mp, "offload_policy": offload, "reshard_after_forward": self.reshard_after_forward}
 
-
     def setup_module(self, module: nn.Module) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
