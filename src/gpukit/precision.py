@@ -36,6 +36,7 @@ __all__ = [
     "get_precision",
     "NORM_LAYERS",
     "STATS_NORM_LAYERS",
+    "fsdp_own_unit_layers",
 ]
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "auto")
@@ -54,6 +55,16 @@ NORM_LAYERS: tuple[type[nn.Module], ...] = tuple(
 
 #: norm layers with running statistics (fp32 buffers, which ``batch_norm`` wants in its weights' dtype)
 STATS_NORM_LAYERS: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBase,)
+
+
+def fsdp_own_unit_layers(name: str) -> tuple[type[nn.Module], ...]:
+    """Layers FSDP makes units of their own under precision ``name``, so that one unit holds one
+    dtype: a "-true" precision's fp32 norm layers; under a "-mixed" one the layers with running
+    statistics (their fp32 buffers are not FSDP's to cast, so their weights are gathered in fp32
+    too). The Session's FSDP and the planner's FSDP estimates both use it."""
+    if name.endswith("-mixed"):
+        return STATS_NORM_LAYERS
+    return NORM_LAYERS if name.endswith("-true") and name != "32-true" else ()
 
 
 class Precision:

@@ -195,9 +195,11 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
                               "(token ids need int64).") from None
     if strategy == "fsdp":  # per rank: the default wrapping policy's units, sharded over nproc
         from gpukit.memory import shard_estimate
+        from gpukit.precision import fsdp_own_unit_layers
         from gpukit.strategies._wrap import unit_param_counts, units_to_shard
 
-        estimate = shard_estimate(estimate, nproc or 1, unit_param_counts(built, units_to_shard(built)))
+        units = units_to_shard(built, always=fsdp_own_unit_layers(estimate.precision))  # as the Session makes them
+        estimate = shard_estimate(estimate, nproc or 1, unit_param_counts(built, units))
     click.echo(json.dumps(estimate.to_dict(), indent=2) if as_json else str(estimate))
 
 

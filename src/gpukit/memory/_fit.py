@@ -38,6 +38,7 @@ from gpukit.memory._activation import checkpoint_targets
 from gpukit.memory._blocks import unit_param_counts, units_to_shard
 from gpukit.memory._planner import MemoryEstimate, estimate_memory
 from gpukit.memory._shard_plan import shard_estimate
+from gpukit.precision import fsdp_own_unit_layers
 
 __all__ = ["FitOption", "FitPlanner", "FitResult", "fit", "STRATEGIES"]
 
@@ -188,7 +189,8 @@ def fit(
                                  f"{', '.join(PRECISIONS)} and {', '.join(CHECKPOINTING)}.")
     policies = list(checkpointing) if has_blocks else ["none"]
     notes = notes_pipeline + ([] if has_blocks else ["no blocks found: activation checkpointing not considered"])
-    units = unit_param_counts(model, units_to_shard(model))
+    # FSDP's units as the Session would make them: norm layers of their own under some precisions
+    units = {p: unit_param_counts(model, units_to_shard(model, always=fsdp_own_unit_layers(p))) for p in precisions}
     costs = _Costs(flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s)
     if planner is None:
         planner = FitPlanner(model, example_input, optimizer, device)
@@ -206,7 +208,7 @@ def fit(
                 for micro in _micro_batches(per_device):
                     estimate = planner.interpolated(precision, ckpt, micro)
                     candidates.append(_option(estimate, precision, ckpt, strategy, n, micro,
-                                              per_device // micro, units, costs))
+                                              per_device // micro, units[precision], costs))
     candidates.sort(key=lambda o: (o.step_s, o.peak_bytes))
     fitting: list[FitOption] = []
     rejected: FitOption | None = None
@@ -216,7 +218,7 @@ def fit(
             continue
         exact = _option(planner.exact(option.precision, option.activation_checkpointing, option.micro_batch),
                         option.precision, option.activation_checkpointing, option.strategy, option.devices,
-                        option.micro_batch, option.accumulate, units, costs, exact=True)
+                        option.micro_batch, option.accumulate, units[option.precision], costs, exact=True)
         if exact.peak_bytes <= budget:
             fitting.append(exact)
             if len(fitting) >= top:
@@ -227,7 +229,7 @@ def fit(
     if closest is not None:
         closest = _option(planner.exact(closest.precision, closest.activation_checkpointing, closest.micro_batch),
                           closest.precision, closest.activation_checkpointing, closest.strategy, closest.devices,
-                          closest.micro_batch, closest.accumulate, units, costs, exact=True)
+                          closest.micro_batch, closest.accumulate, units[closest.precision], costs, exact=True)
     return FitResult(budget, batch, tuple(fitting), closest, tuple(notes), rejected if fitting else None)
 
 

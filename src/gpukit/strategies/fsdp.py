@@ -33,7 +33,7 @@ from torch import nn
 from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
 from gpukit.placement import unwrap_model
-from gpukit.precision import NORM_LAYERS, STATS_NORM_LAYERS, MixedPrecision, Precision
+from gpukit.precision import STATS_NORM_LAYERS, MixedPrecision, Precision, fsdp_own_unit_layers
 from gpukit.strategies._checkpointing import check_policy
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies._wrap import DEFAULT_MIN_UNIT_PARAMS, AutoWrap, units_to_shard
@@ -43,13 +43,9 @@ __all__ = ["FSDPStrategy", "own_dtype_units"]
 
 
 def own_dtype_units(precision: Precision) -> tuple[type[nn.Module], ...]:
-    """Layers FSDP makes units of their own whatever the policy, so that one unit holds one dtype
-    (pass them as ``units_to_shard(always=...)``): a "-true" precision's fp32 norm layers; under a
-    "-mixed" one the layers with running statistics (their fp32 buffers are not FSDP's to cast,
-    so their weights are gathered in fp32 too)."""
-    if isinstance(precision, MixedPrecision):
-        return STATS_NORM_LAYERS
-    return NORM_LAYERS if precision.param_dtype != torch.float32 else ()
+    """Layers FSDP makes units of their own whatever the policy (pass them as
+    ``units_to_shard(always=...)``); see :func:`gpukit.precision.fsdp_own_unit_layers`."""
+    return fsdp_own_unit_layers(precision.name)
 
 
 class FSDPStrategy(DDPStrategy):
