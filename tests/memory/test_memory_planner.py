@@ -101,3 +101,26 @@ def test_estimate_within_15_percent_of_measured_gpu_peak(factory, shape, precisi
 def test_measure_peak_memory_refuses_a_device_that_counts_nothing() -> None:
     with pytest.raises(DeviceError, match="counts allocations"):
         measure_peak_memory(nn.Linear(4, 4), torch.randn(2, 4), device="cpu")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("precision,checkpointing", [("32-true", None), ("bf16-mixed", True), ("bf16-true", True)])
+def test_the_derived_second_step_equals_simulating_it(monkeypatch: pytest.MonkeyPatch, device: str,
+                                                      precision: str, checkpointing: object) -> None:
+    import sys
+    from pathlib import Path
+
+    from gpukit.memory import _planner
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from planner_models import Transformer
+
+    model = Transformer(depth=2)
+    batch = torch.randint(0, 1000, (8, 32))
+    for optimizer in ("adam", torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)):
+        got = {}
+        for steps in (1, 2):
+            monkeypatch.setattr(_planner, "_SIMULATED_STEPS", steps)
+            got[steps] = estimate_memory(model, optimizer, batch, precision=precision, device=device,
+                                         activation_checkpointing=checkpointing).to_dict()
+        assert got[1] == got[2], (optimizer, got)
