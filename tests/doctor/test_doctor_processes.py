@@ -50,8 +50,8 @@ def orphan() -> Iterator[int]:
     env = dict(os.environ, GPUKIT_LAUNCHER_PID=str(gone.pid))
     proc = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
-    # until the child has exec'ed, /proc/<pid>/environ is still the parent's (no launcher pid):
-    # under load the test read it too early (a flake); its first line says it runs
+    # its first line: the worker runs (Popen already returns after exec, so its environment is
+    # readable; the flake this test had was the launcher's pid reused -- see _launcher_alive)
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     yield proc.pid
     proc.kill()
