@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,31 @@ def test_warning_signal_is_held_while_starting() -> None:
     finally:
         startup_signals.forget()
         signal.signal(signal.SIGUSR2, previous)
+
+
+def test_a_second_stop_signal_during_the_first_is_one_stop(tmp_path: Path) -> None:
+    # SLURM's SIGUSR2, then the launcher's SIGTERM while the worker is still handling the first:
+    # Python runs the second handler inside the first; it must not report (and mark) a second stop
+    script = textwrap.dedent("""
+        import os, signal
+        from gpukit.launch import _preemption
+        real = _preemption.write_marker
+        def marker_then_second_signal(*args):
+            real(*args)
+            os.kill(os.getpid(), signal.SIGTERM)  # lands now, inside this handler
+            for _ in range(1000):
+                pass
+        _preemption.write_marker = marker_then_second_signal
+        _preemption.install_startup_stop([signal.SIGUSR2, signal.SIGTERM])
+        os.kill(os.getpid(), signal.SIGUSR2)
+        while True:
+            pass
+    """)
+    env = {**os.environ, "RANK": "0", "GPUKIT_RUN_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("received before rank 0's Session started") == 1, done.stderr
+    assert "SIGUSR2 received" in done.stderr
 
 
 @pytest.mark.slow

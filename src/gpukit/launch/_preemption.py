@@ -258,7 +258,14 @@ def _flush_stdio() -> None:
             pass
 
 
+_startup_stopping = False  # the first stop signal is being handled: the process is ending
+
+
 def _on_startup_signal(signum: int, frame: FrameType | None) -> None:
+    global _startup_stopping
+    if _startup_stopping:  # a second signal (the launcher's SIGTERM after SLURM's SIGUSR2) runs
+        return  # inside the first handler: it is already on its way to os._exit -- one line, one marker
+    _startup_stopping = True
     if _distributed_started():  # a process group but no Session: we cannot tell what would be lost
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)

@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from gpukit._util.units import whole_number
 from gpukit.launch._orphans import die_with_launcher
 from gpukit.launch._preemption import (
     PREEMPTED_EXIT_CODE,
@@ -120,8 +121,13 @@ def _leaves_a_group() -> bool:
     # (the Session's leaves the group) it ends without the interpreter's teardown, where
     # torch's gloo destructors aborted about 1 finished 2-process run in 30 under load
     # ("terminate called without an active exception", exit 134: a success reported as failure).
+    # A script of several processes that drives torch.distributed itself (no Session) meets the
+    # same destructors even after its own destroy_process_group() -- seen in a full CI run:
+    # a plain DDP script's rank 1 aborted so after it had finished.
     lifecycle = sys.modules.get("gpukit.strategies._lifecycle")
-    return lifecycle is not None and lifecycle.leaves_a_group_at_exit()
+    if lifecycle is not None and lifecycle.leaves_a_group_at_exit():
+        return True
+    return whole_number(os.environ.get("WORLD_SIZE", "")) not in (None, 0, 1)
 
 
 #: How a worker whose stop is finished, or whose script ended after its Session created a
