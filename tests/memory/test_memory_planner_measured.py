@@ -79,8 +79,11 @@ def test_fsdp_per_rank_peak_at_two_ranks(tmp_path: Path) -> None:
         units = units_to_shard(model, always=own_dtype_units(chosen))
         assert len(units) + 1 == row0["units"]  # the plan's units are the Session's
         per_rank = shard_estimate(single, 2, unit_param_counts(model, units))
-        for row in (row0, row1):  # the ranks run the same shapes: the same peak, within the noise
-            assert per_rank.peak_bytes == pytest.approx(row["peak_bytes"], rel=0.15), (name, precision, row)
+        # the ranks run the same shapes; what the profiler misses (frees on gloo's thread) can only
+        # add to a rank's measured peak, by a different amount per run (seen: +6 MiB on one rank in a
+        # full CI run before the collective rule of replay_by_address): the smaller is the better one
+        measured = min(row0["peak_bytes"], row1["peak_bytes"])
+        assert per_rank.peak_bytes == pytest.approx(measured, rel=0.15), (name, precision, row0, row1)
         # sharding saves memory and the plan says so (the MLP's 3.2M parameters: a quarter of its peak)
         assert per_rank.peak_bytes < (0.8 if name == "mlp" else 1.0) * single.peak_bytes
 
@@ -98,9 +101,15 @@ def test_replay_by_address_frees_a_block_whose_address_is_handed_out_again() -> 
         return top
 
     # 100 at 0xA freed unseen, 100 again at 0xA, then 50 at 0xB: never more than 150 live
-    unseen = [(1, 0xA, 100), (3, 0xA, 100), (4, 0xB, 50), (5, 0xB, -50), (6, 0xA, -100)]
+    unseen = [(1, 0xA, 100, None), (3, 0xA, 100, None), (4, 0xB, 50, None), (5, 0xB, -50, None),
+              (6, 0xA, -100, None)]
     assert peak(replay_by_address(unseen, held_bytes=10)) == 160
     # events out of order in the list; a free of a block from before the profile (live from the start)
-    pre = [(4, 0xC, -30), (2, 0xD, 20), (3, 0xD, -20)]
+    pre = [(4, 0xC, -30, None), (2, 0xD, 20, None), (3, 0xD, -20, None)]
     events = replay_by_address(pre, held_bytes=10)
     assert events[0] == (-1, "OTHER", 40) and peak(events) == 60 and sum(d for _, _, d in events) == 10
+    # a copy made inside a collective (allocated at 1, the call returned at 2) and never seen freed
+    # nor reused leaves at 2; a block outside any collective stays live (it may be the caller's)
+    inside = [(1, 0xE, 100, 2), (3, 0xF, 50, None)]
+    events = replay_by_address(inside, held_bytes=0)
+    assert peak(events) == 100 and sum(d for _, _, d in events) == 50

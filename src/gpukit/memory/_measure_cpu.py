@@ -182,26 +182,52 @@ def _events(prof: Any, held_bytes: int, categorise: bool = True) -> tuple[list[t
             name = category.name if category is not None else "OTHER"
             events.append((t, name, -size if action == mp.Action.DESTROY else size))
         return events, windows
-    allocations = [(node.start_time_ns, node.typed[1].ptr, node.typed[1].alloc_size)
+    allocations = [(node.start_time_ns, node.typed[1].ptr, node.typed[1].alloc_size, _collective_end(node))
                    for node in tree.dfs() if node.typed[0] == mp._EventType.Allocation]
     return replay_by_address(allocations, held_bytes), windows
 
 
-def replay_by_address(allocations: list[tuple[int, int, int]], held_bytes: int) -> list[tuple[int, str, int]]:
-    """The allocator's own ``(time, address, +bytes / -bytes)`` events replayed in time order.
+def _collective_end(node: Any) -> int | None:
+    """The end time of the collective (``c10d::...``) an allocation happened in, if any."""
+    parent = getattr(node, "parent", None)
+    while parent is not None:
+        if _name(parent).startswith("c10d::"):
+            return int(parent.end_time_ns)
+        parent = getattr(parent, "parent", None)
+    return None
+
+
+def replay_by_address(allocations: list[tuple[int, int, int, int | None]], held_bytes: int) -> list[tuple[int, str, int]]:
+    """The allocator's own ``(time, address, +bytes / -bytes, end of the enclosing collective or
+    None)`` events replayed in time order.
 
     The profiler records an allocation or free only on threads it follows: a block that a
     collective frees on its backend's thread (gloo drops the copy ``reduce_scatter`` makes of
-    its input, and FSDP's collective buffers, on its worker thread) has no free event. A block
-    the allocator hands out at an address still counted live proves the block there was freed:
-    it leaves the count then (without that, such blocks counted live forever, 4-10 MiB of an FSDP
-    step's peak). A free at an address never allocated in the profile is of a block from before
-    it: live from the start, on top of ``held_bytes`` (the model and batch the caller counted).
+    its input, and FSDP's collective buffers, on its worker thread) has no free event. Two rules
+    put those frees back: a block the allocator hands out at an address still counted live
+    proves the block there was freed (it leaves the count then); and a block allocated inside a
+    collective that is never seen freed nor replaced leaves the count when that collective's call
+    returns -- the earliest it can be gone, so the replay errs low by its lifetime on gloo's
+    thread rather than counting it live to the end (which overcounted an FSDP step's peak by 4-10
+    MiB, by a different amount each run). A free at an address never allocated in the profile is
+    of a block from before it: live from the start, on top of ``held_bytes`` (the model and batch
+    the caller counted).
     """
+    ordered = sorted(allocations, key=lambda a: a[:3])
+    # blocks never seen freed nor replaced: their index, for the collective rule
+    last_alloc: dict[int, int] = {}
+    for index, (_t, ptr, size, _end) in enumerate(ordered):
+        if size > 0:
+            last_alloc[ptr] = index
+        elif size < 0:
+            last_alloc.pop(ptr, None)
+    unseen_free = [(ordered[i][3], ordered[i][1], -ordered[i][2]) for i in last_alloc.values()
+                   if ordered[i][3] is not None]
+    stream = sorted([(t, ptr, size) for t, ptr, size, _end in ordered] + unseen_free)
     events = [(-1, "OTHER", held_bytes)]
     live: dict[int, int] = {}
     unknown = 0
-    for t, ptr, size in sorted(allocations):
+    for t, ptr, size in stream:
         if size > 0:
             if ptr in live:  # its free happened where the profiler did not see it
                 events.append((t, "OTHER", -live[ptr]))
