@@ -18,7 +18,6 @@ in ``torch.cuda.memory_allocated`` either) and allocator fragmentation (``reserv
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import weakref
 from collections.abc import Callable, Iterator
@@ -35,19 +34,12 @@ from gpukit._util.units import format_bytes
 from gpukit.accelerators import get_accelerator
 from gpukit.errors import ConfigurationError, MemoryPlanError
 from gpukit.memory._activation import check_policy, policy_name
+from gpukit.memory._fake_optimizer import OPTIMIZERS, STATE_PER_PARAM, make_optimizer, optimizer_class, state_bytes
 from gpukit.memory._simulate import norm_tensor_names, simulated as simulated_step
 from gpukit.precision import PRECISIONS, get_precision
 
 __all__ = ["MemoryEstimate", "estimate_memory", "OPTIMIZERS"]
 
-OPTIMIZERS: dict[str, type[torch.optim.Optimizer] | None] = {
-    "none": None,
-    "sgd": torch.optim.SGD,
-    "adam": torch.optim.Adam,
-    "adamw": torch.optim.AdamW,
-}
-# state tensors per parameter, for optimizers whose step cannot run on fake tensors
-_STATE_PER_PARAM = {"SGD": 1, "Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adagrad": 1, "Adadelta": 2, "RMSprop": 2}
 _CUDA_BLOCK = 512
 
 
@@ -146,24 +138,6 @@ class _LiveBytes(TorchDispatchMode):
         return out
 
 
-def _optimizer_class(optimizer: Any) -> tuple[type[torch.optim.Optimizer] | None, dict[str, Any]]:
-    if optimizer is None:
-        return None, {}
-    if isinstance(optimizer, torch.optim.Optimizer):
-        # defaults can hold derived keys the constructor rejects (AdamW: decoupled_weight_decay)
-        accepted = inspect.signature(type(optimizer).__init__).parameters
-        defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted and k != "params"}
-        return type(optimizer), defaults
-    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
-        return optimizer, {}
-    if isinstance(optimizer, str) and optimizer.lower() in OPTIMIZERS:
-        return OPTIMIZERS[optimizer.lower()], {}
-    raise ConfigurationError(
-        f"estimate_memory(optimizer={optimizer!r}): expected None, an optimizer instance or class, "
-        f"or one of {', '.join(map(repr, OPTIMIZERS))}."
-    )
-
-
 def _call(model: torch.nn.Module, batch: Any) -> Any:
     if isinstance(batch, dict):
         return model(**batch)
@@ -248,7 +222,7 @@ def estimate_memory(
     checkpointing = check_policy(activation_checkpointing)
     if example_batch is None:
         raise ConfigurationError("estimate_memory needs example_batch=... (e.g. torch.empty(64, 3, 32, 32)) to size activations.")
-    opt_cls, opt_defaults = _optimizer_class(optimizer)
+    opt_cls, opt_defaults = optimizer_class(optimizer)
     target = _planned_device(device)
     # Simulate on fake CPU tensors whatever the target: fake CUDA tensors would initialise
     # CUDA (and abort a CPU-only build in autograd). Autograd's saved tensors do not depend
@@ -291,7 +265,7 @@ def estimate_memory(
             trainable = [p for p in params.values() if p.requires_grad]
             true_low = param_dtype if param_dtype != torch.float32 else None
             with tracker, simulated_step(model, {**params, **buffers}, checkpointing, true_low) as checkpointed:
-                fake_opt = _make_optimizer(opt_cls, opt_defaults, trainable, notes)
+                fake_opt = make_optimizer(opt_cls, opt_defaults, trainable, notes)
                 for step in range(_SIMULATED_STEPS):
                     before_forward = tracker.live
                     tracker.reset_peak()
@@ -318,14 +292,14 @@ def estimate_memory(
                 if checkpointed:
                     notes.append(f"activation checkpointing ({policy_name(checkpointing)}): {len(checkpointed)} "
                                  "block(s) keep their input and are recomputed in backward")
-                state = _state_bytes(fake_opt, tracker) if fake_opt is not None else 0
+                state = state_bytes(fake_opt, tracker) if fake_opt is not None else 0
     except (RuntimeError, TypeError, NotImplementedError) as exc:
         raise MemoryPlanError(
             f"estimate_memory could not trace {type(model).__name__} on fake tensors ({type(exc).__name__}: {exc}). "
             "Operations that read tensor values (.item(), data-dependent shapes, custom C++ ops) cannot run without data."
         ) from exc
     if fake_opt is None and opt_cls is not None:
-        per_param = _STATE_PER_PARAM.get(opt_cls.__name__, 2)
+        per_param = STATE_PER_PARAM.get(opt_cls.__name__, 2)
         state = per_param * sizes["parameters"]
         overall_peak += state
         notes.append(f"{opt_cls.__name__} state estimated as {per_param} tensor(s) per parameter")
@@ -362,55 +336,5 @@ def _precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None, 
     return chosen.param_dtype, chosen.autocast_dtype, chosen.name
 
 
-def _make_optimizer(
-    opt_cls: type[torch.optim.Optimizer] | None, defaults: dict[str, Any], params: list[torch.Tensor], notes: list[str]
-) -> torch.optim.Optimizer | None:
-    """The optimizer on fake parameters, in a variant whose step never reads a value
-    (``capturable`` keeps Adam's step counter on the device instead of calling ``.item()``)."""
-    if opt_cls is None or not params:
-        return None
-    # which variant runs is a property of the optimizer, its settings and the tensors' kind, not
-    # of the model: probed once per process (a probe step is a third of a plan's optimizer time)
-    key = (opt_cls, repr(sorted(defaults.items())), params[0].device.type,
-           tuple(sorted({str(p.dtype) for p in params})))
-    variants = _OPTIMIZER_VARIANTS
-    if key in _WORKING_VARIANT:
-        index = _WORKING_VARIANT[key]
-        if index is None:
-            notes.append(f"{opt_cls.__name__}.step could not run on fake tensors")
-            return None
-        return opt_cls(params, **{**defaults, **variants[index]})
-    for index, extra in enumerate(variants):
-        try:
-            optimizer = opt_cls(params, **{**defaults, **extra})
-            for p in params:  # probe one step on fake gradients, then discard its state
-                p.grad = torch.zeros_like(p)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            optimizer.state.clear()
-            _WORKING_VARIANT[key] = index
-            return opt_cls(params, **{**defaults, **extra})
-        except Exception:  # noqa: BLE001 - any failure means "this variant cannot run on fake tensors"
-            for p in params:
-                p.grad = None
-            continue
-    _WORKING_VARIANT[key] = None
-    notes.append(f"{opt_cls.__name__}.step could not run on fake tensors")
-    return None
-
-
 #: steps simulated: 1, and the second derived (see the module docstring); 2 for the reference
 _SIMULATED_STEPS = 1
-_OPTIMIZER_VARIANTS: tuple[dict[str, Any], ...] = ({}, {"capturable": True}, {"capturable": True, "foreach": False})
-_WORKING_VARIANT: dict[tuple[Any, ...], int | None] = {}  # see _make_optimizer
-
-
-def _state_bytes(optimizer: torch.optim.Optimizer, tracker: _LiveBytes) -> int:
-    seen: set[int] = set()
-    total = 0
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor) and id(value.untyped_storage()) not in seen:
-                seen.add(id(value.untyped_storage()))
-                total += tracker.size(value.untyped_storage())
-    return total
