@@ -251,8 +251,6 @@ class StepTimings:
         ``fetch(batches)`` draws one batch (a loader adds its stall guard there).
         ``on_pass_end(totals)`` runs when ``batches`` is exhausted (not when the loop breaks).
         """
-        from torch import Tensor
-
         from gpukit.memory._backoff import batch_length
 
         batches = iter(batches)
@@ -278,16 +276,10 @@ class StepTimings:
                 except StopIteration:
                     break
                 t_got = clock()
-                # the usual batch (a tensor, or a list/tuple starting with one) without a call
-                first = batch[0] if type(batch) in (list, tuple) and batch else batch
-                if type(first) is Tensor and first.dim():
-                    samples = first.shape[0]
-                else:
-                    try:
-                        samples = batch_length(batch)
-                    except Exception:  # noqa: BLE001 - no tensor with a batch dim: count unknown
-                        samples = 0
-                first = None  # no second holder of the batch (see the del below)
+                try:
+                    samples = batch_length(batch)
+                except Exception:  # noqa: BLE001 - no tensor with a batch dim: count unknown
+                    samples = 0
                 h2d: Any = None
                 if move is not None:
                     if lazy:
