@@ -22,7 +22,7 @@ from gpukit.cluster._vars import resolve as resolve_host
 from gpukit.doctor._context import DoctorContext
 from gpukit.errors import ConfigurationError
 from gpukit.doctor._finding import Finding
-from gpukit.launch._elastic import _route_addr
+from gpukit.launch._rendezvous import route_addr
 
 __all__ = ["DEFAULT_MASTER_PORT", "check_interface", "check_master", "check_port", "nccl_interfaces",
            "probe_tcp", "resolve"]
@@ -152,7 +152,7 @@ def _default_interface(ctx: DoctorContext, ifaces: dict[str, dict[str, Any]], ha
     host = socket.gethostname()
     host_ips = resolve(host) or []
     if addr is not None:
-        local = _route_addr(addr, port)
+        local = route_addr(addr, port)
         iface = _iface_of(local, ifaces)
         details = {"master_addr": addr, "route_local_addr": local, "interface": iface, "hostname_addrs": host_ips}
         if local is None and resolve(addr) is None:

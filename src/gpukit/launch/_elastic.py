@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -35,7 +33,7 @@ from gpukit.launch._heartbeat import Stall, StallMonitor, stall_threshold_s
 from gpukit.launch._notebook import frozen_heap
 from gpukit.launch._orphans import Guardian
 from gpukit.launch._preemption import PREEMPTED_EXIT_CODE, RUN_DIR_ENV, stop_markers
-from gpukit.launch._rdzv_costs import cheaper_rendezvous
+from gpukit.launch._rendezvous import cheaper_rendezvous, rendezvous_error, rendezvous_parameters, rendezvous_where
 from gpukit.launch._signals import (
     RunInterruptedError,
     StopSignal,
@@ -49,7 +47,6 @@ from gpukit.launch._summary import WorkerFailedError, WorkerFailure
 __all__ = ["Topology", "run_workers"]
 
 _MONITOR_INTERVAL_S = 0.1
-_LOCALHOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -77,73 +74,6 @@ class Topology:
     def single_machine(self) -> bool:
         """One node and no master address given: everything on localhost."""
         return self.nnodes == 1 and self.master_addr is None
-
-
-def _route_addr(host: str, port: int) -> str | None:
-    # A UDP "connect" sends nothing; it only asks the kernel which local address routes there.
-    try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(host, port or 9, type=socket.SOCK_DGRAM)[0]
-        with socket.socket(family, socket.SOCK_DGRAM) as sock:
-            sock.connect(sockaddr)
-            return str(sock.getsockname()[0])
-    except OSError:
-        return None
-
-
-def _rendezvous_parameters(topology: Topology, run_id: str) -> Any:
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
-
-    timeout_s = max(1, math.ceil(topology.rdzv_timeout_s))
-    if topology.single_machine:
-        endpoint, local_addr, is_host = f"{_LOCALHOST}:0", _LOCALHOST, True
-    else:
-        addr = str(topology.master_addr)
-        endpoint = f"[{addr}]:{topology.master_port}" if ":" in addr else f"{addr}:{topology.master_port}"
-        is_host = topology.node_rank == 0
-        local_addr = topology.local_addr or (addr if is_host else _route_addr(addr, topology.master_port))
-    return RendezvousParameters(
-        backend="c10d",
-        endpoint=endpoint,
-        run_id=run_id,
-        min_nodes=topology.nnodes,
-        max_nodes=topology.nnodes,
-        local_addr=local_addr,
-        is_host=is_host,
-        join_timeout=timeout_s,  # all nodes must arrive within this
-        read_timeout=timeout_s,  # reaching the store on node 0
-    )
-
-
-def _where(topology: Topology) -> str:
-    if topology.single_machine:
-        return "the local rendezvous"
-    return (
-        f"the rendezvous at {topology.master_addr}:{topology.master_port} "
-        f"(this is node {topology.node_rank} of {topology.nnodes})"
-    )
-
-
-def _rendezvous_error(exc: BaseException, topology: Topology) -> LaunchError:
-    from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
-
-    where = _where(topology)
-    wait = f"{topology.rdzv_timeout_s:g} s"
-    if isinstance(exc, RendezvousConnectionError):
-        cause = exc.__cause__ or exc
-        hint = (
-            "Is the port free on node 0? Choose another --master-port."
-            if topology.node_rank == 0
-            else "Check that node 0 runs `gpukit run` with the same --master-addr/--master-port and is "
-            "reachable from here, or raise --rdzv-timeout."
-        )
-        detail = str(cause).strip().splitlines()[0][:200].rstrip(".") if str(cause).strip() else type(cause).__name__
-        return LaunchError(f"Could not reach {where} within {wait}: {detail}. {hint}")
-    if isinstance(exc, RendezvousTimeoutError):
-        return LaunchError(
-            f"Not all {topology.nnodes} nodes joined {where} within {wait}. Start `gpukit run` on every "
-            "node with the same --nnodes/--master-addr/--master-port, or raise --rdzv-timeout."
-        )
-    return LaunchError(f"Rendezvous failed at {where}: {type(exc).__name__}: {exc}")
 
 
 def _import_torch_quietly(verbose: bool) -> None:
@@ -343,12 +273,12 @@ def run_workers(
         with _environ(env), _quiet_torch_logs(verbose), launcher_signals(preempt_signal), \
                 cheaper_rendezvous(topology.single_machine):
             try:
-                handler = registry.get_rendezvous_handler(_rendezvous_parameters(topology, run_id))
+                handler = registry.get_rendezvous_handler(rendezvous_parameters(topology, run_id))
             except StopSignal as exc:  # stopped while still reaching the master: no worker ran
                 raise RunInterruptedError(exc.signum, preempted=True, grace_s=grace_s,
                                           detail="no worker had started yet, nothing to save") from None
             except (RendezvousError, RuntimeError, ValueError, TimeoutError) as exc:
-                raise _rendezvous_error(exc, topology) from exc
+                raise rendezvous_error(exc, topology) from exc
             spec = WorkerSpec(
                 role="worker",
                 local_world_size=nproc,
@@ -373,7 +303,7 @@ def run_workers(
                 report_stop(interrupted, handler, topology, run_id, interrupted.signal_name, grace_s, _stderr_line)
                 raise interrupted from None
             except RendezvousError as exc:
-                raise _rendezvous_error(exc, topology) from exc
+                raise rendezvous_error(exc, topology) from exc
             finally:
                 if close_rendezvous:
                     try:
@@ -381,7 +311,7 @@ def run_workers(
                     except Exception:  # noqa: BLE001 - the run's outcome matters more
                         pass
             if result is None:  # the rendezvous was closed by another node
-                raise LaunchError(f"{_where(topology)} was closed by another node before this one finished.")
+                raise LaunchError(f"{rendezvous_where(topology)} was closed by another node before this one finished.")
             if result.is_failed():
                 # elastic records failures in the order it found them: the real one first,
                 # then the workers it stopped (timestamps alone have 1 s resolution)
