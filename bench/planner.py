@@ -30,7 +30,7 @@ from gpukit.memory import estimate_memory, measure_peak_memory, shard_estimate
 from gpukit.memory._measure_cpu import measure_step_memory
 from gpukit.precision import get_precision
 from gpukit.strategies._wrap import unit_param_counts, units_to_shard
-from gpukit.strategies.fsdp import own_dtype_units
+from gpukit.precision import fsdp_own_unit_layers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "memory"))
 from planner_models import BATCHES, MODELS  # noqa: E402
@@ -95,7 +95,7 @@ def fsdp_rows(names: list[str]) -> list[dict]:
                                  device="cpu", activation_checkpointing=policy)
         # the units FSDPStrategy makes for this precision (norm layers apart where their dtype differs)
         chosen = get_precision(m["precision"], get_accelerator("cpu"), torch.device("cpu"))
-        units = units_to_shard(model, always=own_dtype_units(chosen))
+        units = units_to_shard(model, always=fsdp_own_unit_layers(chosen.name))
         per_rank = shard_estimate(single, 2, unit_param_counts(model, units))
         assert len(units) + 1 == m["units"], (m, len(units))  # the same units as the worker's Session
         rows.append(_row("fsdp x2 (rank 0)", m["model"], m["precision"], m["ac"], per_rank,

@@ -57,7 +57,7 @@ def test_fsdp_per_rank_peak_at_two_ranks(tmp_path: Path) -> None:
 
     from gpukit.memory import shard_estimate
     from gpukit.strategies._wrap import unit_param_counts, units_to_shard
-    from gpukit.strategies.fsdp import own_dtype_units
+    from gpukit.precision import fsdp_own_unit_layers
     from gpukit.precision import get_precision
     from gpukit.accelerators import get_accelerator
     from planner_models import BATCHES, MODELS
@@ -76,7 +76,7 @@ def test_fsdp_per_rank_peak_at_two_ranks(tmp_path: Path) -> None:
         model = factory()
         single = estimate_memory(model, "adam", batch_of(BATCHES[name]), precision=precision, device="cpu")
         chosen = get_precision(precision, get_accelerator("cpu"), torch.device("cpu"))
-        units = units_to_shard(model, always=own_dtype_units(chosen))
+        units = units_to_shard(model, always=fsdp_own_unit_layers(chosen.name))
         assert len(units) + 1 == row0["units"]  # the plan's units are the Session's
         per_rank = shard_estimate(single, 2, unit_param_counts(model, units))
         # the ranks run the same shapes; what the profiler misses (frees on gloo's thread) can only

@@ -33,19 +33,13 @@ from torch import nn
 from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
 from gpukit.placement import unwrap_model
-from gpukit.precision import STATS_NORM_LAYERS, MixedPrecision, Precision, fsdp_own_unit_layers
+from gpukit.precision import STATS_NORM_LAYERS, MixedPrecision, fsdp_own_unit_layers
 from gpukit.strategies._checkpointing import check_policy
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies._wrap import DEFAULT_MIN_UNIT_PARAMS, AutoWrap, units_to_shard
 from gpukit.strategies.ddp import DDPStrategy
 
-__all__ = ["FSDPStrategy", "own_dtype_units"]
-
-
-def own_dtype_units(precision: Precision) -> tuple[type[nn.Module], ...]:
-    """Layers FSDP makes units of their own whatever the policy (pass them as
-    ``units_to_shard(always=...)``); see :func:`gpukit.precision.fsdp_own_unit_layers`."""
-    return fsdp_own_unit_layers(precision.name)
+__all__ = ["FSDPStrategy"]
 
 
 class FSDPStrategy(DDPStrategy):
@@ -150,7 +144,7 @@ class FSDPStrategy(DDPStrategy):
             module = module.to(self.root_device)
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         mesh = init_device_mesh(self.root_device.type, (self.world_size,))
-        always = own_dtype_units(self.precision)
+        always = fsdp_own_unit_layers(self.precision.name)  # one dtype per unit
         units = units_to_shard(module, self.auto_wrap, self.min_unit_params, always=always)
         self.checkpoint_activations(module)  # inside each unit: its hooks gather before the recompute
         fp32 = {**policies, "mp_policy": MixedPrecisionPolicy(reduce_dtype=torch.float32)}
