@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -151,6 +152,10 @@ def bench_planner() -> None:
 
 
 def main() -> None:
+    if "--gpu-only" in sys.argv[1:]:  # make gpu-check: only the part that needs the GPU
+        print("3. planner error vs measured peak")
+        bench_planner()
+        return
     torch.set_num_threads(1)  # steadier timings on a shared machine
     print(f"torch {torch.__version__}, {'GPU: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}")
     print("1. leak-watch overhead at the default interval (interleaved blocks, median per-step time)")

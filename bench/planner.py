@@ -129,18 +129,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--no-fsdp", action="store_true")
+    parser.add_argument("--gpu-only", action="store_true", help="only the GPU rows (make gpu-check)")
     args = parser.parse_args()
     names = _available(args.models.split(","))
     print(f"load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}")
     print("| where | model | precision | ckpt | params | grads | opt state | activations | peak | peak MiB est / measured |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    rows = cpu_rows(names)
-    if not args.no_fsdp:
+    rows = [] if args.gpu_only else cpu_rows(names)
+    if not (args.no_fsdp or args.gpu_only):
         rows += fsdp_rows(names)
     if torch.cuda.is_available():
         rows += gpu_rows(names)
     else:
         print("| cuda | all | all | - | to run where a GPU is lent |")
+    if not rows:
+        return
     worst = max(abs(1 - r["peak_bytes"]) for r in rows if r["peak_bytes"] is not None)
     print(f"worst peak error: {worst:.1%} over {len(rows)} rows (goal: within 15%)")
 
