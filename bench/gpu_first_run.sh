@@ -37,7 +37,7 @@ part 25 bench.log "devices" "$PY" bench/devices.py --runs 5
 # what time is left: the CPU suite with a GPU visible (paths that change when CUDA is available)
 left=$((500 - SECONDS))
 if [ "$left" -gt 30 ]; then
-  part "$left" suite.log "whole suite, GPU visible" "$PY" -m pytest tests -p no:cacheprovider -q -x --timeout 120 \
+  part "$left" suite.log "whole suite, GPU visible" "$PY" -m pytest tests -p no:cacheprovider -q -rfE --timeout 120 \
     -n 12 -m "not requires_gpu and not requires_gpus" --continue-on-collection-errors
 fi
 echo "done in ${SECONDS}s" >>"$OUT/summary.txt"
