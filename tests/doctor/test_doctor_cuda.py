@@ -101,7 +101,8 @@ def test_real_cuda_initialised_then_environment_changed_fails():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # too late: CUDA already sees its devices
         from gpukit.doctor import run_checks
         [f] = [f for f in run_checks().findings if f.name == "cuda.initialized"]
-        print(json.dumps([f.status, torch.cuda.device_count()]))
+        # the runtime's own count: torch.cuda.device_count() of torch <= 2.11 re-reads the changed variable
+        print(json.dumps([f.status, torch._C._cuda_getDeviceCount()]))
     """)
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)

@@ -20,6 +20,13 @@ SNAPSHOT = {
                             {"filename": "train.py", "line": 42, "name": "step"}]},
                 {"state": "inactive", "size": 10**9, "frames": []},
                 {"state": "active_allocated", "size": 4096, "requested_size": 4000, "frames": []},
+                # recorded with C++ stacks (torch's default "all"), as an H100 with torch 2.11 gave them
+                {"state": "active_allocated", "size": 512, "requested_size": 500,
+                 "frames": [{"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc"},
+                            {"filename": "/pytorch/torch/csrc/cuda/memory_snapshot.cpp", "line": 0,
+                             "name": "torch::cuda::(anonymous namespace)::gather_with_cpp()"},
+                            {"filename": "/x/site-packages/torch/cuda/memory.py", "line": 9, "name": "empty"},
+                            {"filename": "/home/u/train.py", "line": 7, "name": "main"}]},
             ]
         }
     ]
@@ -28,8 +35,9 @@ SNAPSHOT = {
 
 def test_largest_allocations_skip_free_blocks_and_point_at_user_lines() -> None:
     top = largest_allocations(SNAPSHOT, top=5)
-    assert [a.size_bytes for a in top] == [4000, 1000]
+    assert [a.size_bytes for a in top] == [4000, 1000, 500]
     assert top[0].source is None and top[1].source == "train.py:42 in step"
+    assert top[2].source == "/home/u/train.py:7 in main"  # not the C++ frame before it
 
 
 def test_cpu_post_mortem_says_what_is_available(capsys: pytest.CaptureFixture[str]) -> None:

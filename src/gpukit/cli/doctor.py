@@ -55,7 +55,10 @@ def format_report(report: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print findings and report as one JSON object.")
 @click.option("--shm-path", type=click.Path(exists=True, file_okay=False), default=None, metavar="DIR",
               help="Shared-memory filesystem to measure (default GPUKIT_SHM_PATH, else /dev/shm).")
-def doctor(as_json: bool, shm_path: str | None) -> int:
+@click.option("--gpu", "active", is_flag=True,
+              help="Also measure each GPU (about 10 s each): copy bandwidth vs the PCIe link, a matrix product "
+                   "vs the data sheet's peak, allocatable memory, ECC; an all-reduce between 2+ GPUs.")
+def doctor(as_json: bool, shm_path: str | None, active: bool) -> int:
     """Check this machine for the traps that break PyTorch GPU runs, one line each with its fix.
 
     Checks: NVIDIA driver vs the CUDA torch was built with; CUDA_VISIBLE_DEVICES mapping and
@@ -63,6 +66,10 @@ def doctor(as_json: bool, shm_path: str | None) -> int:
     MIG and persistence mode; CPUs and affinity; /dev/shm for DataLoader workers; the network
     interface, master address and rendezvous port of a multi-machine run. Then prints a report
     to paste into a bug report.
+
+    With --gpu it then measures each GPU CUDA_VISIBLE_DEVICES leaves visible (skipping GPUs another
+    gpukit job has claimed), each figure with its verdict, e.g. "matrix products at 41% of the
+    peak: throttled for power".
 
     Exit status: 0 when no check failed (warnings allowed), 1 when one failed, 2 on bad input.
     """
@@ -72,6 +79,11 @@ def doctor(as_json: bool, shm_path: str | None) -> int:
 
     _nvml.silence_notice()  # the driver check says "no driver" in its own words
     result = run_checks(shm_path=shm_path, from_cli=True, shm_source="--shm-path" if shm_path else None)
+    if active:
+        from gpukit.doctor import run_gpu_checks
+
+        say = (lambda text: click.echo(f"gpukit doctor: {text}", err=True))
+        result.findings.extend(run_gpu_checks(progress=say))
     if as_json:
         click.echo(json.dumps(result.to_dict(), default=str))
         return result.exit_code

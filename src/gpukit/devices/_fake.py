@@ -65,6 +65,7 @@ class FakeNvml:
                    "lost": false, "lost_after_calls": null,
                    "processes": [{"pid": 44683, "user": "alice", "command": "python", "used_memory_mib": 3289}],
                    "mig_mode": null, "persistence_mode": true,
+                   "health": {"pcie_gen": 4, "pcie_width": 16, "clock_event_reasons": ["sw_power_cap"], ...},
                    "mig_devices": [{"profile": "1g.5gb", "memory_total_mib": 4864, "memory_used_mib": 0,
                                     "uuid": "MIG-...", "gpu_instance_id": 7, "compute_instance_id": 0,
                                     "processes": []}]}]}
@@ -75,7 +76,8 @@ class FakeNvml:
     A GPU with ``mig_devices`` is in MIG mode: queries of the parent report no utilization, and
     its MIG devices are reachable through ``nvmlDeviceGetMigDeviceHandleByIndex``.
     ``persistence_mode`` (``true``/``false``) is what ``nvmlDeviceGetPersistenceMode`` reports;
-    left out, it is "Not Supported".
+    left out, it is "Not Supported". ``health`` holds what ``gpukit doctor --gpu`` reads (PCIe link,
+    clock-event reasons, ECC, retired memory, SM clocks: see :mod:`gpukit.devices._spec_health`).
 
     Args:
         spec: a spec mapping, a parsed :class:`FakeSpec`, or a path to a JSON spec file.
@@ -227,6 +229,48 @@ class FakeNvml:
             return pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED
 
         return self._query("nvmlDeviceGetPersistenceMode", handle, read)
+
+    # -- health (gpukit doctor --gpu) -------------------------------------------------------------
+    def _health(self, name: str, handle: _Handle, field: str, convert: Callable[[Any], Any] = lambda v: v) -> Any:
+        return self._query(name, handle, lambda g, m: convert(self._supported(getattr(g.health, field), m)))
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: _Handle) -> int:
+        return self._health("nvmlDeviceGetCurrPcieLinkGeneration", handle, "pcie_gen")
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: _Handle) -> int:
+        return self._health("nvmlDeviceGetCurrPcieLinkWidth", handle, "pcie_width")
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: _Handle) -> int:
+        return self._health("nvmlDeviceGetMaxPcieLinkGeneration", handle, "pcie_max_gen")
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: _Handle) -> int:
+        return self._health("nvmlDeviceGetMaxPcieLinkWidth", handle, "pcie_max_width")
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
+        return self._health("nvmlDeviceGetCurrentClocksEventReasons", handle, "clock_event_mask")
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: _Handle, error_type: int, counter_type: int) -> int:
+        if error_type != pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)  # the spec holds uncorrected counts only
+        field = "ecc_uncorrected_volatile" if counter_type == pynvml.NVML_VOLATILE_ECC else "ecc_uncorrected_aggregate"
+        return self._health("nvmlDeviceGetTotalEccErrors", handle, field)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: _Handle) -> int:
+        return self._health("nvmlDeviceGetRetiredPagesPendingStatus", handle, "retired_pages_pending",
+                            lambda on: pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED)
+
+    def nvmlDeviceGetRemappedRows(self, handle: _Handle) -> tuple[int, int, int, int]:
+        def read(g: FakeGpu, m: FakeMigDevice | None) -> tuple[int, int, int, int]:
+            pending = self._supported(g.health.remapped_rows_pending, m)
+            return 0, 0, int(pending), int(bool(g.health.remapped_rows_failure))
+
+        return self._query("nvmlDeviceGetRemappedRows", handle, read)
+
+    def nvmlDeviceGetClockInfo(self, handle: _Handle, clock_type: int) -> int:
+        return self._health("nvmlDeviceGetClockInfo", handle, "sm_clock_mhz")
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: _Handle, clock_type: int) -> int:
+        return self._health("nvmlDeviceGetMaxClockInfo", handle, "sm_max_clock_mhz")
 
     # -- MIG ---------------------------------------------------------------------------------
     def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:

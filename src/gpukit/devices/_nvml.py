@@ -22,6 +22,7 @@ __all__ = [
     "FAKE_ENV",
     "query",
     "backend",
+    "is_fake_backend",
     "driver_version",
     "unavailable_reason",
     "process_details",
@@ -178,6 +179,12 @@ def _current() -> _State:
 def backend() -> Any | None:
     """The initialised NVML backend, or ``None`` when there is no NVIDIA driver (reported once)."""
     return _current().backend
+
+
+def is_fake_backend() -> bool:
+    """Whether NVML answers from a :class:`~gpukit.devices.FakeNvml` (in-process or ``GPUKIT_FAKE_GPUS``)."""
+    state = _current()
+    return state.backend is not None and state.key[0] != "real"  # type: ignore[index]
 
 
 def unavailable_reason() -> str | None:

@@ -13,6 +13,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NoReturn
 
+from gpukit.devices._spec_health import FakeHealth, parse_health
 from gpukit.errors import FakeSpecError
 
 #: largest spec file read (a spec for 64 GPUs with processes is a few KiB)
@@ -67,6 +68,8 @@ class FakeGpu:
     mig_devices: tuple[FakeMigDevice, ...] = ()
     #: None: not supported (as on Windows); else whether persistence mode is on
     persistence_mode: bool | None = None
+    #: PCIe link, clock-event reasons, ECC, retired memory (``gpukit doctor --gpu``)
+    health: FakeHealth = field(default_factory=FakeHealth)
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ _TOP_KEYS = {"driver_version", "gpus", "no_driver", "comment"}
 _GPU_KEYS = {
     "name", "uuid", "pci_bus_id", "memory_total_mib", "memory_used_mib", "utilization_gpu_pct",
     "utilization_memory_pct", "temperature_c", "power_draw_w", "power_limit_w", "compute_mode",
-    "lost", "lost_after_calls", "processes", "mig_mode", "mig_devices", "persistence_mode", "comment",
+    "lost", "lost_after_calls", "processes", "mig_mode", "mig_devices", "persistence_mode", "health", "comment",
 }
 _PROC_KEYS = {"pid", "user", "command", "used_memory_mib"}
 _MIG_KEYS = {
@@ -264,6 +267,7 @@ def _parse_gpu(ctx: _Ctx, path: str, index: int, raw: Any) -> FakeGpu:
         mig_mode=True if mig_devices else mig_mode,
         mig_devices=mig_devices,
         persistence_mode=ctx.opt(raw, path, "persistence_mode", bool),
+        health=parse_health(ctx, path, raw.get("health")),
     )
 
 

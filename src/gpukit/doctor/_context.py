@@ -75,10 +75,25 @@ def cuda_device_uuids() -> list[str] | None:
         return None
     torch = sys.modules["torch"]
     uuids = []
-    for index in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(index)
+    # torch.cuda.get_device_properties checks the index against that changed count too (2.11
+    # raised "Invalid device id"); the function CUDA's initialisation defines does not.
+    properties = getattr(torch.cuda, "_get_device_properties", torch.cuda.get_device_properties)
+    for index in range(_initialised_device_count(torch)):
+        props = properties(index)
         uuids.append(str(getattr(props, "uuid", "")))
     return uuids
+
+
+def _initialised_device_count(torch: Any) -> int:
+    """The devices the CUDA runtime of this process numbers, not what the environment says now.
+
+    ``torch.cuda.device_count()`` of torch <= 2.11 counts through NVML with the *current*
+    ``CUDA_VISIBLE_DEVICES`` until its cache is filled, so after a late change it reports the
+    changed count although the initialised runtime still uses the old devices (seen on an H100
+    with torch 2.11: 0 where CUDA had 1). The runtime's own count is the truth here.
+    """
+    runtime_count = getattr(torch._C, "_cuda_getDeviceCount", None)
+    return int(runtime_count()) if runtime_count is not None else int(torch.cuda.device_count())
 
 
 @dataclass

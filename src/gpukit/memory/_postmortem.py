@@ -58,9 +58,16 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, devi
 
 
 def _user_frames(frames: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The Python frames outside torch, innermost first (else the first frames, for a hint).
+
+    With C++ stacks recorded (``_record_memory_history("all")``, the default) a block's frames
+    start with the allocator's and torch's C++ frames (``memory_snapshot.cpp``...): the user's
+    line is the first *Python* frame outside torch.
+    """
     lines = [f"{f.get('filename', '?')}:{f.get('line', '?')} in {f.get('name', '?')}" for f in frames]
-    user = [line for line in lines if not any(marker in line for marker in _INTERNAL)]
-    return tuple(user or lines[:3])
+    python = [line for line, f in zip(lines, frames) if str(f.get("filename", "")).endswith(".py")]
+    user = [line for line in python if not any(marker in line for marker in _INTERNAL)]
+    return tuple(user or python[:3] or lines[:3])
 
 
 def largest_allocations(snapshot: dict[str, Any], top: int = 10) -> list[Allocation]:

@@ -32,7 +32,7 @@ from torch import nn
 from gpukit import memory as _memory
 from gpukit.errors import ConfigurationError
 from gpukit.memory._backoff import batch_length
-from gpukit.placement import unwrap_model
+from gpukit.placement import device_mover, unwrap_model
 
 if TYPE_CHECKING:
     from gpukit.accelerators import Accelerator
@@ -103,6 +103,7 @@ class SessionMemory:
         self._steps = steps
         self._backoff: _memory.OomBackoff | None = None
         self._micro_batch: int | None = None  # Session(fit=...): run_step splits batches into these
+        self._mover: tuple[torch.device, Callable[[Any], Any]] | None = None  # run_step's batch -> device
         self._leak_watcher: _memory.LeakWatcher | None = None
         self._models: list[nn.Module] = []
         self._guards: dict[int, _memory.InferenceGuard] = {}
@@ -127,7 +128,8 @@ class SessionMemory:
         Args:
             step_fn: ``step_fn(batch) -> loss``: the forward pass and a scalar *mean* loss over
                 the items of ``batch`` (it may be called on slices of ``batch``).
-            batch: a tensor or a (nested) tuple/list/dict of tensors, batch dimension first.
+            batch: a tensor or a (nested) tuple/list/dict of tensors, batch dimension first; moved
+                to the session's device if it is not there (split into micro-batches on the host first).
             model: the model ``step_fn`` runs; needed only when ``setup`` was given several.
 
         Returns:
@@ -223,6 +225,13 @@ class SessionMemory:
         )
 
     def _forward(self, step_fn: Callable[[Any], torch.Tensor], batch: Any) -> torch.Tensor:
+        # a batch (or micro-batch: split on the host first) not yet on the device is moved, as
+        # setup_dataloader's batches are: a CPU batch on a GPU session must not end in torch's
+        # "Expected all tensors to be on the same device" (seen on an H100 in the fit test)
+        device = self._device
+        if self._mover is None or self._mover[0] != device:
+            self._mover = (device, device_mover(device))
+        batch = self._mover[1](batch)
         with self._precision.autocast():
             loss = step_fn(batch)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
