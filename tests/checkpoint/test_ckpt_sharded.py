@@ -170,10 +170,11 @@ def test_resume_into_another_model_is_one_grouped_error(runs: dict[str, dict]) -
     assert proc.stderr.count("Shape mismatch") <= 2  # rank 0's own traceback and the launcher's summary
 
 
-@pytest.mark.requires_gpus(2)
-def test_sharded_resume_on_two_gpus_with_nccl(tmp_path: Path) -> None:
+@pytest.mark.parametrize("gpus", [pytest.param(1, marks=pytest.mark.requires_gpu),  # NCCL at world size 1
+                                  pytest.param(2, marks=pytest.mark.requires_gpus(2))])
+def test_sharded_resume_on_gpus_with_nccl(tmp_path: Path, gpus: int) -> None:
     def run(*args: str, expect_kill: bool = False) -> None:
-        cmd = [sys.executable, "-m", "gpukit", "run", "--gpus", "2", str(WORKER), *args]
+        cmd = [sys.executable, "-m", "gpukit", "run", "--gpus", str(gpus), str(WORKER), *args]
         proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
         assert (proc.returncode != 0) if expect_kill else (proc.returncode == 0), proc.stderr[-3000:]
 

@@ -41,14 +41,15 @@ def test_two_runs_side_by_side_script_and_module(start_run):
         assert_none_survive(run.marker)
 
 
-@pytest.mark.requires_gpus(2)
-def test_real_gpus_claimed_and_numbered_like_nvidia_smi(start_run):
-    run = start_run("--gpus", "2", str(BEHAVE), "env", "{out}")
+@pytest.mark.parametrize("gpus", [pytest.param(1, marks=pytest.mark.requires_gpu),
+                                  pytest.param(2, marks=pytest.mark.requires_gpus(2))])
+def test_real_gpus_claimed_and_numbered_like_nvidia_smi(start_run, gpus: int):
+    run = start_run("--gpus", str(gpus), str(BEHAVE), "env", "{out}")
     assert run.wait(timeout_s=180) == 0, run.output()
     data = json.loads((run.out / "env-0.json").read_text())
     env = data["env"]
-    assert data["cuda"] is True and data["sum"] == 3.0
-    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and len(env["CUDA_VISIBLE_DEVICES"].split(",")) == 2
+    assert data["cuda"] is True and data["sum"] == {1: 1.0, 2: 3.0}[gpus]  # an all-reduce of rank + 1
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and len(env["CUDA_VISIBLE_DEVICES"].split(",")) == gpus
     physical = env["CUDA_VISIBLE_DEVICES"].split(",")
     assert f"cuda:0 -> GPU {physical[0]}" in run.output()
     assert_none_survive(run.marker)

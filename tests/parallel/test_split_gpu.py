@@ -14,18 +14,19 @@ from gpukit.parallel import split
 from parallel_models import mlp
 
 
-@pytest.mark.requires_gpus(2)
+@pytest.mark.parametrize("last", [pytest.param(0, marks=pytest.mark.requires_gpu),  # both stages on one GPU
+                                  pytest.param(1, marks=pytest.mark.requires_gpus(2))])
 @pytest.mark.parametrize("chunks", [1, 4])
-def test_two_gpu_split_places_stages_and_equals_unsplit(chunks: int) -> None:
+def test_gpu_split_places_stages_and_equals_unsplit(chunks: int, last: int) -> None:
     plain = mlp().to("cuda:0")
-    model = split(copy.deepcopy(plain).cpu(), ["cuda:0", "cuda:1"], balance=[3, 4], chunks=chunks, verbose=False)
+    model = split(copy.deepcopy(plain).cpu(), ["cuda:0", f"cuda:{last}"], balance=[3, 4], chunks=chunks, verbose=False)
     layers = list(model.module)
     assert {p.device for m in layers[:3] for p in m.parameters()} == {torch.device("cuda", 0)}
-    assert {p.device for m in layers[3:] for p in m.parameters()} == {torch.device("cuda", 1)}
+    assert {p.device for m in layers[3:] for p in m.parameters()} == {torch.device("cuda", last)}
     x, y = torch.randn(16, 12), torch.randint(0, 5, (16,))  # input on the CPU: moved by the model
     out = model(x)
-    assert out.device == torch.device("cuda", 1)
-    loss = F.cross_entropy(out, y.to("cuda:1"))
+    assert out.device == torch.device("cuda", last)
+    loss = F.cross_entropy(out, y.to(f"cuda:{last}"))
     loss.backward()
     loss_ref = F.cross_entropy(plain(x.to("cuda:0")), y.to("cuda:0"))
     loss_ref.backward()

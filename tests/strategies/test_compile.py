@@ -24,10 +24,10 @@ import gpukit  # noqa: E402
 from gpukit.errors import ConfigurationError  # noqa: E402
 
 
-def _run(out: Path, strategy: str, how: str, gpus: bool = False) -> list[dict]:
+def _run(out: Path, strategy: str, how: str, gpus: int = 0) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     script = [str(Path(worker.__file__)), str(out), strategy, how, *(["gpu"] if gpus else [])]
-    where = ["--gpus", "2"] if gpus else ["--cpu", "--nproc", "2"]
+    where = ["--gpus", str(gpus)] if gpus else ["--cpu", "--nproc", "2"]
     cmd = [sys.executable, *script] if strategy == "single" else [
         sys.executable, "-m", "gpukit", "run", *where, *script]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
@@ -63,11 +63,12 @@ def test_compile_kept_on_two_processes(tmp_path: Path, strategy: str, how: str, 
     _check_portable(tmp_path)
 
 
-@pytest.mark.requires_gpus(2)
+@pytest.mark.parametrize("gpus", [pytest.param(1, marks=pytest.mark.requires_gpu),  # NCCL at world size 1
+                                  pytest.param(2, marks=pytest.mark.requires_gpus(2))])
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_compile_kept_on_two_gpus(tmp_path: Path, strategy: str) -> None:
-    records = _run(tmp_path, strategy, "user", gpus=True)  # nccl; inductor's GPU (triton) kernels
-    assert len(records) == 2 and all(r["graphs"] >= 1 for r in records)
+def test_compile_kept_on_gpus(tmp_path: Path, strategy: str, gpus: int) -> None:
+    records = _run(tmp_path, strategy, "user", gpus=gpus)  # nccl; inductor's GPU (triton) kernels
+    assert len(records) == gpus and all(r["graphs"] >= 1 for r in records)
     _check_portable(tmp_path)
 
 

@@ -1,0 +1,67 @@
+"""`make gpu-check` must run the day a GPU is lent: its plan on a CPU machine, every part on the CPU.
+
+The lent GPU comes by chance, for 15 minutes; a typo in a part would waste it. So every part runs
+here with ``--dry-run`` (the same code on the CPU, tiny sizes), and its results must be written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECK = ROOT / "bench" / "gpu_check.py"
+sys.path.insert(0, str(ROOT / "bench"))
+import gpu_check  # noqa: E402
+
+
+def _run(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUKIT_FAKE_GPUS", "CUDA_VISIBLE_DEVICES")}
+    env["GPUKIT_CHECK_OUT"] = str(tmp_path / "out")
+    return subprocess.run([sys.executable, str(CHECK), *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=tmp_path)
+
+
+def test_without_a_gpu_it_lists_the_plan_and_exits_0(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the check would run")
+    proc = _run(tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "no CUDA GPU: nothing to check" in proc.stdout
+    for part in gpu_check.PARTS:
+        assert f"  {part.name:<11} <= {part.limit_s:>3} s  {part.what}" in proc.stdout
+    assert not (tmp_path / "out").exists()  # nothing written, nothing run
+
+
+def test_bad_part_names_are_refused_with_the_list(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "--only", "speed,sped", timeout=60)
+    assert proc.returncode == 2 and "unknown part(s) sped; the parts are env, tests," in proc.stderr
+
+
+def test_every_part_runs_on_the_cpu_and_writes_its_results(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "--dry-run", "--budget-s", "900")
+    out = tmp_path / "out"
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    parts = {r["part"]: r for r in records if r["check"] == "(part)"}
+    assert list(parts) == [p.name for p in gpu_check.PARTS], proc.stdout[-3000:]
+    broken = {name: r["detail"] for name, r in parts.items() if r["status"] != "ok"}
+    assert not broken, (broken, (out / "log.txt").read_text()[-6000:])
+    failed = [r for r in records if r["status"] == "fail"]
+    assert not failed, failed
+    results = {p.name: [r for r in records if r["part"] == p.name and r["check"] != "(part)"] for p in gpu_check.PARTS}
+    assert all(results.values()), {k for k, v in results.items() if not v}  # every part said something
+    assert (out / "results.md").read_text().count("\n") == len(records) + 2  # header + rule + a row each
+    assert proc.returncode == 0, proc.stdout[-2000:]
+
+
+def test_the_table_survives_a_line_cut_off_by_a_kill(tmp_path: Path) -> None:
+    good = {"part": "speed", "check": "P6 h2d pinned", "status": "info", "value": 51.2, "unit": "GB/s", "detail": "x|y"}
+    (tmp_path / "results.jsonl").write_text(json.dumps(good) + "\n" + '{"part": "speed", "check": "P1')
+    table = gpu_check.write_table(tmp_path)
+    assert table.splitlines()[2] == "| speed | P6 h2d pinned | info | 51.2 GB/s | x/y |" and len(table.splitlines()) == 3
