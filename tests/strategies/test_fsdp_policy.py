@@ -159,3 +159,23 @@ def test_bf16_mixed_batchnorm_is_a_unit_gathered_in_fp32() -> None:
         assert model[1][1].running_mean.dtype == torch.float32 and model[1][1].num_batches_tracked.item() == 2
     finally:
         session.close()
+
+
+def test_bf16_mixed_output_is_fp32_so_a_loss_outside_autocast_works() -> None:
+    """FSDP computes in bf16 under bf16-mixed; the root's output comes back in fp32, as a loss under
+    autocast is computed: ``mse_loss(model(x), y)`` with an fp32 target must backward (on an H100
+    with nccl it raised "Found dtype Float but expected BFloat16")."""
+    import gpukit
+
+    session = gpukit.Session(strategy="fsdp", accelerator="cpu", precision="bf16-mixed", verbose=False)
+    try:
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        model, optimizer = session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        inner: list[torch.dtype] = []
+        model[0].register_forward_hook(lambda m, args, out: inner.append(out.dtype))
+        out = model(torch.randn(5, 8))
+        assert out.dtype == torch.float32 and inner == [torch.bfloat16]  # computed in bf16, returned in fp32
+        session.backward(nn.functional.mse_loss(out, torch.randn(5, 4)))
+        assert session.step(optimizer)
+    finally:
+        session.close()

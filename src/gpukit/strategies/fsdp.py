@@ -7,7 +7,8 @@ reduce-scattered. Which sub-modules are units is the wrapping policy of
 default; the root last). Works with nccl on GPUs and gloo on CPU processes.
 
 Precision names map onto FSDP's ``MixedPrecisionPolicy``: "bf16-mixed" gathers parameters
-in bf16 and reduces gradients in fp32 (sharded weights and optimizer state stay fp32);
+in bf16 and reduces gradients in fp32 (sharded weights and optimizer state stay fp32), and the
+model's output comes back in fp32 (as a loss under autocast is computed);
 "bf16-true"/"16-true" keep the weights in 16 bits (norm layers, kept in fp32, become units of
 their own so each unit has one dtype). Under "bf16-mixed" BatchNorm-like layers (running
 statistics) are units of their own gathered in fp32, as autocast runs them without FSDP: their
@@ -131,6 +132,24 @@ class FSDPStrategy(DDPStrategy):
         offload = CPUOffloadPolicy(pin_memory=not self.accelerator.is_host) if self.cpu_offload else OffloadPolicy()
         return {"mp_policy": mp, "offload_policy": offload, "reshard_after_forward": self.reshard_after_forward}
 
+    def _root_policies(self, policies: dict[str, Any]) -> dict[str, Any]:
+        """The root unit's policies: under a "-mixed" precision the model's output comes back in fp32.
+
+        Without it FSDP returns the last unit's bf16 output, and a loss taken outside
+        ``session.autocast()`` against an fp32 target (``mse_loss(model(x), y)``) failed in
+        backward with torch's "Found dtype Float but expected BFloat16" (seen on an H100 under
+        nccl; DDP computes such a step in fp32 and raises nothing). Autocast computes losses in
+        fp32 too, so the output in fp32 is what mixed precision means everywhere else.
+        """
+        mp = policies["mp_policy"]
+        if not isinstance(self.precision, MixedPrecision):
+            return policies
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        root = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,
+                                    output_dtype=torch.float32, cast_forward_inputs=mp.cast_forward_inputs)
+        return {**policies, "mp_policy": root}
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -151,7 +170,7 @@ class FSDPStrategy(DDPStrategy):
         for _name, unit in units:
             stats = isinstance(self.precision, MixedPrecision) and isinstance(unit, STATS_NORM_LAYERS)
             fully_shard(unit, mesh=mesh, **(fp32 if stats else policies))
-        fully_shard(module, mesh=mesh, **policies)
+        fully_shard(module, mesh=mesh, **self._root_policies(policies))
         self.units = [name for name, _ in units]
         if self.announce:  # the session's banner came before the units were chosen
             print(f"gpukit: {self.describe()}", file=sys.stderr)
