@@ -36,6 +36,7 @@ from gpukit.errors import ConfigurationError
 from gpukit.placement import unwrap_model
 from gpukit.precision import STATS_NORM_LAYERS, MixedPrecision, fsdp_own_unit_layers
 from gpukit.strategies._checkpointing import check_policy
+from gpukit.strategies._fsdp_api import fsdp_api
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies._wrap import DEFAULT_MIN_UNIT_PARAMS, AutoWrap, units_to_shard
 from gpukit.strategies.ddp import DDPStrategy
@@ -116,8 +117,7 @@ class FSDPStrategy(DDPStrategy):
         )
 
     def _policies(self) -> dict[str, Any]:
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
-
+        api = fsdp_api()
         precision = self.precision
         if isinstance(precision, MixedPrecision):
             if precision.scaler is not None:
@@ -126,10 +126,11 @@ class FSDPStrategy(DDPStrategy):
                     "would decide per shard whether to skip a step. Use 'bf16-mixed' (no loss "
                     "scaling needed), '32-true', or strategy='ddp' for fp16 mixed precision."
                 )
-            mp = MixedPrecisionPolicy(param_dtype=precision.autocast_dtype, reduce_dtype=torch.float32)
+            mp = api.MixedPrecisionPolicy(param_dtype=precision.autocast_dtype, reduce_dtype=torch.float32)
         else:
-            mp = MixedPrecisionPolicy()  # fp32, or weights already converted ("-true")
-        offload = CPUOffloadPolicy(pin_memory=not self.accelerator.is_host) if self.cpu_offload else OffloadPolicy()
+            mp = api.MixedPrecisionPolicy()  # fp32, or weights already converted ("-true")
+        offload = (api.CPUOffloadPolicy(pin_memory=not self.accelerator.is_host) if self.cpu_offload
+                   else api.OffloadPolicy())
         return {"mp_policy": mp, "offload_policy": offload, "reshard_after_forward": self.reshard_after_forward}
 
     def _root_policies(self, policies: dict[str, Any]) -> dict[str, Any]:
@@ -144,15 +145,14 @@ class FSDPStrategy(DDPStrategy):
         mp = policies["mp_policy"]
         if not isinstance(self.precision, MixedPrecision):
             return policies
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        root = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,
+        root = fsdp_api().MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,
                                     output_dtype=torch.float32, cast_forward_inputs=mp.cast_forward_inputs)
         return {**policies, "mp_policy": root}
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        api = fsdp_api()
 
         policies = self._policies()  # refuses what cannot work before anything moves
         module = unwrap_model(module)
@@ -166,11 +166,11 @@ class FSDPStrategy(DDPStrategy):
         always = fsdp_own_unit_layers(self.precision.name)  # one dtype per unit
         units = units_to_shard(module, self.auto_wrap, self.min_unit_params, always=always)
         self.checkpoint_activations(module)  # inside each unit: its hooks gather before the recompute
-        fp32 = {**policies, "mp_policy": MixedPrecisionPolicy(reduce_dtype=torch.float32)}
+        fp32 = {**policies, "mp_policy": api.MixedPrecisionPolicy(reduce_dtype=torch.float32)}
         for _name, unit in units:
             stats = isinstance(self.precision, MixedPrecision) and isinstance(unit, STATS_NORM_LAYERS)
-            fully_shard(unit, mesh=mesh, **(fp32 if stats else policies))
-        fully_shard(module, mesh=mesh, **self._root_policies(policies))
+            api.fully_shard(unit, mesh=mesh, **(fp32 if stats else policies))
+        api.fully_shard(module, mesh=mesh, **self._root_policies(policies))
         self.units = [name for name, _ in units]
         if self.announce:  # the session's banner came before the units were chosen
             print(f"gpukit: {self.describe()}", file=sys.stderr)
@@ -259,9 +259,7 @@ def _materialise(module: nn.Module, device: torch.device, rank: int) -> None:
 @contextlib.contextmanager
 def _accumulating(module: nn.Module) -> Iterator[None]:
     """Backward accumulates unsharded local gradients: no reduce-scatter, no resharding."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if not isinstance(module, FSDPModule):
+    if not isinstance(module, fsdp_api().FSDPModule):
         yield
         return
     module.set_requires_gradient_sync(False)
