@@ -54,6 +54,23 @@ def p1_overhead() -> None:
         if name == "mlp":
             _profile("session", ours)
             _profile("plain", plain)
+            _without_copy_events(overhead, model, data, batch, dev, steps, warmup)
+
+
+def _without_copy_events(overhead, model, data, batch, dev, steps: int, warmup: int) -> None:
+    """The same comparison with the Session's lazy copy timing off (no CUDA events): its share."""
+    from gpukit.accelerators import CUDAAccelerator
+
+    original = CUDAAccelerator.timing_event
+    CUDAAccelerator.timing_event = lambda self: None  # type: ignore[method-assign]
+    try:
+        plain = overhead.plain_stepper(copy.deepcopy(model), data, batch, dev)
+        ours = overhead.session_stepper(copy.deepcopy(model), data, batch, dev)
+        t_plain, t_ours = overhead.interleaved(plain, ours, steps, warmup, sync)
+    finally:
+        CUDAAccelerator.timing_event = original  # type: ignore[method-assign]
+    emit("P1 mlp per-step overhead, no copy events", "info", (t_ours - t_plain) * 1e6, "us",
+         f"plain {t_plain * 1e3:.3f} ms, session {t_ours * 1e3:.3f} ms, ratio {t_ours / t_plain:.3f}")
 
 
 PROFILED = 5 if DRY else 300
@@ -190,23 +207,31 @@ class GPT(nn.Module):
         return self.head(self.ln(x))
 
 
-def p7_mfu(compiled: bool) -> None:
-    import gpukit
-    from gpukit.doctor._gpu_peaks import spec_peak_tflops
-
+def p7_plain() -> None:
+    """The same GPT step in plain torch (autocast bf16, AdamW): the row P7's Session figures sit beside."""
     layers, width, heads, vocab, context, batch = (2, 64, 4, 512, 32, 2) if DRY else (12, 768, 12, 50304, 1024, 8)
-    model = GPT(layers, width, heads, vocab, context)
-    n_params = sum(p.numel() for p in model.parameters()) - model.pos.weight.numel()
-    session = gpukit.Session(devices=device(), precision="bf16-mixed", compile=compiled or None, verbose=False)
-    model, opt = session.setup(model, torch.optim.AdamW(model.parameters(), lr=3e-4))
-    g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, vocab, (batch, context + 1), generator=g).to(device())
+    torch.manual_seed(0)
+    model = GPT(layers, width, heads, vocab, context).to(device())
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    idx = torch.randint(0, vocab, (batch, context + 1), generator=torch.Generator().manual_seed(0)).to(device())
     x, y = idx[:, :-1], idx[:, 1:]
+    kind = "cpu" if DRY else "cuda"
 
     def step() -> None:
-        session.run_step(lambda b: F.cross_entropy(model(b[0]).flatten(0, 1).float(), b[1].flatten()), (x, y))
-        session.step(opt)
+        with torch.autocast(kind, dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
+    _report_mfu("plain torch eager", model, step, layers, width, batch, context)
+
+
+def _report_mfu(label: str, model: nn.Module, step, layers: int, width: int, batch: int, context: int) -> None:
+    from gpukit.doctor._gpu_peaks import spec_peak_tflops
+
+    inner = getattr(model, "_orig_mod", model)
+    n_params = sum(p.numel() for p in inner.parameters()) - inner.pos.weight.numel()
     started = time.perf_counter()
     for _ in range(2 if DRY else 3):  # warm-up (compiles here)
         step()
@@ -222,16 +247,35 @@ def p7_mfu(compiled: bool) -> None:
     flops = batch * context * (6 * n_params + 12 * layers * width * context)
     tflops = flops / step_s / 1e12
     peak = None if DRY else spec_peak_tflops(torch.cuda.get_device_name(0), "bf16")
-    label = "compiled" if compiled else "eager"
     emit(f"P7 MFU GPT-2 small {label}", "info", None if peak is None else 100 * tflops / peak, "% of peak",
          f"{tflops:.0f} TFLOP/s, {step_s * 1e3:.1f} ms/step ({batch}x{context} tokens, {n_params / 1e6:.0f} M params), "
          f"warm-up {warm_s:.1f} s, peak {peak}")
+
+
+def p7_mfu(compiled: bool) -> None:
+    import gpukit
+
+    layers, width, heads, vocab, context, batch = (2, 64, 4, 512, 32, 2) if DRY else (12, 768, 12, 50304, 1024, 8)
+    torch.manual_seed(0)
+    model = GPT(layers, width, heads, vocab, context)
+    session = gpukit.Session(devices=device(), precision="bf16-mixed", compile=compiled or None, verbose=False)
+    model, opt = session.setup(model, torch.optim.AdamW(model.parameters(), lr=3e-4))
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, vocab, (batch, context + 1), generator=g).to(device())
+    x, y = idx[:, :-1], idx[:, 1:]
+
+    def step() -> None:
+        session.run_step(lambda b: F.cross_entropy(model(b[0]).flatten(0, 1).float(), b[1].flatten()), (x, y))
+        session.step(opt)
+
+    _report_mfu("compiled" if compiled else "eager", model, step, layers, width, batch, context)
 
 
 def main() -> None:
     guarded("P6 copies", p6_copies)
     guarded("P1 overhead", p1_overhead)
     guarded("P5 plain vs session", p5_plain_vs_session)
+    guarded("P7 plain", p7_plain)
     guarded("P7 eager", p7_mfu, False)
     if DRY:
         emit("P7 compiled", "skip", detail="dry run: torch.compile on the CPU takes too long for the suite")
