@@ -13,7 +13,22 @@ def _cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def _skip_cpu_fsdp_on_old_torch(items: list[pytest.Item]) -> None:
+    from gpukit.strategies._fsdp_api import CPU_FSDP_MIN_TORCH, _torch_version
+
+    if _torch_version() >= CPU_FSDP_MIN_TORCH:
+        return
+    import torch
+
+    reason = (f"FSDP on CPU processes needs torch >= {'.'.join(map(str, CPU_FSDP_MIN_TORCH))} "
+              f"(this is {torch.__version__}: gpukit refuses it with a clear error, tested)")
+    for item in items:
+        if item.get_closest_marker("requires_cpu_fsdp") is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _skip_cpu_fsdp_on_old_torch(items)
     needs = [(item, m) for item in items for m in item.iter_markers() if m.name in ("requires_gpu", "requires_gpus")]
     if not needs:
         return

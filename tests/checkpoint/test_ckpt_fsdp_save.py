@@ -16,6 +16,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _fsdp_save_worker as worker  # noqa: E402
 
 
+pytestmark = pytest.mark.requires_cpu_fsdp  # FSDP on gloo CPU processes: torch >= 2.7
+
+
 @pytest.mark.slow
 def test_fsdp_model_saved_whole_by_save_and_export(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}

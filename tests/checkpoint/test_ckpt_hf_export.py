@@ -33,7 +33,11 @@ def _tiny_llama(seed: int = 0):  # type: ignore[no-untyped-def]
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
     torch.manual_seed(seed)
-    return transformers, transformers.LlamaForCausalLM(config).eval()
+    try:
+        return transformers, transformers.LlamaForCausalLM(config).eval()
+    except ImportError as exc:  # a transformers newer than this torch (5.x needs torch >= 2.6)
+        pytest.skip(f"transformers {transformers.__version__} does not run on torch {torch.__version__}: "
+                    f"{str(exc).strip().splitlines()[0]}")
 
 
 def _logits(model, tokens: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]

@@ -27,7 +27,7 @@ WORKER = Path(__file__).with_name("ckpt_sharded_worker.py")
 sys.path.insert(0, str(WORKER.parent))
 import ckpt_sharded_worker as worker  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.requires_cpu_fsdp]  # FSDP on gloo CPU processes: torch >= 2.7
 
 
 def _env() -> dict[str, str]:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
 import gpukit
 from gpukit.checkpoint import CheckpointManager
+
+pytestmark = pytest.mark.requires_cpu_fsdp  # FSDP on gloo CPU processes: torch >= 2.7
 
 
 def _pair(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -26,6 +26,8 @@ from gpukit.checkpoint._inspect import inspect_checkpoint
 from gpukit.checkpoint._shard_index import read_shard_index
 from gpukit.errors import CheckpointError, StateDictMismatchError, UnsafeCheckpointError
 
+pytestmark = pytest.mark.requires_cpu_fsdp  # FSDP on gloo CPU processes: torch >= 2.7
+
 STEP = "step_00000001"
 
 

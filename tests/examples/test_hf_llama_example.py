@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.requires_cpu_fsdp  # FSDP on gloo CPU processes: torch >= 2.7
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf_llama_finetune.py"
 
 

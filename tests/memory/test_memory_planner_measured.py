@@ -46,6 +46,7 @@ def test_measured_categories_match_the_plan() -> None:
     assert real.peak_bytes == pytest.approx(plan.peak_bytes, rel=0.05)
 
 
+@pytest.mark.requires_cpu_fsdp
 @pytest.mark.slow
 def test_fsdp_per_rank_peak_at_two_ranks(tmp_path: Path) -> None:
     """shard_estimate against both ranks' measured peaks under FSDP (2 gloo processes): the MLP

@@ -114,7 +114,7 @@ def test_pipeline_stages_and_compile_give_the_same_weights() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.requires_cpu_fsdp)])
 def test_two_processes_same_weights_and_checkpoint_loads_plain(strategy: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     cmd = [sys.executable, "-m", "gpukit", "run", "--cpu", "--nproc", "2", worker.__file__, strategy, str(tmp_path)]

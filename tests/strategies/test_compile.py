@@ -52,7 +52,8 @@ def test_user_compile_kept_on_one_device(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "how", "returned"), [
     ("ddp", "user", "DistributedDataParallel"),  # torch.compile(model) before setup: the DDP wrapper compiled
-    ("fsdp", "session", "FSDPTiny"),  # Session(compile=True): each FSDP unit compiled
+    pytest.param("fsdp", "session", "FSDPTiny",  # Session(compile=True): each FSDP unit compiled
+                 marks=pytest.mark.requires_cpu_fsdp),
 ])
 def test_compile_kept_on_two_processes(tmp_path: Path, strategy: str, how: str, returned: str) -> None:
     records = _run(tmp_path, strategy, how)

@@ -18,7 +18,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))
 import _fsdp_worker as worker  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.requires_cpu_fsdp]  # FSDP on gloo CPU processes: torch >= 2.7
 
 
 def _train(out: Path, *where: str) -> dict[str, list[dict]]:

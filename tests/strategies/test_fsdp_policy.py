@@ -73,6 +73,7 @@ def test_fp16_mixed_is_refused_with_a_way_out() -> None:
         strategy.setup_module(nn.Linear(2, 2))
 
 
+@pytest.mark.requires_cpu_fsdp
 def test_a_meta_device_model_is_materialised_shard_by_shard() -> None:
     import gpukit
 
@@ -100,6 +101,7 @@ def test_a_meta_device_model_is_materialised_shard_by_shard() -> None:
         session.close()
 
 
+@pytest.mark.requires_cpu_fsdp
 def test_cpu_offload_and_bf16_mixed_gather_in_bf16_keep_fp32_shards() -> None:
     import gpukit
 
@@ -123,6 +125,7 @@ def test_cpu_offload_and_bf16_mixed_gather_in_bf16_keep_fp32_shards() -> None:
         session.close()
 
 
+@pytest.mark.requires_cpu_fsdp
 def test_banner_names_the_real_unit_count(capsys: pytest.CaptureFixture[str]) -> None:
     import gpukit
 
@@ -136,6 +139,7 @@ def test_banner_names_the_real_unit_count(capsys: pytest.CaptureFixture[str]) ->
         session.close()
 
 
+@pytest.mark.requires_cpu_fsdp
 def test_bf16_mixed_batchnorm_is_a_unit_gathered_in_fp32() -> None:
     """batch_norm refuses bf16 weights beside its fp32 running statistics (which FSDP does not
     cast): under bf16-mixed a BatchNorm is a unit of its own, gathered in fp32 as autocast runs it."""
@@ -161,6 +165,7 @@ def test_bf16_mixed_batchnorm_is_a_unit_gathered_in_fp32() -> None:
         session.close()
 
 
+@pytest.mark.requires_cpu_fsdp
 def test_bf16_mixed_output_is_fp32_so_a_loss_outside_autocast_works() -> None:
     """FSDP computes in bf16 under bf16-mixed; the root's output comes back in fp32, as a loss under
     autocast is computed: ``mse_loss(model(x), y)`` with an fp32 target must backward (on an H100
@@ -177,5 +182,22 @@ def test_bf16_mixed_output_is_fp32_so_a_loss_outside_autocast_works() -> None:
         assert out.dtype == torch.float32 and inner == [torch.bfloat16]  # computed in bf16, returned in fp32
         session.backward(nn.functional.mse_loss(out, torch.randn(5, 4)))
         assert session.step(optimizer)
+    finally:
+        session.close()
+
+
+def test_fsdp_on_the_cpu_with_an_older_torch_is_refused_with_the_way_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.5's FSDP2 raised "FSDP requires CUDA for streams" at the first forward on CPU processes:
+    gpukit says so at setup, with what to do (seen with torch 2.5.1; the suite's floor run)."""
+    import gpukit
+    from gpukit.strategies import _fsdp_api
+
+    monkeypatch.setattr(_fsdp_api, "_torch_version", lambda: (2, 5))
+    session = gpukit.Session(strategy="fsdp", accelerator="cpu", verbose=False)
+    try:
+        model = nn.Linear(4, 4)
+        with pytest.raises(ConfigurationError, match=r"strategy='fsdp' on CPU processes needs torch >= 2\.7.*"
+                                                     r"Use strategy='ddp' on the CPU, run FSDP on GPUs"):
+            session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     finally:
         session.close()

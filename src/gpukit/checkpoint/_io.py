@@ -33,6 +33,7 @@ from gpukit.checkpoint._formats import (
 )
 from gpukit.checkpoint._lazy import LazyCheckpoint, open_lazy
 from gpukit.checkpoint._prefixes import strip_wrapper_prefixes
+from gpukit.checkpoint._record_sizes import check_record_sizes
 from gpukit.errors import CheckpointError, ConfigurationError, GpukitError, UnsafeCheckpointError
 
 __all__ = ["save", "load", "load_lazy", "to_saveable", "auto_map_location"]
@@ -219,6 +220,8 @@ def _unsafe_reason(message: str) -> str | None:
 
 def _load_torch(path: Path, map_location: Any, trust: bool) -> Any:
     location = auto_map_location if map_location == "auto" else map_location
+    if not trust and sniff_format(path, path.stat().st_size) == TORCH_ZIP:
+        check_record_sizes(path)  # torch 2.5 reads a short record as garbage, without a word
     try:
         with warnings.catch_warnings():  # torch's note on a legacy file's pickle protocol is no use here
             warnings.filterwarnings("ignore", message="Detected pickle protocol")

@@ -36,7 +36,7 @@ from gpukit.errors import ConfigurationError
 from gpukit.placement import unwrap_model
 from gpukit.precision import STATS_NORM_LAYERS, MixedPrecision, fsdp_own_unit_layers
 from gpukit.strategies._checkpointing import check_policy
-from gpukit.strategies._fsdp_api import fsdp_api
+from gpukit.strategies._fsdp_api import check_fsdp_device, fsdp_api
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies._wrap import DEFAULT_MIN_UNIT_PARAMS, AutoWrap, units_to_shard
 from gpukit.strategies.ddp import DDPStrategy
@@ -117,6 +117,7 @@ class FSDPStrategy(DDPStrategy):
         )
 
     def _policies(self) -> dict[str, Any]:
+        check_fsdp_device(self.root_device.type)
         api = fsdp_api()
         precision = self.precision
         if isinstance(precision, MixedPrecision):
