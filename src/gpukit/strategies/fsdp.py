@@ -117,7 +117,6 @@ class FSDPStrategy(DDPStrategy):
         )
 
     def _policies(self) -> dict[str, Any]:
-        check_fsdp_device(self.root_device.type)
         api = fsdp_api()
         precision = self.precision
         if isinstance(precision, MixedPrecision):
@@ -130,6 +129,7 @@ class FSDPStrategy(DDPStrategy):
             mp = api.MixedPrecisionPolicy(param_dtype=precision.autocast_dtype, reduce_dtype=torch.float32)
         else:
             mp = api.MixedPrecisionPolicy()  # fp32, or weights already converted ("-true")
+        check_fsdp_device(self.root_device.type)  # after the precision: a wrong setting is wrong on any torch
         offload = (api.CPUOffloadPolicy(pin_memory=not self.accelerator.is_host) if self.cpu_offload
                    else api.OffloadPolicy())
         return {"mp_policy": mp, "offload_policy": offload, "reshard_after_forward": self.reshard_after_forward}
