@@ -10,8 +10,6 @@ SIGTERM into :func:`stop_requested` so a run can checkpoint and exit with
 from __future__ import annotations
 
 from gpukit.launch._api import DEFAULT_GRACE_S, GRACE_ENV, RUN_ID_ENV, launch_function, launch_script
-from gpukit.launch._cluster import node_topology, scheduler_gpu_count
-from gpukit.launch._elastic import Topology
 from gpukit.launch._gpus import CPU_ENV, GpuRequest, parse_gpu_request
 from gpukit.launch._orphans import LAUNCHER_PID_ENV
 from gpukit.launch._preemption import (
@@ -24,6 +22,7 @@ from gpukit.launch._preemption import (
 )
 from gpukit.launch._signals import RunInterruptedError
 from gpukit.launch._summary import WorkerFailedError, WorkerFailure
+from gpukit.launch._topology import Topology, node_topology, scheduler_gpu_count
 
 __all__ = [
     "launch_function",

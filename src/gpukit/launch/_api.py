@@ -23,9 +23,8 @@ from gpukit._util.cpu import usable_cpu_count
 from gpukit.cluster import MAX_REQUEUES_ENV, announce, check_max_requeues, environment
 from gpukit._util.timeouts import TIMEOUT_ENV, parse_timeout_s
 from gpukit.errors import ConfigurationError
-from gpukit.launch._cluster import node_topology, scheduler_gpu_count
 from gpukit.launch._worker import run_function
-from gpukit.launch._elastic import Topology, run_workers
+from gpukit.launch._elastic import run_workers
 from gpukit.launch._gpus import DevicePlan, GpuRequest, plan_devices
 from gpukit.launch._notebook import check_fork, needs_fork, run_forked_function
 from gpukit.launch._orphans import LAUNCHER_PID_ENV
@@ -33,6 +32,7 @@ from gpukit.launch._preemption import PREEMPT_SIGNAL_ENV, parse_preempt_signal
 from gpukit.launch._preemption import preempt_signal as default_preempt_signal
 from gpukit.launch._requeue import max_requeues_from_env, requeue_after_preemption
 from gpukit.launch._signals import RunInterruptedError, StopSignal, held_signals_raise, raise_if_held
+from gpukit.launch._topology import Topology, check_topology, node_topology, scheduler_gpu_count
 
 __all__ = ["launch_function", "launch_script", "GRACE_ENV", "RUN_ID_ENV", "MAX_NPROC_ENV", "DEFAULT_GRACE_S"]
 
@@ -78,25 +78,6 @@ def _check_nproc_cap(nproc: int) -> None:
             f"CPU core(s) and the cap is {cap} (4 per core, at least 8). Use fewer, spread the job over "
             f"machines (--nnodes), or raise the cap with {MAX_NPROC_ENV}={nproc} if you mean it."
         )
-
-
-def _check_topology(topology: Topology) -> None:
-    _check_int("nnodes (--nnodes)", topology.nnodes, 1)
-    _check_int("node_rank (--node-rank)", topology.node_rank, 0)
-    if topology.node_rank >= topology.nnodes:
-        raise ConfigurationError(
-            f"--node-rank {topology.node_rank} is out of range for --nnodes {topology.nnodes}: "
-            f"use 0..{topology.nnodes - 1}."
-        )
-    if topology.nnodes > 1 and not topology.master_addr:
-        raise ConfigurationError(
-            f"--nnodes {topology.nnodes} needs --master-addr: the address of node 0, the same on every node."
-        )
-    if not 1 <= topology.master_port <= 65535:
-        raise ConfigurationError(f"--master-port must be in 1..65535, got {topology.master_port}.")
-    if not 0 < topology.rdzv_timeout_s < math.inf:
-        raise ConfigurationError(
-            f"--rdzv-timeout must be a finite number of seconds > 0, got {topology.rdzv_timeout_s}.")
 
 
 def _check_target(target: str, module: bool) -> None:
@@ -289,7 +270,7 @@ def launch_script(
     """
     topology = topology or node_topology()
     _check_run_settings(nproc, max_restarts, grace_s)
-    _check_topology(topology)
+    check_topology(topology)
     _check_target(target, module)
     if timeout_s is not None:
         parse_timeout_s(timeout_s, "timeout_s (--timeout)")  # before any GPU is claimed

@@ -24,7 +24,6 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 from gpukit._util.timeouts import collective_timeout_s
@@ -43,37 +42,11 @@ from gpukit.launch._signals import (
 )
 from gpukit.launch._stop_report import interrupted_outcome, report_stop
 from gpukit.launch._summary import WorkerFailedError, WorkerFailure
+from gpukit.launch._topology import Topology
 
-__all__ = ["Topology", "run_workers"]
+__all__ = ["run_workers"]
 
 _MONITOR_INTERVAL_S = 0.1
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Where the workers run: one machine, or node ``node_rank`` of ``nnodes``.
-
-    Attributes:
-        nnodes: Machines taking part.
-        node_rank: This machine's number; node 0 hosts the rendezvous.
-        master_addr: Address of node 0 (required when ``nnodes > 1``).
-        master_port: Port of the rendezvous on node 0.
-        local_addr: This node's address as the other nodes reach it; by default the
-            address of the interface that routes to ``master_addr``.
-        rdzv_timeout_s: How long to wait for the master to answer and the nodes to join.
-    """
-
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str | None = None
-    master_port: int = 29500
-    local_addr: str | None = None
-    rdzv_timeout_s: float = 300.0
-
-    @property
-    def single_machine(self) -> bool:
-        """One node and no master address given: everything on localhost."""
-        return self.nnodes == 1 and self.master_addr is None
 
 
 def _import_torch_quietly(verbose: bool) -> None:

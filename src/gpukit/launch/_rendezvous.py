@@ -22,12 +22,10 @@ import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpukit.errors import LaunchError
-
-if TYPE_CHECKING:
-    from gpukit.launch._elastic import Topology
+from gpukit.launch._topology import Topology
 
 __all__ = ["LOCALHOST", "cheaper_rendezvous", "rendezvous_error", "rendezvous_parameters", "rendezvous_where", "route_addr"]
 
