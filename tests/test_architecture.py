@@ -80,3 +80,29 @@ def test_the_check_sees_an_import_that_runs_up(tmp_path: Path) -> None:
     bad = tmp_path / "x.py"
     bad.write_text("def f():\n    from gpukit.session import Session\n")
     assert _imports(bad) == [(2, "gpukit.session")]
+
+
+ENV_NAMES = PACKAGE / "_util" / "envvars.py"
+
+
+def _env_name_literals(path: Path) -> list[tuple[int, str]]:
+    """``(line, name)`` for every string constant in ``path`` that is exactly a ``GPUKIT_*`` name."""
+    return [(node.lineno, node.value) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and re.fullmatch(r"GPUKIT_[A-Z0-9_]+", node.value)]
+
+
+def test_each_gpukit_variable_is_named_once() -> None:
+    """``_util/envvars.py`` names every ``GPUKIT_*`` variable, once; code elsewhere uses its constants."""
+    names = [name for _, name in _env_name_literals(ENV_NAMES)]
+    assert len(names) == len(set(names)), f"named twice in {ENV_NAMES.name}: {sorted(n for n in names if names.count(n) > 1)}"
+    elsewhere = [f"{path.relative_to(ROOT)}:{line} spells {name}"
+                 for path in sorted(PACKAGE.rglob("*.py")) if path != ENV_NAMES
+                 for line, name in _env_name_literals(path)]
+    assert not elsewhere, "use the constant of gpukit._util.envvars instead:\n" + "\n".join(elsewhere)
+
+
+def test_the_name_check_sees_a_second_spelling(tmp_path: Path) -> None:
+    bad = tmp_path / "x.py"
+    bad.write_text('import os\nos.environ.get("GPUKIT_RUN_DIR")\nprint("GPUKIT_RUN_DIR is a directory")\n')
+    assert _env_name_literals(bad) == [(2, "GPUKIT_RUN_DIR")]

@@ -11,11 +11,11 @@ import math
 import os
 from typing import Any
 
+from gpukit._util.envvars import TIMEOUT_ENV
 from gpukit.errors import ConfigurationError
 
 __all__ = ["TIMEOUT_ENV", "DEFAULT_TIMEOUT_S", "parse_timeout_s", "collective_timeout_s"]
 
-TIMEOUT_ENV = "GPUKIT_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 1800.0
 
 

@@ -22,13 +22,14 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from gpukit._util.envvars import CKPT_TIMEOUT_ENV
 from gpukit._util.timeouts import collective_timeout_s
 from gpukit.errors import CheckpointError
 
 __all__ = ["DistContext", "current_dist", "TIMEOUT_ENV", "checkpoint_group", "timeout_s"]
 
 T = TypeVar("T")
-TIMEOUT_ENV = "GPUKIT_CKPT_TIMEOUT_S"
+TIMEOUT_ENV = CKPT_TIMEOUT_ENV
 _DEFAULT_TIMEOUT_S = 300.0
 _groups: dict[Any, Any] = {}  # the training group -> its checkpoint group
 _rounds = itertools.count()  # every rank runs the same checkpoint collectives in the same order

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from gpukit._util.envvars import LAUNCHER_PID_ENV, PREEMPT_SIGNAL_ENV
 from gpukit.cluster._slurm import in_slurm_job, in_slurm_step, read_slurm, slurm_gpus
 from gpukit.cluster._vars import env_host, env_int, env_port
 from gpukit.errors import ConfigurationError, DistributedError
@@ -169,7 +170,7 @@ def _scheduler(env: Mapping[str, str]) -> dict[str, object]:
 _READ_PREFIXES = ("SLURM_", "PET_", "TORCHELASTIC_", "GROUP_")
 _READ_NAMES = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "KUBERNETES_SERVICE_HOST", "CUDA_VISIBLE_DEVICES", "GPUKIT_PREEMPT_SIGNAL",
+    "KUBERNETES_SERVICE_HOST", "CUDA_VISIBLE_DEVICES", PREEMPT_SIGNAL_ENV,
 )
 
 
@@ -223,7 +224,7 @@ def announce(env: ClusterEnvironment | None = None, *, force: bool = False) -> b
     env = env if env is not None else environment()
     if _announced and not force:
         return False
-    quiet = env.kind == "local" or (env.kind == "torchrun" and os.environ.get("GPUKIT_LAUNCHER_PID"))
+    quiet = env.kind == "local" or (env.kind == "torchrun" and os.environ.get(LAUNCHER_PID_ENV))
     if quiet or env.rank != 0:
         return False
     _announced = True

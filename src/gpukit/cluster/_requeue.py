@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from gpukit._util.envvars import MAX_REQUEUES_ENV
 from gpukit.cluster._detect import ClusterEnvironment
 from gpukit.errors import ConfigurationError
 
@@ -18,8 +19,6 @@ __all__ = ["DEFAULT_MAX_REQUEUES", "MAX_REQUEUES_ENV", "RequeueOutcome", "requeu
 
 #: How often a job may be requeued (``SLURM_RESTART_COUNT``) before gpukit stops requeuing it.
 DEFAULT_MAX_REQUEUES = 10
-#: ``gpukit run --max-requeues`` for processes started without it (``srun python train.py``).
-MAX_REQUEUES_ENV = "GPUKIT_MAX_REQUEUES"
 
 _SCONTROL_TIMEOUT_S = 30.0
 

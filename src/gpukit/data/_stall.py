@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from gpukit._util.envvars import DATA_TIMEOUT_ENV
 from gpukit._util.units import format_bytes
 from gpukit._util.warnings import is_internal, warn_at_user_code
 from gpukit.errors import ConfigurationError, DataStallError
@@ -44,7 +45,7 @@ __all__ = ["DEFAULT_DATA_TIMEOUT_S", "SharedMemoryWarning", "StallGuard", "resol
 
 #: long enough for any sane batch (and for spawned workers to import the script), but finite
 DEFAULT_DATA_TIMEOUT_S = 600.0
-_ENV = "GPUKIT_DATA_TIMEOUT_S"
+_ENV = DATA_TIMEOUT_ENV
 _SHM = "/dev/shm"
 
 _SHM_FIX = (

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gpukit._util.envvars import EXACT_TIMING_ENV
 from gpukit.accelerators import Accelerator
 from gpukit.monitor import Throughput
 
@@ -179,7 +180,7 @@ class StepTimings:
     ) -> None:
         self.accelerator = accelerator if accelerator is not None else Accelerator()
         self.rank = rank
-        self.exact = exact or os.environ.get("GPUKIT_EXACT_TIMING") == "1"
+        self.exact = exact or os.environ.get(EXACT_TIMING_ENV) == "1"
         self.report = report
         self._listeners: list[Callable[[StepTiming], Any]] = []
         self._next_step = 0

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from gpukit._util.envvars import TUNE_BUDGET_ENV
 from gpukit.accelerators import Accelerator
 from gpukit.data._loader_settings import LoaderSettings
 from gpukit.data._tune_cache import RETUNE_ENV, _cache_key, _read_cache, _write_cache
@@ -88,7 +89,7 @@ def tune_loader(
         ConfigurationError: bad arguments, or an IterableDataset (no random access to tune on).
     """
     if time_budget_s is None:
-        env = os.environ.get("GPUKIT_TUNE_BUDGET_S")
+        env = os.environ.get(TUNE_BUDGET_ENV)
         try:
             time_budget_s = float(env) if env else DEFAULT_TUNE_BUDGET_S
         except ValueError:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
+from gpukit._util.envvars import CACHE_DIR_ENV, RETUNE_ENV
 from gpukit.data._loader_settings import LoaderSettings
 from gpukit.data._workers import usable_cpu_count
 from gpukit.errors import GpukitError
@@ -27,13 +28,10 @@ from gpukit.errors import GpukitError
 __all__ = ["RETUNE_ENV", "cache_dir", "cache_file", "dataset_fingerprint"]
 
 _CACHE_FILE = "loader_tuning.json"
-#: set to 1 to measure again instead of using the cached settings
-RETUNE_ENV = "GPUKIT_RETUNE"
-
 
 def cache_dir() -> Path:
     """Where gpukit caches results per machine: ``$GPUKIT_CACHE_DIR`` or ``~/.cache/gpukit``."""
-    env = os.environ.get("GPUKIT_CACHE_DIR")
+    env = os.environ.get(CACHE_DIR_ENV)
     if env:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

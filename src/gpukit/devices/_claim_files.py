@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
+from gpukit._util.envvars import CLAIM_DIR_ENV
 from gpukit.errors import DeviceError
 
 if TYPE_CHECKING:
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CLAIM_DIR_ENV", "claim_holders", "claim_owners", "default_claim_dir"]
 
-CLAIM_DIR_ENV = "GPUKIT_CLAIM_DIR"
 # A selection probe may hold a lock for microseconds; a claimer retries this long before
 # concluding that the GPU is taken.
 _CONTENTION_GRACE_S = 0.05

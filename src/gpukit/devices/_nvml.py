@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
+from gpukit._util.envvars import FAKE_GPUS_ENV
 from gpukit.devices._override import backend_override, set_backend_override
 
 __all__ = [
@@ -33,7 +34,7 @@ __all__ = [
     "MEMORY_INFO_V2",
 ]
 
-FAKE_ENV = "GPUKIT_FAKE_GPUS"
+FAKE_ENV = FAKE_GPUS_ENV
 logger = logging.getLogger("gpukit.devices")
 
 try:  # nvidia-ml-py is a dependency, but a broken install must not break a CPU-only user

@@ -12,12 +12,10 @@ from typing import Any, Callable, Mapping
 
 from gpukit.cluster import ClusterEnvironment, environment
 from gpukit.devices import GpuSnapshot
+from gpukit._util.envvars import SHM_PATH_ENV
 from gpukit.errors import GpukitError
 
 __all__ = ["DoctorContext", "TorchBuild", "torch_build", "cuda_device_uuids", "SHM_PATH_ENV"]
-
-#: where ``gpukit doctor`` looks for the shared-memory filesystem (default ``/dev/shm``)
-SHM_PATH_ENV = "GPUKIT_SHM_PATH"
 
 
 @dataclass(frozen=True)

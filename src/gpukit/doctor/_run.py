@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from gpukit._util.envvars import FAKE_GPUS_ENV
 from gpukit.doctor._cluster import check_cluster
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._cuda import check_cuda_initialized, check_device_order, check_visible_devices
@@ -94,7 +95,7 @@ def build_report(ctx: DoctorContext, findings: list[Finding]) -> dict[str, Any]:
     report: dict[str, Any] = {
         "versions": versions(ctx),
         "torch_imported": ctx.torch.imported,
-        "nvml": ctx.nvml_reason or (f"fake GPUs ({ctx.env['GPUKIT_FAKE_GPUS']})" if ctx.env.get("GPUKIT_FAKE_GPUS")
+        "nvml": ctx.nvml_reason or (f"fake GPUs ({ctx.env[FAKE_GPUS_ENV]})" if ctx.env.get(FAKE_GPUS_ENV)
                                     else "ok"),
         "gpus": gpus,
         "cpus": details.get("system.cpus", {}),

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpukit._util.cpu import usable_cpu_count
+from gpukit._util.envvars import GRACE_ENV, MAX_NPROC_ENV, RUN_ID_ENV
 from gpukit.cluster import MAX_REQUEUES_ENV, announce, check_max_requeues, environment
 from gpukit._util.timeouts import TIMEOUT_ENV, parse_timeout_s
 from gpukit.errors import ConfigurationError
@@ -36,9 +37,6 @@ from gpukit.launch._topology import Topology, check_topology, node_topology, sch
 
 __all__ = ["launch_function", "launch_script", "GRACE_ENV", "RUN_ID_ENV", "MAX_NPROC_ENV", "DEFAULT_GRACE_S"]
 
-GRACE_ENV = "GPUKIT_GRACE_S"
-RUN_ID_ENV = "GPUKIT_RUN_ID"
-MAX_NPROC_ENV = "GPUKIT_MAX_NPROC"
 DEFAULT_GRACE_S = 10.0
 
 Echo = Callable[[str], None]

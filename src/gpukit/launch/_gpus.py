@@ -11,15 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from gpukit._util.envvars import CPU_ENV
 from gpukit.errors import ConfigurationError, GpuSelectionError
 
 __all__ = ["GpuRequest", "DevicePlan", "parse_gpu_request", "plan_devices", "CPU_ENV"]
 
 #: ``None`` (automatic), a count, ``"all"``, or specific GPUs (indices or UUIDs).
 GpuRequest = Union[None, int, str, Sequence[Union[int, str]]]
-
-#: Set to ``"1"`` in workers of a ``--cpu`` run (CUDA is also hidden from them).
-CPU_ENV = "GPUKIT_CPU"
 
 _GPU_FORMS = (
     "a count (--gpus 2), 'all', or a comma-separated list of GPU indices or UUIDs as "

@@ -19,11 +19,11 @@ import sys
 import threading
 from collections.abc import Iterable
 
+from gpukit._util.envvars import LAUNCHER_PID_ENV
 from gpukit._util.process import set_parent_death_signal
 
 __all__ = ["LAUNCHER_PID_ENV", "die_with_launcher", "Guardian"]
 
-LAUNCHER_PID_ENV = "GPUKIT_LAUNCHER_PID"
 _POLL_INTERVAL_S = 0.5
 
 

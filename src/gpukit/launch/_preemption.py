@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
 from typing import Union
 
+from gpukit._util.envvars import PREEMPT_SIGNAL_ENV, RUN_DIR_ENV
 from gpukit.launch._stop_markers import AGREED, BEFORE_START, FINISHED, read_markers, write_marker
 from gpukit.monitor._events import emit
 
@@ -51,10 +52,6 @@ __all__ = [
     "install_startup_stop",
     "RUN_DIR_ENV",
 ]
-
-#: Directory ``gpukit run`` creates for one run; workers leave stop markers (and heartbeats)
-#: there for the launcher to read.
-RUN_DIR_ENV = "GPUKIT_RUN_DIR"
 
 #: Exit code of ``gpukit run`` (and what a worker may exit with) when a run stopped
 #: because it was asked to -- preempted -- and its workers stopped cleanly. It is
@@ -154,9 +151,6 @@ def stop_signal_name() -> str | None:
     return _received[0] if _received else None
 
 
-#: The signal that means "preempted soon: save and requeue" -- SLURM's ``--signal``. Set by
-#: ``gpukit run --signal`` for its workers; set it yourself for ``srun python train.py``.
-PREEMPT_SIGNAL_ENV = "GPUKIT_PREEMPT_SIGNAL"
 #: SIGUSR2 by default: NCCL and some MPI stacks use SIGUSR1 themselves (submitit's choice too).
 DEFAULT_PREEMPT_SIGNAL = "USR2"
 PREEMPT_SIGNAL_CHOICES = ("USR2", "USR1", "TERM")

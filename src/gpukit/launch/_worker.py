@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from gpukit._util.envvars import STOP_EXIT_ENV
 from gpukit._util.units import whole_number
 from gpukit.launch._orphans import die_with_launcher
 from gpukit.launch._preemption import (
@@ -130,16 +131,15 @@ def _leaves_a_group() -> bool:
     return whole_number(os.environ.get("WORLD_SIZE", "")) not in (None, 0, 1)
 
 
-#: How a worker whose stop is finished, or whose script ended after its Session created a
-#: process group, leaves (bench/preemption.py compares them):
-#: ``hooks`` (default) runs the exit hooks -- the Session's leaves the process group --
-#: then ``os._exit``; ``python`` leaves as Python does (hooks, then the interpreter's teardown,
-#: where gloo's and the loaders' destructors ran for 4-12 s under load); ``now`` skips the hooks.
-STOP_EXIT_ENV = "GPUKIT_STOP_EXIT"
-
-
 def _leave_after_stop(code: int) -> None:
-    """The stop is finished and marked: leave fast. Returns only in ``python`` mode."""
+    """The stop is finished and marked: leave fast. Returns only in ``python`` mode.
+
+    How a worker whose stop is finished, or whose script ended after its Session created a
+    process group, leaves (``GPUKIT_STOP_EXIT``; bench/preemption.py compares them):
+    ``hooks`` (default) runs the exit hooks -- the Session's leaves the process group --
+    then ``os._exit``; ``python`` leaves as Python does (hooks, then the interpreter's teardown,
+    where gloo's and the loaders' destructors ran for 4-12 s under load); ``now`` skips the hooks.
+    """
     mode = os.environ.get(STOP_EXIT_ENV, "hooks")
     if mode == "python":
         return

@@ -22,6 +22,7 @@ from typing import IO, Any
 
 import torch
 
+from gpukit._util.envvars import OOM_DIR_ENV
 from gpukit._util.units import format_bytes
 from gpukit.accelerators import auto_device_type, get_accelerator
 from gpukit.memory._live import live_tensors, storage_bytes, storage_key
@@ -86,7 +87,7 @@ def largest_allocations(snapshot: dict[str, Any], top: int = 10) -> list[Allocat
 
 
 def _default_path(directory: str | os.PathLike[str] | None) -> Path:
-    folder = Path(directory if directory is not None else os.environ.get("GPUKIT_OOM_DIR", "."))
+    folder = Path(directory if directory is not None else os.environ.get(OOM_DIR_ENV, "."))
     return folder / f"gpukit-oom-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.pickle"
 
 

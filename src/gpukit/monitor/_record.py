@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpukit._util.envvars import RECORD_DIR_ENV
 from gpukit.errors import ConfigurationError
 from gpukit.monitor import _events
 from gpukit.monitor._system import SystemSampler
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 __all__ = ["RECORD_DIR_ENV", "RECORD_FORMAT", "RECORD_VERSION", "Recorder", "log_event", "record_path",
            "start_recorder"]
 
-RECORD_DIR_ENV = "GPUKIT_RECORD_DIR"
 RECORD_FORMAT = "gpukit-record"
 RECORD_VERSION = 1
 _TB_STEP_POINTS_PER_FLUSH = 10

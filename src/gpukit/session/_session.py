@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from gpukit import memory as _memory
+from gpukit._util.envvars import CPU_ENV
 from gpukit._util.timeouts import parse_timeout_s
 from gpukit.accelerators import Accelerator
 from gpukit.data import DeviceLoader, StepTimings, TimingSummary, build_loader
@@ -99,7 +100,7 @@ class Session:
         self._config = {name: value for name, value in locals().items() if name != "self"}
         check_session_options(accumulate_grad_batches, seed)
         watch_every = check_memory_options(oom, watch_memory, sync_batchnorm)  # before any set-up
-        if accelerator == "auto" and os.environ.get("GPUKIT_CPU") == "1":
+        if accelerator == "auto" and os.environ.get(CPU_ENV) == "1":
             accelerator = self._config["accelerator"] = "cpu"  # `gpukit run --cpu`: gloo even where GPUs exist
         self._compile = check_compile(compile)
         self.strategy: Strategy = select_strategy(devices, strategy, accelerator, sync_batchnorm=sync_batchnorm)
