@@ -77,6 +77,7 @@ def test_imports_point_down_the_layers() -> None:
 def test_the_check_sees_an_import_that_runs_up(tmp_path: Path) -> None:
     rows = _layers()
     assert rows["cli"] < rows["session"] < rows["launch"] < rows["devices"] < rows["_util"] < rows["errors"]
+    assert rows["launch"] < rows["strategies"] < rows["checkpoint"] < rows["worker"] < rows["monitor"]
     bad = tmp_path / "x.py"
     bad.write_text("def f():\n    from gpukit.session import Session\n")
     assert _imports(bad) == [(2, "gpukit.session")]

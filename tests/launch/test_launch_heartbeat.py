@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from gpukit.launch._heartbeat import StallMonitor, stall_threshold_s
+from gpukit.launch._stall import StallMonitor, stall_threshold_s
 
 
 def _beat(run_dir: Path, rank: int, now: float, waiting_since: float | None, where: str = "") -> None:

@@ -16,9 +16,8 @@ from launch_helpers import assert_none_survive, gpukit_command
 from gpukit.cluster import environment, requeue_job
 from gpukit.errors import ConfigurationError
 from gpukit.launch import PREEMPTED_EXIT_CODE, install_preemption_handler, stop_requested
-from gpukit.launch._preemption import parse_preempt_signal, preempt_signal, session_stop_signals
-from gpukit.launch._preemption import stop_signal_name
-from gpukit.launch._requeue import max_requeues_from_env, requeue_after_preemption
+from gpukit.worker import max_requeues_from_env, parse_preempt_signal, preempt_signal, requeue_after_preemption
+from gpukit.worker import session_stop_signals, stop_signal_name
 
 SESSION_STOP = str(Path(__file__).parent / "scripts" / "session_stop.py")
 SLURM_JOB = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
@@ -158,8 +157,7 @@ def test_srun_python_rank_0_requeues_as_it_exits(tmp_path: Path, sent: str, requ
     _fake_scontrol(tmp_path)
     code = (
         "import os, signal, sys\n"
-        "from gpukit.launch._preemption import install_preemption_handler, session_stop_signals\n"
-        "from gpukit.launch._requeue import requeue_at_exit\n"
+        "from gpukit.worker import install_preemption_handler, requeue_at_exit, session_stop_signals\n"
         "install_preemption_handler(session_stop_signals())\n"
         "assert requeue_at_exit()\n"
         f"os.kill(os.getpid(), signal.{sent})\n"

@@ -82,7 +82,7 @@ def test_a_crash_found_first_is_not_hidden_by_workers_that_then_stopped_cleanly(
 def test_preemption_notice_names_no_rank_outside_a_job(monkeypatch, capfd):
     import signal
 
-    from gpukit.launch import _preemption
+    from gpukit.worker import _stop as _preemption
 
     monkeypatch.delenv("RANK", raising=False)
     _preemption.clear_stop_request()

@@ -38,7 +38,7 @@ def test_a_second_stop_signal_during_the_first_is_one_stop(tmp_path: Path) -> No
     # Python runs the second handler inside the first; it must not report (and mark) a second stop
     script = textwrap.dedent("""
         import os, signal
-        from gpukit.launch import _preemption
+        from gpukit.worker import _stop as _preemption
         real = _preemption.write_marker
         def marker_then_second_signal(*args):
             real(*args)

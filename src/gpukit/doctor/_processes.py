@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
+from gpukit._util.envvars import LAUNCHER_PID_ENV
 from gpukit._util.units import format_bytes, whole_number
 from gpukit.devices import CLAIM_DIR_ENV, GpuProcess, GpuSnapshot, _nvml, claim_holders, default_claim_dir
 from gpukit.devices._claim_files import _read_owner
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
-from gpukit.launch._orphans import LAUNCHER_PID_ENV
 
 __all__ = ["ProcessState", "inspect_pid", "check_gpu_processes", "check_claims"]
 

@@ -1,18 +1,21 @@
-"""Launch workers the way torchrun does -- through PyTorch's elastic agent -- on the GPUs
-gpukit claims, and never leave a process behind.
+"""The launcher process: launch workers the way torchrun does -- through PyTorch's elastic agent --
+on the GPUs gpukit claims, and never leave a process behind.
 
 ``gpukit run`` is the command-line face of :func:`launch_script`; ``Session.launch``
-calls :func:`launch_function`. Inside workers, :func:`install_preemption_handler` turns
-SIGTERM into :func:`stop_requested` so a run can checkpoint and exit with
-:data:`PREEMPTED_EXIT_CODE`. Importing this package does not import torch.
+calls :func:`launch_function`. What runs inside the workers is :mod:`gpukit.worker` (its stop
+flag is re-exported here: :func:`install_preemption_handler`, :func:`stop_requested`,
+:data:`PREEMPTED_EXIT_CODE`). Importing this package does not import torch.
 """
 
 from __future__ import annotations
 
+from gpukit._util.envvars import LAUNCHER_PID_ENV
 from gpukit.launch._api import DEFAULT_GRACE_S, GRACE_ENV, RUN_ID_ENV, launch_function, launch_script
 from gpukit.launch._gpus import CPU_ENV, GpuRequest, parse_gpu_request
-from gpukit.launch._orphans import LAUNCHER_PID_ENV
-from gpukit.launch._preemption import (
+from gpukit.launch._signals import RunInterruptedError
+from gpukit.launch._summary import WorkerFailedError, WorkerFailure
+from gpukit.launch._topology import Topology, node_topology, scheduler_gpu_count
+from gpukit.worker import (  # the worker side, for scripts that import it from here
     PREEMPTED_EXIT_CODE,
     clear_stop_request,
     install_preemption_handler,
@@ -20,9 +23,6 @@ from gpukit.launch._preemption import (
     stop_requested,
     uninstall_preemption_handler,
 )
-from gpukit.launch._signals import RunInterruptedError
-from gpukit.launch._summary import WorkerFailedError, WorkerFailure
-from gpukit.launch._topology import Topology, node_topology, scheduler_gpu_count
 
 __all__ = [
     "launch_function",

@@ -20,20 +20,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpukit._util.cpu import usable_cpu_count
-from gpukit._util.envvars import GRACE_ENV, MAX_NPROC_ENV, RUN_ID_ENV
+from gpukit._util.envvars import GRACE_ENV, LAUNCHER_PID_ENV, MAX_NPROC_ENV, PREEMPT_SIGNAL_ENV, RUN_ID_ENV
 from gpukit.cluster import MAX_REQUEUES_ENV, announce, check_max_requeues, environment
 from gpukit._util.timeouts import TIMEOUT_ENV, parse_timeout_s
 from gpukit.errors import ConfigurationError
-from gpukit.launch._worker import run_function
 from gpukit.launch._elastic import run_workers
 from gpukit.launch._gpus import DevicePlan, GpuRequest, plan_devices
-from gpukit.launch._notebook import check_fork, needs_fork, run_forked_function
-from gpukit.launch._orphans import LAUNCHER_PID_ENV
-from gpukit.launch._preemption import PREEMPT_SIGNAL_ENV, parse_preempt_signal
-from gpukit.launch._preemption import preempt_signal as default_preempt_signal
-from gpukit.launch._requeue import max_requeues_from_env, requeue_after_preemption
+from gpukit.launch._notebook import check_fork, needs_fork
 from gpukit.launch._signals import RunInterruptedError, StopSignal, held_signals_raise, raise_if_held
 from gpukit.launch._topology import Topology, check_topology, node_topology, scheduler_gpu_count
+from gpukit.worker import (
+    max_requeues_from_env,
+    parse_preempt_signal,
+    requeue_after_preemption,
+    run_forked_function,
+    run_function,
+)
+from gpukit.worker import preempt_signal as default_preempt_signal
 
 __all__ = ["launch_function", "launch_script", "GRACE_ENV", "RUN_ID_ENV", "MAX_NPROC_ENV", "DEFAULT_GRACE_S"]
 
@@ -320,7 +323,7 @@ def _launch_script_workers(target: str, script_args: Sequence[str], *, module: b
         _announce(echo, plan, workers, topology)
         run_id = f"gpukit-{uuid.uuid4().hex[:12]}" if topology.single_machine else f"gpukit-{topology.master_port}"
         plan.label_claim(run_id, workers, topology.node_rank)
-        command = ("-u", "-m", "gpukit.launch._bootstrap", *(("-m",) if module else ()), target, *script_args)
+        command = ("-u", "-m", "gpukit.worker._bootstrap", *(("-m",) if module else ()), target, *script_args)
         env = {**_worker_env(plan, nproc=workers, grace_s=grace_s, run_id=run_id, timeout_s=timeout_s),
                PREEMPT_SIGNAL_ENV: preempt.name[3:], MAX_REQUEUES_ENV: str(limit)}
         run_workers(

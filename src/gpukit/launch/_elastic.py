@@ -26,12 +26,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+from gpukit._util.envvars import RUN_DIR_ENV
 from gpukit._util.timeouts import collective_timeout_s
 from gpukit.errors import LaunchError
-from gpukit.launch._heartbeat import Stall, StallMonitor, stall_threshold_s
+from gpukit.launch._guardian import Guardian
 from gpukit.launch._notebook import frozen_heap
-from gpukit.launch._orphans import Guardian
-from gpukit.launch._preemption import PREEMPTED_EXIT_CODE, RUN_DIR_ENV, stop_markers
 from gpukit.launch._rendezvous import cheaper_rendezvous, rendezvous_error, rendezvous_parameters, rendezvous_where
 from gpukit.launch._signals import (
     RunInterruptedError,
@@ -40,9 +39,11 @@ from gpukit.launch._signals import (
     kill_now,
     launcher_signals,
 )
+from gpukit.launch._stall import Stall, StallMonitor, stall_threshold_s
 from gpukit.launch._stop_report import interrupted_outcome, report_stop
 from gpukit.launch._summary import WorkerFailedError, WorkerFailure
 from gpukit.launch._topology import Topology
+from gpukit.worker import PREEMPTED_EXIT_CODE, stop_markers
 
 __all__ = ["run_workers"]
 

@@ -17,15 +17,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import multiprocessing
-import os
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["is_interactive", "is_kernel", "needs_fork", "check_fork", "frozen_heap", "run_forked_function", "FORK"]
+__all__ = ["is_interactive", "needs_fork", "check_fork", "frozen_heap", "FORK"]
 
 FORK = "fork"
 
@@ -37,18 +35,6 @@ def is_interactive() -> bool:
     """
     main = sys.modules.get("__main__")
     return main is None or not getattr(main, "__file__", None)
-
-
-def is_kernel() -> bool:
-    """Whether this process is a notebook kernel or an interactive prompt (not a launched worker).
-
-    A Session there installs no stop-signal handler: SIGTERM means "shut the kernel down",
-    and workers forked from it would inherit the handler.
-    """
-    from gpukit.launch._orphans import LAUNCHER_PID_ENV
-
-    interactive = "ipykernel" in sys.modules or hasattr(sys, "ps1") or bool(sys.flags.interactive)
-    return interactive and not os.environ.get(LAUNCHER_PID_ENV)
 
 
 class _Discard:
@@ -135,22 +121,3 @@ def frozen_heap() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
-
-
-def _reset_inherited_signals() -> None:
-    # the kernel's own handlers (ipykernel's SIGINT, anything a cell installed) are not the worker's
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(signum, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def run_forked_function(fn: Callable[..., Any], *args: Any) -> Any:
-    """Entry point of a forked function worker: the supervision of a spawned one, then ``fn(*args)``."""
-    from gpukit.launch._worker import run_function
-
-    _reset_inherited_signals()
-    threads = os.environ.get("OMP_NUM_THREADS")
-    torch = sys.modules.get("torch")
-    if threads and threads.isdigit() and torch is not None:
-        torch.set_num_threads(int(threads))  # the kernel's torch read its thread count long before the fork
-    return run_function(fn, *args)

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 from gpukit.errors import LaunchError
-from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
+from gpukit.worker import PREEMPTED_EXIT_CODE
 
 __all__ = [
     "STOP_SIGNALS",

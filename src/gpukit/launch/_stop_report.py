@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
 from gpukit.launch._signals import RunInterruptedError
-from gpukit.launch._stop_markers import BEFORE_START, read_markers
+from gpukit.worker import BEFORE_START, PREEMPTED_EXIT_CODE, read_markers
 
 __all__ = ["NodeReports", "exchange_stop_reports", "interrupted_outcome", "report_stop", "REPORT_WAIT_EXTRA_S"]
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpukit.errors import LaunchError
-from gpukit.launch._preemption import PREEMPTED_EXIT_CODE
+from gpukit.worker import PREEMPTED_EXIT_CODE
 
 __all__ = ["WorkerFailure", "WorkerFailedError", "order_failures", "format_summary", "HANG_EXIT_CODE"]
 

@@ -3,7 +3,7 @@ state that checkpoints carry.
 
 The Session holds one :class:`RunState` and delegates ``should_stop``, ``save_checkpoint``,
 ``resume``, ``state_dict`` and ``load_state_dict`` to it. ``should_stop`` turns a stop request (SIGTERM/SIGINT caught by
-:mod:`gpukit.launch._preemption`) into one answer on every rank; the state is the step counter,
+:mod:`gpukit.worker`) into one answer on every rank; the state is the step counter,
 the precision's (GradScaler) state and the micro-batch size OOM back-off settled on.
 """
 
@@ -45,7 +45,7 @@ class RunState:
 
     def should_stop(self) -> bool:
         """Whether any rank was asked to stop; every rank gets the same answer (one all-reduce)."""
-        from gpukit.launch._preemption import mark_stop_agreed, stop_requested
+        from gpukit.worker import mark_stop_agreed, stop_requested
 
         stop = stop_requested()
         strategy = self._strategy

@@ -1,6 +1,6 @@
 """The per-process services a Session starts, in one place, and stops at ``close``.
 
-* stop signals become ``session.should_stop`` (:mod:`gpukit.launch._preemption`);
+* stop signals become ``session.should_stop`` (:mod:`gpukit.worker`);
 * under ``gpukit run``, a heartbeat lets the launcher name a rank that stalls;
 * ``srun python`` jobs requeue themselves at exit when stopped by the scheduler's signal;
 * the cluster the job runs in is announced once (rank 0, when verbose);
@@ -36,16 +36,13 @@ class SessionServices:
         self, *, strategy: Strategy, precision: Precision, accelerator: Accelerator, timings: StepTimings,
         record: str | os.PathLike[str] | None, verbose: bool,
     ) -> None:
-        from gpukit.launch._preemption import install_preemption_handler, session_stop_signals
-        from gpukit.launch._requeue import requeue_at_exit
         from gpukit.monitor._record import start_recorder
-
-        from gpukit.launch._notebook import is_kernel
+        from gpukit.worker import install_preemption_handler, is_kernel, requeue_at_exit, session_stop_signals
 
         if not is_kernel():  # a notebook kernel keeps its own SIGTERM (and its forked workers inherit none)
             install_preemption_handler(session_stop_signals())  # SIGTERM becomes `should_stop`
         if strategy.launched:  # under gpukit run: the launcher names a rank that stalls
-            from gpukit.launch._heartbeat import start_heartbeat
+            from gpukit.worker import start_heartbeat
 
             start_heartbeat(strategy.rank, strategy.world_size)
         requeue_at_exit()  # `srun python`: rank 0 requeues a job stopped by --signal, at exit

@@ -19,6 +19,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from gpukit._util.envvars import LAUNCHER_PID_ENV
 from gpukit.cluster import (
     DEFAULT_MAX_REQUEUES,
     MAX_REQUEUES_ENV,
@@ -28,8 +29,8 @@ from gpukit.cluster import (
     environment,
     requeue_job,
 )
-from gpukit.launch._orphans import LAUNCHER_PID_ENV
-from gpukit.launch._preemption import preempt_signal, stop_requested, stop_signal_name
+from gpukit.worker._stop import stop_requested, stop_signal_name
+from gpukit.worker._stop_signals import preempt_signal
 
 __all__ = ["requeue_after_preemption", "requeue_at_exit", "max_requeues_from_env"]
 

@@ -1,4 +1,4 @@
-"""What every worker runs first (``python -m gpukit.launch._bootstrap script.py args...``
+"""What every worker runs first (``python -m gpukit.worker._bootstrap script.py args...``
 for scripts, :func:`run_function` for functions).
 
 It makes the worker die with its launcher (see ``_orphans``), then runs the user's script
@@ -24,18 +24,13 @@ from typing import Any, NoReturn
 
 from gpukit._util.envvars import STOP_EXIT_ENV
 from gpukit._util.units import whole_number
-from gpukit.launch._orphans import die_with_launcher
-from gpukit.launch._preemption import (
-    PREEMPTED_EXIT_CODE,
-    _flush_stdio,
-    finish_agreed_stop,
-    install_startup_stop,
-    preempt_signal,
-)
+from gpukit.worker._orphans import die_with_launcher
+from gpukit.worker._stop import PREEMPTED_EXIT_CODE, finish_agreed_stop, flush_stdio, install_startup_stop
+from gpukit.worker._stop_signals import preempt_signal
 
 __all__ = ["main", "run_function", "record_exception"]
 
-_USAGE = "usage: python -m gpukit.launch._bootstrap (SCRIPT | -m MODULE) [ARGS...]"
+_USAGE = "usage: python -m gpukit.worker._bootstrap (SCRIPT | -m MODULE) [ARGS...]"
 
 
 def record_exception(exc: BaseException) -> None:
@@ -149,7 +144,7 @@ def _leave_after_stop(code: int) -> None:
         except BaseException:  # noqa: BLE001 - the stop is complete; leaving matters more
             pass
     _flush_open_files()  # what the interpreter's teardown would have written out
-    _flush_stdio()
+    flush_stdio()
     os._exit(code if isinstance(code, int) else 0)
 
 

@@ -1,55 +1,19 @@
-"""Workers die with their launcher, even when the launcher is SIGKILLed.
+"""The launcher's guardian: the workers' process groups die with the launcher, even when the
+launcher is SIGKILLed.
 
-A SIGKILLed launcher runs no clean-up code, so the promise has to be made by each worker
-when it starts: on Linux it asks the kernel (``prctl(PR_SET_PDEATHSIG, SIGKILL)``) to kill
-it the moment its parent goes away; elsewhere a daemon thread polls the parent pid.
-The launcher puts its pid in ``GPUKIT_LAUNCHER_PID`` so a worker whose launcher died
-*before* it got this far notices and exits at once instead of running unsupervised.
-
-What a worker starts itself (DataLoader workers, ``subprocess.Popen``) is in the worker's
+A SIGKILLed launcher runs no clean-up code. Each worker makes its own promise when it starts
+(:func:`gpukit.worker.die_with_launcher`: the kernel kills it when its parent goes away), but
+what a worker starts itself (DataLoader workers, ``subprocess.Popen``) is in the worker's
 process group; the launcher's :class:`Guardian` kills those groups when the launcher was
 SIGKILLed (and gpukit's loader workers also ask for ``PR_SET_PDEATHSIG`` themselves).
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
-import threading
 from collections.abc import Iterable
 
-from gpukit._util.envvars import LAUNCHER_PID_ENV
-from gpukit._util.process import set_parent_death_signal
-
-__all__ = ["LAUNCHER_PID_ENV", "die_with_launcher", "Guardian"]
-
-_POLL_INTERVAL_S = 0.5
-
-
-def _watch_parent(parent_pid: int) -> None:
-    # Fallback where prctl is missing: a re-parented process sees a different ppid.
-    stop = threading.Event()
-    while not stop.wait(_POLL_INTERVAL_S):
-        if os.getppid() != parent_pid:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-def die_with_launcher() -> None:
-    """Make this worker process die when the process that started it dies.
-
-    Call first thing in a worker. Without ``GPUKIT_LAUNCHER_PID`` the current parent is
-    taken as the launcher.
-    """
-    expected = os.environ.get(LAUNCHER_PID_ENV)
-    parent_pid = int(expected) if expected and expected.isdigit() else os.getppid()
-    armed = set_parent_death_signal(signal.SIGKILL)
-    if os.getppid() != parent_pid:
-        # The launcher died between starting us and the prctl call: nobody supervises us.
-        os._exit(1)
-    if not armed:
-        threading.Thread(target=_watch_parent, args=(parent_pid,), name="gpukit-orphan-watch", daemon=True).start()
-
+__all__ = ["Guardian"]
 
 # The guardian: a tiny process that outlives a SIGKILLed launcher just long enough to kill the
 # process groups of its workers -- where the processes a worker started itself live (loader

@@ -1,4 +1,4 @@
-"""Preemption: SIGTERM in a worker becomes a "stop requested" flag instead of death.
+"""The worker's stop flag: SIGTERM in a worker becomes a "stop requested" flag instead of death.
 
 A cluster that preempts a job sends SIGTERM and, a grace period later, SIGKILL. With the
 handler installed, the first SIGTERM (or SIGINT) only sets a flag; the training loop sees
@@ -13,9 +13,9 @@ sent to whole process groups -- as schedulers and terminals do -- reaches the tr
 process, not its loaders' deaths first.
 
 A scheduler that warns before it stops a job (SLURM's ``--signal=B:USR2@90``) sends the
-preemption signal -- :func:`preempt_signal`: SIGUSR2 by default, ``GPUKIT_PREEMPT_SIGNAL``
-to choose USR1 or TERM -- which sets the same flag and never escalates (it may come twice,
-and the launcher's SIGTERM follows it); ``gpukit.launch._requeue`` then requeues the job.
+preemption signal (:mod:`gpukit.worker._stop_signals`: SIGUSR2 by default, ``GPUKIT_PREEMPT_SIGNAL``
+to choose USR1 or TERM) which sets the same flag and never escalates (it may come twice,
+and the launcher's SIGTERM follows it); :mod:`gpukit.worker._requeue` then requeues the job.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Union
 
-from gpukit._util.envvars import PREEMPT_SIGNAL_ENV, RUN_DIR_ENV
-from gpukit.launch._stop_markers import AGREED, BEFORE_START, FINISHED, read_markers, write_marker
+from gpukit._util.envvars import RUN_DIR_ENV
 from gpukit.monitor._events import emit
+from gpukit.worker._run_dir import AGREED, BEFORE_START, FINISHED, write_marker
 
 __all__ = [
     "PREEMPTED_EXIT_CODE",
@@ -39,18 +39,11 @@ __all__ = [
     "stop_requested",
     "request_stop",
     "clear_stop_request",
-    "PREEMPT_SIGNAL_ENV",
-    "DEFAULT_PREEMPT_SIGNAL",
-    "PREEMPT_SIGNAL_CHOICES",
-    "parse_preempt_signal",
-    "preempt_signal",
     "stop_signal_name",
-    "session_stop_signals",
     "mark_stop_agreed",
-    "stop_markers",
     "finish_agreed_stop",
     "install_startup_stop",
-    "RUN_DIR_ENV",
+    "flush_stdio",
 ]
 
 #: Exit code of ``gpukit run`` (and what a worker may exit with) when a run stopped
@@ -151,62 +144,6 @@ def stop_signal_name() -> str | None:
     return _received[0] if _received else None
 
 
-#: SIGUSR2 by default: NCCL and some MPI stacks use SIGUSR1 themselves (submitit's choice too).
-DEFAULT_PREEMPT_SIGNAL = "USR2"
-PREEMPT_SIGNAL_CHOICES = ("USR2", "USR1", "TERM")
-
-
-def parse_preempt_signal(text: str, source: str = "--signal") -> signal.Signals:
-    """``"USR2"``/``"SIGUSR2"``/``"usr1"``/``"TERM"`` -> the signal.
-
-    Raises:
-        ConfigurationError: any other name.
-    """
-    from gpukit.errors import ConfigurationError
-
-    name = str(text).strip().upper()
-    name = name[3:] if name.startswith("SIG") else name
-    if name not in PREEMPT_SIGNAL_CHOICES:
-        raise ConfigurationError(
-            f"{source} {text!r} is not a preemption signal gpukit handles; use one of "
-            f"{', '.join(PREEMPT_SIGNAL_CHOICES)} (the signal named in `#SBATCH --signal=B:USR2@90`)."
-        )
-    return signal.Signals[f"SIG{name}"]
-
-
-def preempt_signal(environ: Mapping[str, str] | None = None) -> signal.Signals:
-    """The preemption signal of this process: ``GPUKIT_PREEMPT_SIGNAL``, else SIGUSR2.
-
-    Raises:
-        ConfigurationError: the variable names a signal other than USR2, USR1 or TERM.
-    """
-    env = os.environ if environ is None else environ
-    value = env.get(PREEMPT_SIGNAL_ENV)
-    return parse_preempt_signal(value, PREEMPT_SIGNAL_ENV) if value else signal.Signals[f"SIG{DEFAULT_PREEMPT_SIGNAL}"]
-
-
-def session_stop_signals() -> tuple[int, ...]:
-    """The signals a Session turns into a stop request in this process.
-
-    SIGTERM and SIGINT under a launcher (``gpukit run`` sets ``GPUKIT_LAUNCHER_PID``, torchrun
-    ``TORCHELASTIC_RUN_ID``; torchrun forwards Ctrl-C as SIGINT); SIGTERM alone under plain
-    ``python``, where Ctrl-C should still interrupt at once. Plus the preemption signal
-    (:func:`preempt_signal`) under ``gpukit run``, in a SLURM job (SLURM may send it to every
-    process of the job), or when ``GPUKIT_PREEMPT_SIGNAL`` is set; elsewhere SIGUSR1/2 keep
-    whatever meaning the program gives them.
-    """
-    from gpukit.cluster import in_slurm_job
-    from gpukit.launch._orphans import LAUNCHER_PID_ENV
-
-    launched = bool(os.environ.get(LAUNCHER_PID_ENV) or os.environ.get("TORCHELASTIC_RUN_ID"))
-    signals = [signal.SIGTERM, signal.SIGINT] if launched else [signal.SIGTERM]
-    if os.environ.get(LAUNCHER_PID_ENV) or os.environ.get(PREEMPT_SIGNAL_ENV) or in_slurm_job(os.environ):
-        warning = preempt_signal()
-        if warning not in signals:
-            signals.append(warning)
-    return tuple(signals)
-
-
 def mark_stop_agreed(rank: int) -> None:
     """Tell the launcher (through ``GPUKIT_RUN_DIR``) that this rank stopped because asked to.
 
@@ -230,11 +167,6 @@ def finish_agreed_stop() -> bool:
     return True
 
 
-def stop_markers(directory: str | os.PathLike[str]) -> dict[int, str]:
-    """Ranks that left a stop marker in ``directory``, with the signal each received."""
-    return {rank: marker.signal_name for rank, marker in read_markers(directory).items()}
-
-
 def _distributed_started() -> bool:
     dist = sys.modules.get("torch.distributed")
     try:
@@ -243,7 +175,7 @@ def _distributed_started() -> bool:
         return False
 
 
-def _flush_stdio() -> None:
+def flush_stdio() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
@@ -269,7 +201,7 @@ def _on_startup_signal(signum: int, frame: FrameType | None) -> None:
     write_marker(os.environ.get(RUN_DIR_ENV), int(rank or 0), name, BEFORE_START)
     whose = f"rank {rank}'s" if rank else "the"  # not "gpukit: rank N": that starts a failure summary
     os.write(2, f"gpukit: {name} received before {whose} Session started: nothing to save, stopping\n".encode())
-    _flush_stdio()
+    flush_stdio()
     os._exit(0)  # mid-import: skip the interpreter's teardown of half-imported modules
 
 

@@ -1,0 +1,60 @@
+"""What runs inside every worker process, whoever started it (``gpukit run``, ``Session.launch``,
+torchrun, ``srun python``): the stop flag and the signals that set it, the heartbeat, requeue at
+exit, dying with the launcher, the script worker's start and exit -- and the files it leaves in
+the run's directory for its launcher.
+
+Inside workers, :func:`install_preemption_handler` turns SIGTERM into :func:`stop_requested` so a
+run can checkpoint and exit with :data:`PREEMPTED_EXIT_CODE`. The launcher side is
+:mod:`gpukit.launch`. Importing this package does not import torch.
+"""
+
+from __future__ import annotations
+
+from gpukit.worker._entry import run_function
+from gpukit.worker._forked import run_forked_function
+from gpukit.worker._heartbeat import start_heartbeat
+from gpukit.worker._orphans import die_with_launcher
+from gpukit.worker._requeue import max_requeues_from_env, requeue_after_preemption, requeue_at_exit
+from gpukit.worker._run_dir import BEFORE_START, StopMarker, read_heartbeats, read_markers, stack_path, stop_markers
+from gpukit.worker._stop import (
+    PREEMPTED_EXIT_CODE,
+    clear_stop_request,
+    install_preemption_handler,
+    mark_stop_agreed,
+    request_stop,
+    stop_requested,
+    stop_signal_name,
+    uninstall_preemption_handler,
+)
+from gpukit.worker._stop_signals import is_kernel, parse_preempt_signal, preempt_signal, session_stop_signals
+
+__all__ = [
+    # the stop flag and the signals that set it
+    "stop_requested",
+    "request_stop",
+    "clear_stop_request",
+    "install_preemption_handler",
+    "uninstall_preemption_handler",
+    "stop_signal_name",
+    "mark_stop_agreed",
+    "session_stop_signals",
+    "is_kernel",
+    "preempt_signal",
+    "parse_preempt_signal",
+    "PREEMPTED_EXIT_CODE",
+    # the process: start, supervision, heartbeat, requeue
+    "run_function",
+    "run_forked_function",
+    "die_with_launcher",
+    "start_heartbeat",
+    "requeue_at_exit",
+    "requeue_after_preemption",
+    "max_requeues_from_env",
+    # the run's directory, read by the launcher
+    "read_markers",
+    "stop_markers",
+    "StopMarker",
+    "BEFORE_START",
+    "read_heartbeats",
+    "stack_path",
+]

@@ -1,0 +1,113 @@
+"""The run's directory (``GPUKIT_RUN_DIR``): the files workers leave there for their launcher, and
+their readers -- every file name of the directory is here.
+
+``gpukit run`` creates one directory per run. In it, each worker writes:
+
+* ``stopped-rank{R}`` -- its stop marker (atomically: write, then rename), holding the signal
+  that stopped it and how far its stop got:
+
+  - ``agreed`` -- its Session's ranks agreed to stop (``session.should_stop`` was true);
+  - ``finished`` -- then the script ended by itself (exit 0 or 75): it saved what it wanted to;
+  - ``before-start`` -- the signal came before the worker's Session existed: nothing to save.
+
+  The launcher counts a worker whose marker is ``finished`` or ``before-start`` as a clean
+  stop whatever happens to it afterwards -- a slow teardown SIGKILLed at ``--grace`` included.
+* ``hb-rank{R}.json`` -- its heartbeat (see :mod:`gpukit.worker._heartbeat`), read by the
+  launcher's stall monitor;
+* ``stack-rank{R}.txt`` -- every thread's stack, dumped there on SIGQUIT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "AGREED", "FINISHED", "BEFORE_START", "StopMarker", "write_marker", "read_markers", "stop_markers",
+    "heartbeat_path", "stack_path", "read_heartbeats",
+]
+
+AGREED = "agreed"
+FINISHED = "finished"
+BEFORE_START = "before-start"
+_STATES = (AGREED, FINISHED, BEFORE_START)
+_PREFIX = "stopped-rank"
+_HEARTBEAT_PREFIX = "hb-rank"
+
+
+@dataclass(frozen=True)
+class StopMarker:
+    """One rank's marker: the signal that stopped it and the stop's ``state``."""
+
+    signal_name: str
+    state: str
+
+    @property
+    def done(self) -> bool:
+        """Whether this rank's stop is complete (nothing more to save)."""
+        return self.state in (FINISHED, BEFORE_START)
+
+
+def write_marker(directory: str | os.PathLike[str] | None, rank: int, signal_name: str, state: str) -> None:
+    """Write rank ``rank``'s marker in ``directory`` (no-op when ``None`` or gone). Async-signal
+    tolerant: plain os calls only, so a signal handler may call it."""
+    if not directory:
+        return
+    final = os.path.join(os.fspath(directory), f"{_PREFIX}{rank}")
+    temporary = f"{final}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, f"{signal_name} {state}\n".encode())
+        finally:
+            os.close(fd)
+        os.replace(temporary, final)
+    except OSError:  # the launcher's directory is gone: it is not waiting for the answer
+        pass
+
+
+def read_markers(directory: str | os.PathLike[str]) -> dict[int, StopMarker]:
+    """Every rank's marker in ``directory``, by global rank."""
+    found: dict[int, StopMarker] = {}
+    for path in Path(directory).glob(f"{_PREFIX}*"):
+        suffix = path.name[len(_PREFIX):]
+        if not suffix.isdigit():
+            continue
+        try:
+            words = path.read_text().split()
+        except OSError:
+            continue
+        name = words[0] if words else "SIGTERM"
+        state = words[1] if len(words) > 1 and words[1] in _STATES else AGREED
+        found[int(suffix)] = StopMarker(name, state)
+    return found
+
+
+def stop_markers(directory: str | os.PathLike[str]) -> dict[int, str]:
+    """Ranks that left a stop marker in ``directory``, with the signal each received."""
+    return {rank: marker.signal_name for rank, marker in read_markers(directory).items()}
+
+
+def heartbeat_path(directory: str | os.PathLike[str], rank: int) -> Path:
+    """Where rank ``rank`` writes its heartbeat."""
+    return Path(directory) / f"{_HEARTBEAT_PREFIX}{rank}.json"
+
+
+def stack_path(directory: str | os.PathLike[str], rank: int) -> Path:
+    """Where rank ``rank`` dumps every thread's stack on SIGQUIT."""
+    return Path(directory) / f"stack-rank{rank}.txt"
+
+
+def read_heartbeats(directory: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
+    """The latest heartbeat of every rank in ``directory``, by rank (unreadable ones left out)."""
+    beats = {}
+    for path in Path(directory).glob(f"{_HEARTBEAT_PREFIX}*.json"):
+        try:
+            record = json.loads(path.read_text())
+            beats[int(record["rank"])] = record
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return beats

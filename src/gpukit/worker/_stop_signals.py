@@ -1,0 +1,90 @@
+"""Which signals stop a worker: the scheduler's preemption warning (``GPUKIT_PREEMPT_SIGNAL``),
+the signals a Session turns into a stop request, and where it must leave them alone.
+
+A scheduler that warns before it stops a job (SLURM's ``--signal=B:USR2@90``) sends the
+preemption signal -- :func:`preempt_signal`: SIGUSR2 by default, ``GPUKIT_PREEMPT_SIGNAL`` to
+choose USR1 or TERM. ``gpukit run --signal`` sets it for its workers; set it yourself for
+``srun python train.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+from gpukit._util.envvars import LAUNCHER_PID_ENV, PREEMPT_SIGNAL_ENV
+
+__all__ = [
+    "DEFAULT_PREEMPT_SIGNAL",
+    "PREEMPT_SIGNAL_CHOICES",
+    "parse_preempt_signal",
+    "preempt_signal",
+    "session_stop_signals",
+    "is_kernel",
+]
+
+#: SIGUSR2 by default: NCCL and some MPI stacks use SIGUSR1 themselves (submitit's choice too).
+DEFAULT_PREEMPT_SIGNAL = "USR2"
+PREEMPT_SIGNAL_CHOICES = ("USR2", "USR1", "TERM")
+
+
+def parse_preempt_signal(text: str, source: str = "--signal") -> signal.Signals:
+    """``"USR2"``/``"SIGUSR2"``/``"usr1"``/``"TERM"`` -> the signal.
+
+    Raises:
+        ConfigurationError: any other name.
+    """
+    from gpukit.errors import ConfigurationError
+
+    name = str(text).strip().upper()
+    name = name[3:] if name.startswith("SIG") else name
+    if name not in PREEMPT_SIGNAL_CHOICES:
+        raise ConfigurationError(
+            f"{source} {text!r} is not a preemption signal gpukit handles; use one of "
+            f"{', '.join(PREEMPT_SIGNAL_CHOICES)} (the signal named in `#SBATCH --signal=B:USR2@90`)."
+        )
+    return signal.Signals[f"SIG{name}"]
+
+
+def preempt_signal(environ: Mapping[str, str] | None = None) -> signal.Signals:
+    """The preemption signal of this process: ``GPUKIT_PREEMPT_SIGNAL``, else SIGUSR2.
+
+    Raises:
+        ConfigurationError: the variable names a signal other than USR2, USR1 or TERM.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(PREEMPT_SIGNAL_ENV)
+    return parse_preempt_signal(value, PREEMPT_SIGNAL_ENV) if value else signal.Signals[f"SIG{DEFAULT_PREEMPT_SIGNAL}"]
+
+
+def session_stop_signals() -> tuple[int, ...]:
+    """The signals a Session turns into a stop request in this process.
+
+    SIGTERM and SIGINT under a launcher (``gpukit run`` sets ``GPUKIT_LAUNCHER_PID``, torchrun
+    ``TORCHELASTIC_RUN_ID``; torchrun forwards Ctrl-C as SIGINT); SIGTERM alone under plain
+    ``python``, where Ctrl-C should still interrupt at once. Plus the preemption signal
+    (:func:`preempt_signal`) under ``gpukit run``, in a SLURM job (SLURM may send it to every
+    process of the job), or when ``GPUKIT_PREEMPT_SIGNAL`` is set; elsewhere SIGUSR1/2 keep
+    whatever meaning the program gives them.
+    """
+    from gpukit.cluster import in_slurm_job
+
+    launched = bool(os.environ.get(LAUNCHER_PID_ENV) or os.environ.get("TORCHELASTIC_RUN_ID"))
+    signals = [signal.SIGTERM, signal.SIGINT] if launched else [signal.SIGTERM]
+    if os.environ.get(LAUNCHER_PID_ENV) or os.environ.get(PREEMPT_SIGNAL_ENV) or in_slurm_job(os.environ):
+        warning = preempt_signal()
+        if warning not in signals:
+            signals.append(warning)
+    return tuple(signals)
+
+
+def is_kernel() -> bool:
+    """Whether this process is a notebook kernel or an interactive prompt (not a launched worker).
+
+    A Session there installs no stop-signal handler: SIGTERM means "shut the kernel down",
+    and workers forked from it would inherit the handler.
+    """
+    interactive = "ipykernel" in sys.modules or hasattr(sys, "ps1") or bool(sys.flags.interactive)
+    return interactive and not os.environ.get(LAUNCHER_PID_ENV)
