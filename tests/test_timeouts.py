@@ -6,8 +6,10 @@ import math
 
 import pytest
 
-from gpukit._util.timeouts import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, collective_timeout_s, parse_timeout_s
+from gpukit._util.envvars import TIMEOUT_ENV
+from gpukit._util.timeouts import DEFAULT_TIMEOUT_S, parse_timeout_s
 from gpukit.errors import ConfigurationError
+from gpukit.worker import collective_timeout_s
 
 
 @pytest.mark.parametrize("bad", [0, -1, math.nan, math.inf, "soon", True, None])

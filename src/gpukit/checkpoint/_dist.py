@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from gpukit._util.envvars import CKPT_TIMEOUT_ENV
-from gpukit._util.timeouts import collective_timeout_s
 from gpukit.errors import CheckpointError
+from gpukit.worker import collective_timeout_s
 
 __all__ = ["DistContext", "current_dist", "TIMEOUT_ENV", "checkpoint_group", "timeout_s"]
 

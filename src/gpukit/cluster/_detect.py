@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from gpukit._util.envvars import LAUNCHER_PID_ENV, PREEMPT_SIGNAL_ENV
+from gpukit._util.envvars import PREEMPT_SIGNAL_ENV
 from gpukit.cluster._slurm import in_slurm_job, in_slurm_step, read_slurm, slurm_gpus
 from gpukit.cluster._vars import env_host, env_int, env_port
 from gpukit.errors import ConfigurationError, DistributedError
@@ -214,17 +214,17 @@ def environment(environ: Mapping[str, str] | None = None) -> ClusterEnvironment:
 _announced = False
 
 
-def announce(env: ClusterEnvironment | None = None, *, force: bool = False) -> bool:
+def announce(env: ClusterEnvironment | None = None, *, force: bool = False, under_gpukit: bool = False) -> bool:
     """Print what was detected, once per process, on rank 0 (stderr), when it is a cluster.
 
-    Nothing is printed on a plain machine, nor in workers of ``gpukit run`` (their launcher
-    already said it). Returns whether a line was printed.
+    Nothing is printed on a plain machine, nor in workers of ``gpukit run`` (``under_gpukit``:
+    a gpukit launcher started this process and already said it). Returns whether a line was printed.
     """
     global _announced
     env = env if env is not None else environment()
     if _announced and not force:
         return False
-    quiet = env.kind == "local" or (env.kind == "torchrun" and os.environ.get(LAUNCHER_PID_ENV))
+    quiet = env.kind == "local" or (env.kind == "torchrun" and under_gpukit)
     if quiet or env.rank != 0:
         return False
     _announced = True

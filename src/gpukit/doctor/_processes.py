@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
-from gpukit._util.envvars import LAUNCHER_PID_ENV
-from gpukit._util.units import format_bytes, whole_number
+from gpukit._util.units import format_bytes
 from gpukit.devices import CLAIM_DIR_ENV, GpuProcess, GpuSnapshot, _nvml, claim_holders, default_claim_dir
 from gpukit.devices._claim_files import _read_owner
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
+from gpukit.errors import GpukitError
+from gpukit.worker import WorkerEnv
 
 __all__ = ["ProcessState", "inspect_pid", "check_gpu_processes", "check_claims"]
 
@@ -67,10 +68,9 @@ def inspect_pid(pid: int) -> ProcessState:
     if status == psutil.STATUS_ZOMBIE:
         return ProcessState("zombie", ppid, parent_command)
     try:
-        launcher = proc.environ().get(LAUNCHER_PID_ENV, "")
-    except (psutil.Error, OSError):  # another user's process: its environment is private
-        launcher = ""
-    launcher_pid = whole_number(launcher)
+        launcher_pid = WorkerEnv.from_env(proc.environ()).launcher_pid
+    except (psutil.Error, OSError, GpukitError):  # another user's process (its environment is private),
+        launcher_pid = None  # or variables no gpukit launcher wrote: not one of its workers
     if launcher_pid is not None and not _launcher_alive(launcher_pid, proc):
         return ProcessState("orphaned", ppid, parent_command, launcher_pid)
     return ProcessState("running", ppid, parent_command)

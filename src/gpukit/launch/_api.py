@@ -13,6 +13,7 @@ import importlib.util
 import math
 import os
 import pickle
+import signal
 import sys
 import uuid
 from contextlib import nullcontext
@@ -20,9 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpukit._util.cpu import usable_cpu_count
-from gpukit._util.envvars import GRACE_ENV, LAUNCHER_PID_ENV, MAX_NPROC_ENV, PREEMPT_SIGNAL_ENV, RUN_ID_ENV
-from gpukit.cluster import MAX_REQUEUES_ENV, announce, check_max_requeues, environment
-from gpukit._util.timeouts import TIMEOUT_ENV, parse_timeout_s
+from gpukit._util.envvars import GRACE_ENV, MAX_NPROC_ENV, RUN_ID_ENV
+from gpukit._util.timeouts import parse_timeout_s
+from gpukit.cluster import announce, check_max_requeues, environment
 from gpukit.errors import ConfigurationError
 from gpukit.launch._elastic import run_workers
 from gpukit.launch._gpus import DevicePlan, GpuRequest, plan_devices
@@ -30,6 +31,7 @@ from gpukit.launch._notebook import check_fork, needs_fork
 from gpukit.launch._signals import RunInterruptedError, StopSignal, held_signals_raise, raise_if_held
 from gpukit.launch._topology import Topology, check_topology, node_topology, scheduler_gpu_count
 from gpukit.worker import (
+    WorkerEnv,
     max_requeues_from_env,
     parse_preempt_signal,
     requeue_after_preemption,
@@ -126,16 +128,20 @@ def _check_picklable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         ) from exc
 
 
-def _worker_env(plan: DevicePlan, *, nproc: int, grace_s: float, run_id: str,
-                timeout_s: float | None = None) -> dict[str, str]:
-    env = {
-        RUN_ID_ENV: run_id,
-        LAUNCHER_PID_ENV: str(os.getpid()),
-        GRACE_ENV: f"{grace_s:g}",
-        **plan.env,
-    }
-    if timeout_s is not None:  # the workers' collective timeout (a Session reads it)
-        env[TIMEOUT_ENV] = repr(parse_timeout_s(timeout_s, "timeout_s (--timeout)"))
+def _worker_env(plan: DevicePlan, *, grace_s: float, run_id: str, timeout_s: float | None = None,
+                preempt: signal.Signals | None = None, max_requeues: int | None = None) -> WorkerEnv:
+    """What every worker of this run is told (the run's directory is added by ``run_workers``)."""
+    return WorkerEnv(
+        run_id=run_id, launcher_pid=os.getpid(), grace_s=grace_s, cpu=plan.cpu,
+        # the workers' collective timeout (a Session reads it)
+        timeout_s=None if timeout_s is None else parse_timeout_s(timeout_s, "timeout_s (--timeout)"),
+        preempt_signal=preempt, max_requeues=max_requeues,
+    )
+
+
+def _process_env(plan: DevicePlan, nproc: int) -> dict[str, str]:
+    """The other variables the workers get: the claimed GPUs, and their share of the CPU."""
+    env = dict(plan.env)
     if "OMP_NUM_THREADS" not in os.environ:
         # Like torchrun: N workers each using every core would oversubscribe the CPU. The
         # affinity mask, not the machine's count: SLURM (--cpus-per-task) or a container limits it.
@@ -215,7 +221,7 @@ def launch_function(
         plan.label_claim(run_id, nproc, topology.node_rank)
         values = run_workers(
             run_forked_function if fork else run_function, (fn, *args), nproc=nproc, topology=topology,
-            env=_worker_env(plan, nproc=nproc, grace_s=grace_s, run_id=run_id), run_id=run_id,
+            env=_process_env(plan, nproc), worker=_worker_env(plan, grace_s=grace_s, run_id=run_id), run_id=run_id,
             max_restarts=max_restarts, grace_s=grace_s, verbose=verbose, start_method="fork" if fork else "spawn",
         )
     finally:
@@ -279,7 +285,7 @@ def launch_script(
     limit = max_requeues_from_env() if max_requeues is None else check_max_requeues(max_requeues)
     cluster = environment()
     if echo is not None:
-        announce(cluster)
+        announce(cluster, under_gpukit=WorkerEnv.from_env().launcher_pid is not None)  # a launch inside a worker
     if gpus is None and nproc is None and not cpu:
         gpus = scheduler_gpu_count(cluster)  # every GPU SLURM gave this node, and no other
     try:
@@ -324,10 +330,11 @@ def _launch_script_workers(target: str, script_args: Sequence[str], *, module: b
         run_id = f"gpukit-{uuid.uuid4().hex[:12]}" if topology.single_machine else f"gpukit-{topology.master_port}"
         plan.label_claim(run_id, workers, topology.node_rank)
         command = ("-u", "-m", "gpukit.worker._bootstrap", *(("-m",) if module else ()), target, *script_args)
-        env = {**_worker_env(plan, nproc=workers, grace_s=grace_s, run_id=run_id, timeout_s=timeout_s),
-               PREEMPT_SIGNAL_ENV: preempt.name[3:], MAX_REQUEUES_ENV: str(limit)}
+        worker = _worker_env(plan, grace_s=grace_s, run_id=run_id, timeout_s=timeout_s, preempt=preempt,
+                             max_requeues=limit)
         run_workers(
-            sys.executable, command, nproc=workers, topology=topology, env=env, run_id=run_id,
+            sys.executable, command, nproc=workers, topology=topology, env=_process_env(plan, workers),
+            worker=worker, run_id=run_id,
             max_restarts=max_restarts, grace_s=grace_s, verbose=verbose, preempt_signal=preempt,
         )
     finally:

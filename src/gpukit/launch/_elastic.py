@@ -26,8 +26,6 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from gpukit._util.envvars import RUN_DIR_ENV
-from gpukit._util.timeouts import collective_timeout_s
 from gpukit.errors import LaunchError
 from gpukit.launch._guardian import Guardian
 from gpukit.launch._notebook import frozen_heap
@@ -43,7 +41,7 @@ from gpukit.launch._stall import Stall, StallMonitor, stall_threshold_s
 from gpukit.launch._stop_report import interrupted_outcome, report_stop
 from gpukit.launch._summary import WorkerFailedError, WorkerFailure
 from gpukit.launch._topology import Topology
-from gpukit.worker import PREEMPTED_EXIT_CODE, stop_markers
+from gpukit.worker import PREEMPTED_EXIT_CODE, WorkerEnv, collective_timeout_s, stop_markers
 
 __all__ = ["run_workers"]
 
@@ -200,6 +198,7 @@ def run_workers(
     nproc: int,
     topology: Topology,
     env: Mapping[str, str],
+    worker: WorkerEnv,
     run_id: str,
     max_restarts: int = 0,
     grace_s: float = 10.0,
@@ -215,6 +214,7 @@ def run_workers(
         nproc: Workers on this node.
         topology: Single machine or this node's place among several.
         env: Extra environment for the workers (on top of the launcher's and torchrun's).
+        worker: What every worker is told (the run's directory is added here).
         run_id: Rendezvous id; every node of a run must use the same one.
         max_restarts: Restarts of the whole worker group after a failure.
         grace_s: Seconds between SIGTERM and SIGKILL whenever workers are stopped.
@@ -242,7 +242,7 @@ def run_workers(
     log_dir = tempfile.mkdtemp(prefix="gpukit-run-")
     run_dir = os.path.join(log_dir, "run")  # GPUKIT_RUN_DIR: the workers' stop markers
     os.mkdir(run_dir)
-    env = {**env, RUN_DIR_ENV: run_dir}
+    env = {**env, **dataclasses.replace(worker, run_dir=run_dir).to_env()}
     try:
         with _environ(env), _quiet_torch_logs(verbose), launcher_signals(preempt_signal), \
                 cheaper_rendezvous(topology.single_machine):

@@ -11,10 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from gpukit._util.envvars import CPU_ENV
 from gpukit.errors import ConfigurationError, GpuSelectionError
 
-__all__ = ["GpuRequest", "DevicePlan", "parse_gpu_request", "plan_devices", "CPU_ENV"]
+__all__ = ["GpuRequest", "DevicePlan", "parse_gpu_request", "plan_devices"]
 
 #: ``None`` (automatic), a count, ``"all"``, or specific GPUs (indices or UUIDs).
 GpuRequest = Union[None, int, str, Sequence[Union[int, str]]]
@@ -60,9 +59,10 @@ def parse_gpu_request(text: str) -> GpuRequest:
 
 @dataclass
 class DevicePlan:
-    """What the workers get: the env to set, the claim to hold, and a line to show."""
+    """What the workers get: the CUDA variables to set (or ``cpu``), the claim to hold, and a line to show."""
 
     env: dict[str, str] = field(default_factory=dict)
+    cpu: bool = False  # a --cpu run: gloo, and GPUs hidden from the workers
     gpu_count: int = 0
     mapping: str = ""
     claim: Any = None  # gpukit.devices.GpuClaim, held until release()
@@ -114,7 +114,7 @@ def plan_devices(
     if cpu:
         if gpus is not None:
             raise ConfigurationError(f"--cpu and --gpus {gpus!r} contradict each other: give one of them.")
-        return DevicePlan(env={"CUDA_VISIBLE_DEVICES": "", CPU_ENV: "1"}, mapping="devices: CPU (gloo); GPUs hidden")
+        return DevicePlan(env={"CUDA_VISIBLE_DEVICES": ""}, cpu=True, mapping="devices: CPU (gloo); GPUs hidden")
 
     from gpukit import devices  # no torch in there; imported late to keep `gpukit run -h` fast
 

@@ -314,11 +314,11 @@ def start_recorder(
     record: str | os.PathLike[str] | None, *, strategy: Any, precision: Any, accelerator: Any,
     timings: Any = None,
 ) -> Recorder | None:
-    """The recorder a launched Session holds: ``record``, else ``GPUKIT_RECORD_DIR``, else none.
+    """The recorder a launched Session holds in ``record`` (``None``: no record).
 
     ``timings`` (the Session's step-time breakdown) gets the recorder as a listener.
     """
-    directory = record if record is not None else os.environ.get(RECORD_DIR_ENV) or None
+    directory = record
     if directory is None or not strategy.launched:
         return None
     meta = {"device": str(strategy.root_device), "strategy": strategy.describe(),

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from gpukit.monitor._record import Recorder
     from gpukit.precision import Precision
     from gpukit.strategies import Strategy
+    from gpukit.worker import WorkerEnv
 
 __all__ = ["SessionServices"]
 
@@ -29,12 +30,13 @@ class SessionServices:
         strategy, precision, accelerator: the Session's (the environment is already set up).
         timings: the Session's step-time breakdown; the recorder listens to it.
         record: the run-record directory, ``None`` for ``GPUKIT_RECORD_DIR`` or no record.
+        worker: what a launcher told this process (``WorkerEnv.from_env()``).
         verbose: announce the cluster (rank 0).
     """
 
     def __init__(
         self, *, strategy: Strategy, precision: Precision, accelerator: Accelerator, timings: StepTimings,
-        record: str | os.PathLike[str] | None, verbose: bool,
+        record: str | os.PathLike[str] | None, worker: WorkerEnv, verbose: bool,
     ) -> None:
         from gpukit.monitor._record import start_recorder
         from gpukit.worker import install_preemption_handler, is_kernel, requeue_at_exit, session_stop_signals
@@ -49,10 +51,12 @@ class SessionServices:
         if verbose:
             from gpukit.cluster import announce
 
-            announce()  # once, rank 0: the SLURM / Kubernetes job this process belongs to
+            # once, rank 0: the SLURM / Kubernetes job this process belongs to (its gpukit launcher said it)
+            announce(under_gpukit=worker.launcher_pid is not None)
         #: the run recorder, ``None`` unless recording
         self.recorder: Recorder | None = start_recorder(
-            record, strategy=strategy, precision=precision, accelerator=accelerator, timings=timings
+            record if record is not None else worker.record_dir,
+            strategy=strategy, precision=precision, accelerator=accelerator, timings=timings,
         )
 
     def log(self, scalars: dict[str, Any]) -> None:

@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from gpukit import memory as _memory
-from gpukit._util.envvars import CPU_ENV
 from gpukit._util.timeouts import parse_timeout_s
 from gpukit.accelerators import Accelerator
 from gpukit.data import DeviceLoader, StepTimings, TimingSummary, build_loader
@@ -41,6 +40,7 @@ from gpukit.session._steps import TrainingSteps
 from gpukit.strategies import Strategy, select_strategy
 from gpukit.strategies._checkpointing import configure_strategy
 from gpukit.strategies._compile import check_compile, compile_module, compile_request
+from gpukit.worker import WorkerEnv
 
 __all__ = ["Session"]
 
@@ -100,7 +100,8 @@ class Session:
         self._config = {name: value for name, value in locals().items() if name != "self"}
         check_session_options(accumulate_grad_batches, seed)
         watch_every = check_memory_options(oom, watch_memory, sync_batchnorm)  # before any set-up
-        if accelerator == "auto" and os.environ.get(CPU_ENV) == "1":
+        worker = WorkerEnv.from_env()  # what a launcher told this process (a bad value raises here)
+        if accelerator == "auto" and worker.cpu:
             accelerator = self._config["accelerator"] = "cpu"  # `gpukit run --cpu`: gloo even where GPUs exist
         self._compile = check_compile(compile)
         self.strategy: Strategy = select_strategy(devices, strategy, accelerator, sync_batchnorm=sync_batchnorm)
@@ -121,7 +122,7 @@ class Session:
             self.strategy.setup_environment()
         self._services = SessionServices(  # stop signals, heartbeat, requeue, the run record
             strategy=self.strategy, precision=self.precision, accelerator=self.accelerator,
-            timings=self.timings, record=record, verbose=verbose,
+            timings=self.timings, record=record, worker=worker, verbose=verbose,
         )
         #: the run recorder (``Session(record=...)``), ``None`` unless recording
         self.recorder = self._services.recorder

@@ -23,10 +23,10 @@ from gpukit.accelerators import Accelerator
 from gpukit.errors import DistributedError
 from gpukit.placement import unwrap_model
 from gpukit.strategies._env import DistEnv
-from gpukit._util.timeouts import collective_timeout_s
 from gpukit.strategies._lifecycle import leave_at_exit
 from gpukit.strategies._syncbn import convert_sync_batchnorm
 from gpukit.strategies.base import Strategy, check_reduce_op
+from gpukit.worker import collective_timeout_s
 
 __all__ = ["DDPStrategy"]
 

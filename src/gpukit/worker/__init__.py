@@ -1,5 +1,6 @@
 """What runs inside every worker process, whoever started it (``gpukit run``, ``Session.launch``,
-torchrun, ``srun python``): the stop flag and the signals that set it, the heartbeat, requeue at
+torchrun, ``srun python``): the one contract with its launcher (:class:`WorkerEnv`, what crosses
+as ``GPUKIT_*`` variables), the stop flag and the signals that set it, the heartbeat, requeue at
 exit, dying with the launcher, the script worker's start and exit -- and the files it leaves in
 the run's directory for its launcher.
 
@@ -11,6 +12,7 @@ run can checkpoint and exit with :data:`PREEMPTED_EXIT_CODE`. The launcher side 
 from __future__ import annotations
 
 from gpukit.worker._entry import run_function
+from gpukit.worker._env import WorkerEnv, collective_timeout_s, parse_preempt_signal
 from gpukit.worker._forked import run_forked_function
 from gpukit.worker._heartbeat import start_heartbeat
 from gpukit.worker._orphans import die_with_launcher
@@ -26,9 +28,12 @@ from gpukit.worker._stop import (
     stop_signal_name,
     uninstall_preemption_handler,
 )
-from gpukit.worker._stop_signals import is_kernel, parse_preempt_signal, preempt_signal, session_stop_signals
+from gpukit.worker._stop_signals import is_kernel, preempt_signal, session_stop_signals
 
 __all__ = [
+    # the launcher -> worker contract
+    "WorkerEnv",
+    "collective_timeout_s",
     # the stop flag and the signals that set it
     "stop_requested",
     "request_stop",

@@ -14,8 +14,8 @@ import os
 import signal
 import threading
 
-from gpukit._util.envvars import LAUNCHER_PID_ENV
 from gpukit._util.process import set_parent_death_signal
+from gpukit.worker._env import WorkerEnv
 
 __all__ = ["die_with_launcher"]
 
@@ -36,8 +36,8 @@ def die_with_launcher() -> None:
     Call first thing in a worker. Without ``GPUKIT_LAUNCHER_PID`` the current parent is
     taken as the launcher.
     """
-    expected = os.environ.get(LAUNCHER_PID_ENV)
-    parent_pid = int(expected) if expected and expected.isdigit() else os.getppid()
+    expected = WorkerEnv.from_env().launcher_pid
+    parent_pid = expected if expected is not None else os.getppid()
     armed = set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:
         # The launcher died between starting us and the prctl call: nobody supervises us.

@@ -14,21 +14,12 @@ the job for good.
 from __future__ import annotations
 
 import atexit
-import os
 import signal
 import sys
 from collections.abc import Callable
 
-from gpukit._util.envvars import LAUNCHER_PID_ENV
-from gpukit.cluster import (
-    DEFAULT_MAX_REQUEUES,
-    MAX_REQUEUES_ENV,
-    ClusterEnvironment,
-    RequeueOutcome,
-    check_max_requeues,
-    environment,
-    requeue_job,
-)
+from gpukit.cluster import DEFAULT_MAX_REQUEUES, ClusterEnvironment, RequeueOutcome, environment, requeue_job
+from gpukit.worker._env import WorkerEnv
 from gpukit.worker._stop import stop_requested, stop_signal_name
 from gpukit.worker._stop_signals import preempt_signal
 
@@ -41,8 +32,8 @@ def max_requeues_from_env() -> int:
     Raises:
         ConfigurationError: not a whole number >= 0.
     """
-    value = os.environ.get(MAX_REQUEUES_ENV)
-    return check_max_requeues(value, MAX_REQUEUES_ENV) if value else DEFAULT_MAX_REQUEUES
+    limit = WorkerEnv.from_env().max_requeues
+    return DEFAULT_MAX_REQUEUES if limit is None else limit
 
 
 def requeue_after_preemption(
@@ -88,7 +79,7 @@ def requeue_at_exit(env: ClusterEnvironment | None = None) -> bool:
     preemption. Returns whether the exit hook was armed (once per process)."""
     global _armed
     env = env if env is not None else environment()
-    if _armed or os.environ.get(LAUNCHER_PID_ENV) or env.kind != "slurm" or not env.in_step or env.rank != 0:
+    if _armed or WorkerEnv.from_env().launcher_pid is not None or env.kind != "slurm" or not env.in_step or env.rank != 0:
         return False
     preempt = preempt_signal()
     limit = max_requeues_from_env()

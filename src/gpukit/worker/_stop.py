@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Union
 
-from gpukit._util.envvars import RUN_DIR_ENV
 from gpukit.monitor._events import emit
+from gpukit.worker._env import WorkerEnv
 from gpukit.worker._run_dir import AGREED, BEFORE_START, FINISHED, write_marker
 
 __all__ = [
@@ -153,7 +153,7 @@ def mark_stop_agreed(rank: int) -> None:
     """
     global _agreed_rank
     if _agreed_rank != rank:  # should_stop may be read many times once true: write once
-        write_marker(os.environ.get(RUN_DIR_ENV), rank, stop_signal_name() or "SIGTERM", AGREED)
+        write_marker(WorkerEnv.from_env().run_dir, rank, stop_signal_name() or "SIGTERM", AGREED)
     _agreed_rank = rank
 
 
@@ -163,7 +163,7 @@ def finish_agreed_stop() -> bool:
     Returns whether there was an agreed stop to finish."""
     if _agreed_rank is None or not stop_requested():
         return False
-    write_marker(os.environ.get(RUN_DIR_ENV), _agreed_rank, stop_signal_name() or "SIGTERM", FINISHED)
+    write_marker(WorkerEnv.from_env().run_dir, _agreed_rank, stop_signal_name() or "SIGTERM", FINISHED)
     return True
 
 
@@ -185,6 +185,7 @@ def flush_stdio() -> None:
 
 
 _startup_stopping = False  # the first stop signal is being handled: the process is ending
+_startup_run_dir: str | None = None  # read when installed: a signal handler parses nothing
 
 
 def _on_startup_signal(signum: int, frame: FrameType | None) -> None:
@@ -198,7 +199,7 @@ def _on_startup_signal(signum: int, frame: FrameType | None) -> None:
         return
     name = signal.Signals(signum).name
     rank = os.environ.get("RANK")
-    write_marker(os.environ.get(RUN_DIR_ENV), int(rank or 0), name, BEFORE_START)
+    write_marker(_startup_run_dir, int(rank or 0), name, BEFORE_START)
     whose = f"rank {rank}'s" if rank else "the"  # not "gpukit: rank N": that starts a failure summary
     os.write(2, f"gpukit: {name} received before {whose} Session started: nothing to save, stopping\n".encode())
     flush_stdio()
@@ -214,8 +215,10 @@ def install_startup_stop(signals: Iterable[int]) -> bool:
     has joined a process group without a Session is left to the signal's default action.
     Returns whether installed (main thread only).
     """
+    global _startup_run_dir
     if threading.current_thread() is not threading.main_thread():
         return False
+    _startup_run_dir = WorkerEnv.from_env().run_dir
     for signum in signals:
         signal.signal(signum, _on_startup_signal)
     return True

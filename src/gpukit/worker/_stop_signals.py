@@ -14,39 +14,9 @@ import signal
 import sys
 from collections.abc import Mapping
 
-from gpukit._util.envvars import LAUNCHER_PID_ENV, PREEMPT_SIGNAL_ENV
+from gpukit.worker._env import DEFAULT_PREEMPT_SIGNAL, WorkerEnv
 
-__all__ = [
-    "DEFAULT_PREEMPT_SIGNAL",
-    "PREEMPT_SIGNAL_CHOICES",
-    "parse_preempt_signal",
-    "preempt_signal",
-    "session_stop_signals",
-    "is_kernel",
-]
-
-#: SIGUSR2 by default: NCCL and some MPI stacks use SIGUSR1 themselves (submitit's choice too).
-DEFAULT_PREEMPT_SIGNAL = "USR2"
-PREEMPT_SIGNAL_CHOICES = ("USR2", "USR1", "TERM")
-
-
-def parse_preempt_signal(text: str, source: str = "--signal") -> signal.Signals:
-    """``"USR2"``/``"SIGUSR2"``/``"usr1"``/``"TERM"`` -> the signal.
-
-    Raises:
-        ConfigurationError: any other name.
-    """
-    from gpukit.errors import ConfigurationError
-
-    name = str(text).strip().upper()
-    name = name[3:] if name.startswith("SIG") else name
-    if name not in PREEMPT_SIGNAL_CHOICES:
-        raise ConfigurationError(
-            f"{source} {text!r} is not a preemption signal gpukit handles; use one of "
-            f"{', '.join(PREEMPT_SIGNAL_CHOICES)} (the signal named in `#SBATCH --signal=B:USR2@90`)."
-        )
-    return signal.Signals[f"SIG{name}"]
-
+__all__ = ["preempt_signal", "session_stop_signals", "is_kernel"]
 
 def preempt_signal(environ: Mapping[str, str] | None = None) -> signal.Signals:
     """The preemption signal of this process: ``GPUKIT_PREEMPT_SIGNAL``, else SIGUSR2.
@@ -54,9 +24,8 @@ def preempt_signal(environ: Mapping[str, str] | None = None) -> signal.Signals:
     Raises:
         ConfigurationError: the variable names a signal other than USR2, USR1 or TERM.
     """
-    env = os.environ if environ is None else environ
-    value = env.get(PREEMPT_SIGNAL_ENV)
-    return parse_preempt_signal(value, PREEMPT_SIGNAL_ENV) if value else signal.Signals[f"SIG{DEFAULT_PREEMPT_SIGNAL}"]
+    chosen = WorkerEnv.from_env(environ).preempt_signal
+    return chosen if chosen is not None else signal.Signals[f"SIG{DEFAULT_PREEMPT_SIGNAL}"]
 
 
 def session_stop_signals() -> tuple[int, ...]:
@@ -71,10 +40,12 @@ def session_stop_signals() -> tuple[int, ...]:
     """
     from gpukit.cluster import in_slurm_job
 
-    launched = bool(os.environ.get(LAUNCHER_PID_ENV) or os.environ.get("TORCHELASTIC_RUN_ID"))
+    worker = WorkerEnv.from_env()
+    under_gpukit = worker.launcher_pid is not None
+    launched = under_gpukit or bool(os.environ.get("TORCHELASTIC_RUN_ID"))
     signals = [signal.SIGTERM, signal.SIGINT] if launched else [signal.SIGTERM]
-    if os.environ.get(LAUNCHER_PID_ENV) or os.environ.get(PREEMPT_SIGNAL_ENV) or in_slurm_job(os.environ):
-        warning = preempt_signal()
+    if under_gpukit or worker.preempt_signal is not None or in_slurm_job(os.environ):
+        warning = worker.preempt_signal or signal.Signals[f"SIG{DEFAULT_PREEMPT_SIGNAL}"]
         if warning not in signals:
             signals.append(warning)
     return tuple(signals)
@@ -87,4 +58,4 @@ def is_kernel() -> bool:
     and workers forked from it would inherit the handler.
     """
     interactive = "ipykernel" in sys.modules or hasattr(sys, "ps1") or bool(sys.flags.interactive)
-    return interactive and not os.environ.get(LAUNCHER_PID_ENV)
+    return interactive and WorkerEnv.from_env().launcher_pid is None
