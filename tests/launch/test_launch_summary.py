@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpukit.errors import ConfigurationError
-from gpukit.launch import PREEMPTED_EXIT_CODE, WorkerFailedError, WorkerFailure, parse_gpu_request
+from gpukit.launch import PREEMPTED_EXIT_CODE, GpuRequest, WorkerFailedError, WorkerFailure
 from gpukit.launch._summary import format_summary
 
 TB = 'Traceback (most recent call last):\n  File "/x/runpy.py", line 9, in run\n  File "/w/train.py", line 42, in step\nKeyError: 3\n'
@@ -37,23 +37,50 @@ def test_exit_codes_for_signals_and_preemption():
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ("2", 2), ("all", "all"), ("ALL", "all"), ("1,3", [1, 3]), ("3,", [3]),
-    ("GPU-abc,1", ["GPU-abc", 1]), (" 0 , 2 ", [0, 2]),
+    ("2", GpuRequest(count=2)), ("all", GpuRequest(every=True)), ("ALL", GpuRequest(every=True)),
+    ("1,3", GpuRequest(ids=(1, 3))), ("3,", GpuRequest(ids=(3,))),
+    ("GPU-abc,1", GpuRequest(ids=("GPU-abc", 1))), (" 0 , 2 ", GpuRequest(ids=(0, 2))),
 ])
 def test_parse_gpu_request(text, expected):
-    assert parse_gpu_request(text) == expected
+    assert GpuRequest.parse(text) == expected
+    assert GpuRequest.parse(str(expected)) == expected  # shown as --gpus takes it
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, GpuRequest()), (2, GpuRequest(count=2)), ("all", GpuRequest(every=True)), ("1,3", GpuRequest(ids=(1, 3))),
+    ([1, "GPU-abc"], GpuRequest(ids=(1, "GPU-abc"))), (GpuRequest(count=1), GpuRequest(count=1)),
+])
+def test_gpus_from_python_are_the_same_request(value, expected):
+    assert GpuRequest.of(value) == expected
+    assert GpuRequest.of(value).automatic is (value is None)
 
 
 @pytest.mark.parametrize("text", ["two", "", ",", "1,x", "-1"])
 def test_parse_gpu_request_rejects_with_the_accepted_forms(text):
     with pytest.raises(ConfigurationError, match="comma-separated list"):
-        parse_gpu_request(text)
+        GpuRequest.parse(text)
+
+
+@pytest.mark.parametrize("value", [True, [], ()])
+def test_gpus_from_python_that_name_no_gpu_are_refused(value):
+    with pytest.raises(ConfigurationError, match="comma-separated list"):
+        GpuRequest.of(value)
 
 
 @pytest.mark.parametrize("text", ["0", "00", " 0 "])
 def test_zero_gpus_is_refused_with_a_pointer_to_cpu(text):
-    with pytest.raises(ConfigurationError, match=r"at least 1 GPU.*--cpu"):
-        parse_gpu_request(text)
+    with pytest.raises(ConfigurationError, match=r"at least 1 GPU.*--cpu") as from_cli:
+        GpuRequest.parse(text)
+    with pytest.raises(ConfigurationError, match=r"at least 1 GPU.*--cpu") as from_python:
+        GpuRequest.of(int(text))
+    # one place refuses it, with one message: only how the value was given differs
+    assert str(from_cli.value).replace(f"--gpus {text!r}", "X") == str(from_python.value).replace("gpus=0", "X")
+
+
+@pytest.mark.parametrize("text", ["9" * 5000, "1,\u00b2", "1234567890"])
+def test_gpu_numbers_are_bounded_ascii_digits(text):
+    with pytest.raises(ConfigurationError, match="at most 9 digits"):
+        GpuRequest.parse(text)
 
 
 @pytest.mark.parametrize("killed_rank", [0, 1, 2])

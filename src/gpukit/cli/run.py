@@ -104,23 +104,6 @@ def _check_master_resolves(topology: Any, given: str | None) -> None:
             "(check /etc/hosts and DNS).")
 
 
-def _gpu_request(text: str | None, cpu: bool) -> Any:
-    from gpukit.launch import parse_gpu_request
-
-    if text is None:
-        return None
-    numbers = [item.strip() for item in text.split(",") if item.strip().isdigit()]
-    if any(len(n) > 9 or not n.isascii() for n in numbers):  # int() of 5,000 digits raises; '²' is a digit
-        shown = text if len(text) <= 40 else text[:40] + "..."
-        raise ConfigurationError(f"--gpus {shown!r}: a GPU count or index is a whole number of at most 9 digits "
-                                 "(--gpus 2, --gpus 1,3, or --gpus all).")
-    request = parse_gpu_request(text)
-    if request == 0:
-        raise ConfigurationError(f"--gpus {text!r}: ask for at least 1 GPU (--gpus 1), or leave --gpus out and "
-                                 "give --cpu to run on the CPU.")
-    return request
-
-
 @click.command(
     cls=_RunCommand,
     short_help="Run a script on the best free GPUs (or the CPU), like torchrun.",
@@ -193,7 +176,7 @@ def run(
     (137: a worker was SIGKILLed, e.g. by the OOM killer); 124 a rank
     stalled and the collective timeout ended the run; 2 bad input.
     """
-    from gpukit.launch import RunInterruptedError, WorkerFailedError, launch_script, node_topology
+    from gpukit.launch import GpuRequest, RunInterruptedError, WorkerFailedError, launch_script, node_topology
 
     args = list(command)
     if args and args[0] == "--":
@@ -212,7 +195,7 @@ def run(
         "module": module is not None,
         "nproc": nproc,
         "cpu": cpu,
-        "gpus": _gpu_request(gpus, cpu),
+        "gpus": None if gpus is None else GpuRequest.parse(gpus),  # parsed here, once
         "max_restarts": max_restarts,
         "grace_s": grace,
         "topology": topology,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gpukit._util.envvars import CPU_ENV, LAUNCHER_PID_ENV
 from gpukit.launch._api import DEFAULT_GRACE_S, GRACE_ENV, RUN_ID_ENV, launch_function, launch_script
-from gpukit.launch._gpus import GpuRequest, parse_gpu_request
+from gpukit.launch._gpus import GpuRequest
 from gpukit.launch._signals import RunInterruptedError
 from gpukit.launch._summary import WorkerFailedError, WorkerFailure
 from gpukit.launch._topology import Topology, node_topology, scheduler_gpu_count
@@ -31,7 +31,6 @@ __all__ = [
     "node_topology",
     "scheduler_gpu_count",
     "GpuRequest",
-    "parse_gpu_request",
     "stop_requested",
     "install_preemption_handler",
     "uninstall_preemption_handler",

@@ -164,7 +164,7 @@ def launch_function(
     *,
     nproc: int,
     cpu: bool = False,
-    gpus: GpuRequest = None,
+    gpus: GpuRequest | int | str | Sequence[int | str] | None = None,
     max_restarts: int = 0,
     grace_s: float = DEFAULT_GRACE_S,
     min_free_memory: int | str | None = None,
@@ -211,7 +211,7 @@ def launch_function(
     if not fork:
         _check_picklable(fn, args)
     topology = Topology()
-    plan = plan_devices(gpus, cpu=cpu, nproc=nproc, min_free_memory=min_free_memory,
+    plan = plan_devices(GpuRequest.of(gpus), cpu=cpu, nproc=nproc, min_free_memory=min_free_memory,
                         max_utilization=max_utilization, wait=wait, wait_timeout_s=wait_timeout_s)
     try:
         if fork:
@@ -236,7 +236,7 @@ def launch_script(
     module: bool = False,
     nproc: int | None = None,
     cpu: bool = False,
-    gpus: GpuRequest = None,
+    gpus: GpuRequest | int | str | Sequence[int | str] | None = None,
     max_restarts: int = 0,
     grace_s: float = DEFAULT_GRACE_S,
     topology: Topology | None = None,
@@ -286,13 +286,14 @@ def launch_script(
     cluster = environment()
     if echo is not None:
         announce(cluster, under_gpukit=WorkerEnv.from_env().launcher_pid is not None)  # a launch inside a worker
-    if gpus is None and nproc is None and not cpu:
-        gpus = scheduler_gpu_count(cluster)  # every GPU SLURM gave this node, and no other
+    request = GpuRequest.of(gpus)
+    if request.automatic and nproc is None and not cpu:
+        request = GpuRequest.of(scheduler_gpu_count(cluster))  # every GPU SLURM gave this node, and no other
     try:
         # a stop held since the CLI started is acted on here, and when run_workers installs the
         # launcher's handlers (after its imports): stop before any worker starts, exit 75
         raise_if_held()
-        _launch_script_workers(target, script_args, module=module, nproc=nproc, cpu=cpu, gpus=gpus,
+        _launch_script_workers(target, script_args, module=module, nproc=nproc, cpu=cpu, gpus=request,
                                max_restarts=max_restarts, grace_s=grace_s, topology=topology,
                                min_free_memory=min_free_memory, max_utilization=max_utilization,
                                wait=wait, wait_timeout_s=wait_timeout_s, verbose=verbose, echo=echo,

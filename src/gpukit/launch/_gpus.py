@@ -9,52 +9,110 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from gpukit.errors import ConfigurationError, GpuSelectionError
 
-__all__ = ["GpuRequest", "DevicePlan", "parse_gpu_request", "plan_devices"]
-
-#: ``None`` (automatic), a count, ``"all"``, or specific GPUs (indices or UUIDs).
-GpuRequest = Union[None, int, str, Sequence[Union[int, str]]]
+__all__ = ["GpuRequest", "DevicePlan", "plan_devices"]
 
 _GPU_FORMS = (
     "a count (--gpus 2), 'all', or a comma-separated list of GPU indices or UUIDs as "
     "`gpukit ls` shows them (--gpus 1,3; one GPU by index: --gpus 3,)"
 )
+_MAX_DIGITS = 9  # int() of 5,000 digits raises; no machine has a billion GPUs
 
 
-def parse_gpu_request(text: str) -> GpuRequest:
-    """Parse ``--gpus``: ``"2"`` -> 2, ``"all"``, ``"1,3"`` -> [1, 3], ``"3,"`` -> [3].
+@dataclass(frozen=True)
+class GpuRequest:
+    """Which GPUs a run asks for, parsed once where it is given (``--gpus``, or ``gpus=`` from Python).
 
-    Raises:
-        ConfigurationError: for anything else, naming the accepted forms.
+    One form at most: ``count`` (that many of the best free GPUs), ``every`` (every GPU of the
+    machine) or ``ids`` (exactly those GPUs: indices or UUIDs); none of them is automatic
+    (``nproc`` GPUs if the machine has any, else the CPU).
     """
-    value = text.strip()
-    if value.lower() == "all":
-        return "all"
-    if value.isdigit():
-        if int(value) == 0:
+
+    count: int | None = None
+    every: bool = False
+    ids: tuple[int | str, ...] = ()
+
+    @property
+    def automatic(self) -> bool:
+        """No GPUs were asked for: the launcher decides."""
+        return self.count is None and not self.every and not self.ids
+
+    def __str__(self) -> str:
+        """As ``--gpus`` takes it: ``2``, ``all``, ``1,3`` (``auto`` when automatic)."""
+        if self.count is not None:
+            return str(self.count)
+        if self.every:
+            return "all"
+        if self.ids:
+            return ",".join(map(str, self.ids)) + ("," if len(self.ids) == 1 else "")
+        return "auto"
+
+    @classmethod
+    def parse(cls, text: str) -> GpuRequest:
+        """Parse ``--gpus``: ``"2"``, ``"all"``, ``"1,3"``, ``"3,"`` (GPU 3), ``"GPU-<uuid>,1"``.
+
+        Raises:
+            ConfigurationError: for anything else (zero GPUs included), naming the accepted forms.
+        """
+        value = text.strip()
+        if value.lower() == "all":
+            return cls(every=True)
+        items = [item.strip() for item in value.split(",")]
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        if any(item.isdigit() and (len(item) > _MAX_DIGITS or not item.isascii()) for item in items):
+            raise ConfigurationError(f"--gpus {shown!r}: a GPU count or index is a whole number of at most "
+                                     f"{_MAX_DIGITS} digits (--gpus 2, --gpus 1,3, or --gpus all).")
+        if value.isdigit():
+            return cls._count(int(value), f"--gpus {text!r}")
+        if "," not in value or not any(items):
+            raise ConfigurationError(f"Invalid --gpus {shown!r}: expected {_GPU_FORMS}.")
+        parsed: list[int | str] = []
+        for item in items:
+            if not item:
+                continue
+            if item.isdigit():
+                parsed.append(int(item))
+            elif item.upper().startswith(("GPU-", "MIG-")):
+                parsed.append(item)
+            else:
+                raise ConfigurationError(f"Invalid GPU {item!r} in --gpus {shown!r}: expected {_GPU_FORMS}.")
+        return cls(ids=tuple(parsed))
+
+    @classmethod
+    def of(cls, value: GpuRequest | int | str | Sequence[int | str] | None) -> GpuRequest:
+        """A ``gpus=`` argument from Python: ``None`` (automatic), a count, ``"all"`` or any
+        ``--gpus`` text, or a sequence of GPU indices/UUIDs.
+
+        Raises:
+            ConfigurationError: a bool, a count below 1, an empty sequence or text that does not parse.
+        """
+        if isinstance(value, GpuRequest):
+            return value
+        if value is None:
+            return cls()
+        if isinstance(value, bool):
+            raise ConfigurationError(f"Invalid gpus={value!r}: expected {_GPU_FORMS}.")
+        if isinstance(value, int):
+            return cls._count(value, f"gpus={value!r}")
+        if isinstance(value, str):
+            return cls.parse(value)
+        ids = tuple(value)
+        if not ids:
+            raise ConfigurationError(f"Invalid gpus={value!r}: no GPU given; expected {_GPU_FORMS}.")
+        return cls(ids=ids)
+
+    @classmethod
+    def _count(cls, count: int, shown: str) -> GpuRequest:
+        # the one place a run is refused for asking for no GPU
+        if count < 1:
             raise ConfigurationError(
-                f"Invalid --gpus {text!r}: a run needs at least 1 GPU. To run on the CPU use "
-                "--cpu (with --nproc N for N processes); otherwise give "
-                f"{_GPU_FORMS}."
+                f"Invalid {shown}: a run needs at least 1 GPU. To run on the CPU use --cpu (cpu=True; "
+                f"--nproc N for N processes); otherwise give {_GPU_FORMS}."
             )
-        return int(value)
-    items = [item.strip() for item in value.split(",")]
-    if "," not in value or not any(items):
-        raise ConfigurationError(f"Invalid --gpus {text!r}: expected {_GPU_FORMS}.")
-    parsed: list[int | str] = []
-    for item in items:
-        if not item:
-            continue
-        if item.isdigit():
-            parsed.append(int(item))
-        elif item.upper().startswith(("GPU-", "MIG-")):
-            parsed.append(item)
-        else:
-            raise ConfigurationError(f"Invalid GPU {item!r} in --gpus {text!r}: expected {_GPU_FORMS}.")
-    return parsed
+        return cls(count=count)
 
 
 @dataclass
@@ -84,7 +142,7 @@ class DevicePlan:
 
 
 def plan_devices(
-    gpus: GpuRequest = None,
+    gpus: GpuRequest,
     *,
     cpu: bool = False,
     nproc: int | None = None,
@@ -96,9 +154,9 @@ def plan_devices(
     """Choose and claim the run's devices.
 
     Args:
-        gpus: ``None``: ``nproc`` GPUs (1 when ``nproc`` is unset) if this machine has any,
-            else the CPU. An ``int``: that many of the best free GPUs. ``"all"``: every GPU.
-            A list: exactly those GPUs (indices or UUIDs).
+        gpus: Automatic: ``nproc`` GPUs (1 when ``nproc`` is unset) if this machine has any,
+            else the CPU. A count: that many of the best free GPUs. Every GPU, or exactly
+            the GPUs listed (indices or UUIDs).
         cpu: Run on the CPU (gloo); GPUs are hidden from the workers.
         nproc: Worker processes per node, when the user gave it.
         min_free_memory, max_utilization: Selection criteria (see ``gpukit.devices.select_gpus``).
@@ -112,54 +170,44 @@ def plan_devices(
         ConfigurationError: contradictory arguments.
     """
     if cpu:
-        if gpus is not None:
-            raise ConfigurationError(f"--cpu and --gpus {gpus!r} contradict each other: give one of them.")
+        if not gpus.automatic:
+            raise ConfigurationError(f"--cpu and --gpus {gpus} contradict each other: give one of them.")
         return DevicePlan(env={"CUDA_VISIBLE_DEVICES": ""}, cpu=True, mapping="devices: CPU (gloo); GPUs hidden")
 
     from gpukit import devices  # no torch in there; imported late to keep `gpukit run -h` fast
 
-    if gpus is None:
+    if gpus.automatic:
         if not devices.list_gpus():
             return DevicePlan(mapping="devices: CPU (no NVIDIA GPU found)")
-        gpus = nproc or 1
+        gpus = GpuRequest(count=nproc or 1)
     criteria: dict[str, Any] = {
         "min_free_memory": min_free_memory,
         "max_utilization": max_utilization,
         "wait": wait,
         "timeout_s": wait_timeout_s,
     }
-    if isinstance(gpus, bool):
-        raise ConfigurationError(f"Invalid gpus={gpus!r}: expected {_GPU_FORMS}.")
-    if isinstance(gpus, int):
-        if gpus < 1:
-            raise ConfigurationError(
-                f"Invalid gpus={gpus!r}: a run needs at least 1 GPU; use cpu=True (--cpu) to run "
-                "on the CPU."
-            )
+    if gpus.count is not None:
         present = len(devices.list_gpus())
-        if gpus > present:  # no amount of waiting makes more GPUs appear
+        if gpus.count > present:  # no amount of waiting makes more GPUs appear
             raise GpuSelectionError(
-                f"--gpus {gpus}: this machine has {present} GPU{'s' if present != 1 else ''}. Ask for at most "
+                f"--gpus {gpus.count}: this machine has {present} GPU{'s' if present != 1 else ''}. Ask for at most "
                 f"{present}, or use several machines (--nnodes)."
             )
-        claim = devices.claim_gpus(gpus, **criteria)
-    elif isinstance(gpus, str) and gpus.lower() == "all":
+        claim = devices.claim_gpus(gpus.count, **criteria)
+    elif gpus.every:
         everything = [gpu.index for gpu in devices.list_gpus()]
         if not everything:
             raise ConfigurationError("--gpus all: no NVIDIA GPU found on this machine; use --cpu to run on the CPU.")
         claim = devices.claim_gpus(gpus=everything, **criteria)
-    elif isinstance(gpus, str):
-        return plan_devices(parse_gpu_request(gpus), nproc=nproc, min_free_memory=min_free_memory,
-                            max_utilization=max_utilization, wait=wait, wait_timeout_s=wait_timeout_s)
     else:
-        claim = devices.claim_gpus(gpus=list(gpus), **criteria)
+        claim = devices.claim_gpus(gpus=list(gpus.ids), **criteria)
     try:
         mig = [gpu for gpu in claim.gpus if gpu.is_mig]
         if mig and len(claim.gpus) > 1:
             # CUDA enumerates only the first MIG device of CUDA_VISIBLE_DEVICES, so every worker
             # would land on the same instance; one per worker needs a per-worker variable.
             raise ConfigurationError(
-                f"--gpus {gpus!r} chose {len(claim.gpus)} devices, {len(mig)} of them MIG instances "
+                f"--gpus {gpus} chose {len(claim.gpus)} devices, {len(mig)} of them MIG instances "
                 f"({', '.join(g.uuid or '?' for g in mig)}). CUDA shows a process only one MIG "
                 "instance, so the workers would share it. Run one worker per MIG instance "
                 "(--gpus MIG-<uuid>, one gpukit run each), or use whole GPUs (--exclude the MIG GPU)."
