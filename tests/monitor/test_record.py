@@ -14,11 +14,12 @@ import pytest
 import torch
 
 import gpukit
+from gpukit._util.envvars import RECORD_DIR_ENV
 from gpukit.accelerators import get_accelerator
 from gpukit.data import StepTiming
 from gpukit.errors import ConfigurationError
 from gpukit.memory import OomBackoff
-from gpukit.monitor import RECORD_DIR_ENV, Recorder, emit, tensorboard_available
+from gpukit.monitor import Recorder, emit, tensorboard_available
 from gpukit.monitor._record import _window
 from gpukit.monitor._system import read_system
 from gpukit.report import read_record

@@ -176,7 +176,10 @@ def run(
     (137: a worker was SIGKILLed, e.g. by the OOM killer); 124 a rank
     stalled and the collective timeout ended the run; 2 bad input.
     """
-    from gpukit.launch import GpuRequest, RunInterruptedError, WorkerFailedError, launch_script, node_topology
+    from gpukit.launch import (
+        GpuRequest, LaunchSpec, RunInterruptedError, WorkerFailedError, launch_script, node_topology,
+    )
+    from gpukit.worker import parse_preempt_signal
 
     args = list(command)
     if args and args[0] == "--":
@@ -191,30 +194,26 @@ def run(
     topology = node_topology(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port,
                              local_addr=local_addr, rdzv_timeout_s=rdzv_timeout)
     _check_master_resolves(topology, master_addr)
-    options: dict[str, Any] = {
-        "module": module is not None,
-        "nproc": nproc,
-        "cpu": cpu,
-        "gpus": None if gpus is None else GpuRequest.parse(gpus),  # parsed here, once
-        "max_restarts": max_restarts,
-        "grace_s": grace,
-        "topology": topology,
-        "min_free_memory": parse_size_option("--min-free", min_free),
-        "max_utilization": max_util,
-        "wait": waiting,
-        "wait_timeout_s": wait_timeout_s,
-        "verbose": verbose,
-        "preempt_signal": preempt_signal,
-        "max_requeues": max_requeues,
-        "timeout_s": timeout,
-        "echo": lambda line: click.echo(line, err=True),
-    }
-    if record is not None:  # every worker's Session records there (GPUKIT_RECORD_DIR)
-        from gpukit.monitor import RECORD_DIR_ENV
-
-        os.environ[RECORD_DIR_ENV] = os.path.abspath(record)
+    spec = LaunchSpec(
+        nproc=nproc,
+        cpu=cpu,
+        gpus=GpuRequest() if gpus is None else GpuRequest.parse(gpus),  # parsed here, once
+        min_free_memory=parse_size_option("--min-free", min_free),
+        max_utilization=max_util,
+        wait=waiting,
+        wait_timeout_s=wait_timeout_s,
+        max_restarts=max_restarts,
+        grace_s=grace,
+        topology=topology,
+        timeout_s=timeout,
+        preempt_signal=None if preempt_signal is None else parse_preempt_signal(preempt_signal),
+        max_requeues=max_requeues,
+        record_dir=record,  # every worker's Session records there (GPUKIT_RECORD_DIR)
+        verbose=verbose,
+    )
     try:
-        launch_script(target, script_args, **options)
+        launch_script(target, script_args, spec, module=module is not None,
+                      echo=lambda line: click.echo(line, err=True))
         if record is not None:
             click.echo(f"gpukit: run recorded in {record}; see it with: gpukit report {record}", err=True)
     except WorkerFailedError as exc:

@@ -194,7 +194,7 @@ def run_demo(config: DemoConfig, *, nproc: int = 1, cpu: bool = False) -> DemoRe
     # report shows each run on its own), and its checkpoint replaced atomically.
     if nproc == 1:
         return train_worker(config)
-    from gpukit.launch import launch_function
+    from gpukit.launch import LaunchSpec, launch_function
 
-    results = launch_function(train_worker, (config,), nproc=nproc, cpu=cpu)
+    results = launch_function(train_worker, (config,), LaunchSpec(nproc=nproc, cpu=cpu))
     return results[0]

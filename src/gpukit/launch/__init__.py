@@ -10,9 +10,10 @@ flag is re-exported here: :func:`install_preemption_handler`, :func:`stop_reques
 from __future__ import annotations
 
 from gpukit._util.envvars import CPU_ENV, LAUNCHER_PID_ENV
-from gpukit.launch._api import DEFAULT_GRACE_S, GRACE_ENV, RUN_ID_ENV, launch_function, launch_script
+from gpukit.launch._api import GRACE_ENV, RUN_ID_ENV, launch_function, launch_script
 from gpukit.launch._gpus import GpuRequest
 from gpukit.launch._signals import RunInterruptedError
+from gpukit.launch._spec import DEFAULT_GRACE_S, LaunchSpec
 from gpukit.launch._summary import WorkerFailedError, WorkerFailure
 from gpukit.launch._topology import Topology, node_topology, scheduler_gpu_count
 from gpukit.worker import (  # the worker side, for scripts that import it from here
@@ -27,6 +28,7 @@ from gpukit.worker import (  # the worker side, for scripts that import it from 
 __all__ = [
     "launch_function",
     "launch_script",
+    "LaunchSpec",
     "Topology",
     "node_topology",
     "scheduler_gpu_count",

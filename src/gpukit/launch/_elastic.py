@@ -24,7 +24,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import Any, cast
 
 from gpukit.errors import LaunchError
 from gpukit.launch._guardian import Guardian
@@ -37,6 +37,7 @@ from gpukit.launch._signals import (
     kill_now,
     launcher_signals,
 )
+from gpukit.launch._spec import LaunchSpec
 from gpukit.launch._stall import Stall, StallMonitor, stall_threshold_s
 from gpukit.launch._stop_report import interrupted_outcome, report_stop
 from gpukit.launch._summary import WorkerFailedError, WorkerFailure
@@ -194,16 +195,12 @@ def _stalled(failure: WorkerFailure, stalls: Mapping[int, Stall]) -> WorkerFailu
 def run_workers(
     entrypoint: Callable[..., Any] | str,
     args: tuple[Any, ...],
+    spec: LaunchSpec,
     *,
     nproc: int,
-    topology: Topology,
     env: Mapping[str, str],
     worker: WorkerEnv,
     run_id: str,
-    max_restarts: int = 0,
-    grace_s: float = 10.0,
-    verbose: bool = False,
-    preempt_signal: int | None = None,
     start_method: str = "spawn",
 ) -> dict[int, Any]:
     """Start ``nproc`` workers on this node under the elastic agent and supervise them.
@@ -211,16 +208,16 @@ def run_workers(
     Args:
         entrypoint: A picklable function, or an executable (``sys.executable``).
         args: Arguments for the function / command line for the executable.
+        spec: The launch: its ``topology`` (decided: single machine or this node's place among
+            several), ``max_restarts`` (restarts of the whole worker group after a failure),
+            ``grace_s`` (seconds between SIGTERM and SIGKILL whenever workers are stopped),
+            ``verbose`` (keep torch elastic's own log lines) and ``preempt_signal`` (the
+            scheduler's preemption warning, e.g. SIGUSR2: stops the run like SIGTERM -- workers
+            get SIGTERM, save, exit; repeated, it changes nothing).
         nproc: Workers on this node.
-        topology: Single machine or this node's place among several.
         env: Extra environment for the workers (on top of the launcher's and torchrun's).
         worker: What every worker is told (the run's directory is added here).
         run_id: Rendezvous id; every node of a run must use the same one.
-        max_restarts: Restarts of the whole worker group after a failure.
-        grace_s: Seconds between SIGTERM and SIGKILL whenever workers are stopped.
-        verbose: Keep torch elastic's own log lines.
-        preempt_signal: The scheduler's preemption warning (e.g. SIGUSR2): stops the run
-            like SIGTERM (workers get SIGTERM, save, exit); repeated, it changes nothing.
         start_method: ``"spawn"``, or ``"fork"`` for function workers launched from a notebook
             (see ``_notebook.py``).
 
@@ -234,7 +231,8 @@ def run_workers(
             all exited cleanly after their Sessions agreed to stop on a signal one of them got.
         LaunchError: the rendezvous could not be reached or completed.
     """
-    _import_torch_quietly(verbose)
+    topology, grace_s, preempt_signal = cast(Topology, spec.topology), spec.grace_s, spec.preempt_signal
+    _import_torch_quietly(spec.verbose)
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.rendezvous import RendezvousError, registry
@@ -244,7 +242,7 @@ def run_workers(
     os.mkdir(run_dir)
     env = {**env, **dataclasses.replace(worker, run_dir=run_dir).to_env()}
     try:
-        with _environ(env), _quiet_torch_logs(verbose), launcher_signals(preempt_signal), \
+        with _environ(env), _quiet_torch_logs(spec.verbose), launcher_signals(preempt_signal), \
                 cheaper_rendezvous(topology.single_machine):
             try:
                 handler = registry.get_rendezvous_handler(rendezvous_parameters(topology, run_id))
@@ -253,16 +251,16 @@ def run_workers(
                                           detail="no worker had started yet, nothing to save") from None
             except (RendezvousError, RuntimeError, ValueError, TimeoutError) as exc:
                 raise rendezvous_error(exc, topology) from exc
-            spec = WorkerSpec(
+            worker_spec = WorkerSpec(
                 role="worker",
                 local_world_size=nproc,
                 entrypoint=entrypoint,
                 args=tuple(args),
                 rdzv_handler=handler,
-                max_restarts=max_restarts,
+                max_restarts=spec.max_restarts,
                 monitor_interval=_MONITOR_INTERVAL_S,
             )
-            agent = _make_agent_class()(spec, DefaultLogsSpecs(log_dir=log_dir), grace_s, preempt_signal,
+            agent = _make_agent_class()(worker_spec, DefaultLogsSpecs(log_dir=log_dir), grace_s, preempt_signal,
                                         start_method)
             close_rendezvous = True
             monitor = StallMonitor(run_dir, stall_threshold_s(collective_timeout_s()), _stderr_line)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from gpukit.monitor._events import EVENT_KINDS, emit
-from gpukit.monitor._record import RECORD_DIR_ENV, Recorder, record_path
+from gpukit.monitor._record import Recorder, record_path
 from gpukit.monitor._tensorboard import TensorBoardSink, tensorboard_available
 from gpukit.monitor._throughput import Throughput
 from gpukit.monitor._utilization import UtilizationSampler, UtilizationSummary
 
 __all__ = [
-    "EVENT_KINDS", "RECORD_DIR_ENV", "Recorder", "TensorBoardSink", "Throughput",
+    "EVENT_KINDS", "Recorder", "TensorBoardSink", "Throughput",
     "UtilizationSampler", "UtilizationSummary", "emit", "record_path", "tensorboard_available",
 ]

@@ -42,7 +42,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpukit._util.envvars import RECORD_DIR_ENV
 from gpukit.errors import ConfigurationError
 from gpukit.monitor import _events
 from gpukit.monitor._system import SystemSampler
@@ -53,7 +52,7 @@ if TYPE_CHECKING:
 
     from gpukit.accelerators import Accelerator
 
-__all__ = ["RECORD_DIR_ENV", "RECORD_FORMAT", "RECORD_VERSION", "Recorder", "log_event", "record_path",
+__all__ = ["RECORD_FORMAT", "RECORD_VERSION", "Recorder", "log_event", "record_path",
            "start_recorder"]
 
 RECORD_FORMAT = "gpukit-record"

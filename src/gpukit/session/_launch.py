@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpukit.launch import LaunchSpec
 
 __all__ = ["launch_workers"]
 
 
 def launch_workers(
-    session_class: type, config: dict[str, Any], fn: Callable[..., Any], args: tuple, *, nproc: int, cpu: bool
+    session_class: type, config: dict[str, Any], fn: Callable[..., Any], args: tuple, spec: LaunchSpec
 ) -> list[Any]:
-    """Run ``fn(session, *args)`` in ``nproc`` new processes, each with ``session_class(**config)``.
+    """Run ``fn(session, *args)`` in ``spec.nproc`` new processes, each with ``session_class(**config)``.
 
     Returns:
         ``fn``'s return values in rank order.
     """
     from gpukit.launch import launch_function
 
-    return list(launch_function(_run_worker, (session_class, config, fn, args), nproc=nproc, cpu=cpu))
+    return list(launch_function(_run_worker, (session_class, config, fn, args), spec))
 
 
 def _run_worker(session_class: type, config: dict[str, Any], fn: Callable[..., Any], args: tuple) -> Any:

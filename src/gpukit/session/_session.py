@@ -403,8 +403,10 @@ class Session:
         workers are forked from this process (``gpukit.launch._notebook``)."""
         if self.strategy.launched:
             return [fn(self, *args)]
-        return launch_workers(type(self), self._config, fn, args, nproc=self.strategy.num_processes,
-                              cpu=self.accelerator.is_host)
+        from gpukit.launch import LaunchSpec
+
+        spec = LaunchSpec(nproc=self.strategy.num_processes, cpu=self.accelerator.is_host)
+        return launch_workers(type(self), self._config, fn, args, spec)
 
     def close(self) -> None:
         """Leave the process group this session joined (at the end of training)."""

@@ -1,0 +1,60 @@
+"""LaunchSpec: a launch's settings, checked once where they are made (no process is started here)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from gpukit.errors import ConfigurationError
+from gpukit.launch import GpuRequest, LaunchSpec, Topology, launch_function, launch_script
+
+
+def test_the_forms_a_caller_gives_become_one_typed_value(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec = LaunchSpec(nproc=2, gpus="1,3", timeout_s="90", preempt_signal="usr1", max_requeues="4",  # type: ignore[arg-type]
+                      record_dir="rec")
+    assert spec.gpus == GpuRequest(ids=(1, 3))
+    assert spec.timeout_s == 90.0 and spec.preempt_signal == signal.SIGUSR1 and spec.max_requeues == 4
+    assert spec.record_dir == os.path.join(str(tmp_path), "rec")  # the workers may run elsewhere
+    assert LaunchSpec().gpus.automatic and LaunchSpec(gpus=2).gpus == GpuRequest(count=2)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"nproc": 0}, "nproc (--nproc) must be an integer >= 1, got 0"),
+    ({"nproc": True}, "nproc (--nproc) must be an integer >= 1, got True"),
+    ({"max_restarts": -1}, "max_restarts (--max-restarts) must be an integer >= 0"),
+    ({"grace_s": float("nan")}, "grace_s (--grace) must be a finite number of seconds >= 0"),
+    ({"cpu": True, "gpus": 2}, "--cpu and --gpus 2 contradict each other"),
+    ({"gpus": 0}, "a run needs at least 1 GPU"),
+    ({"timeout_s": -3}, "timeout_s (--timeout)=-3"),
+    ({"preempt_signal": "KILL"}, "'KILL' is not a preemption signal"),
+    ({"max_requeues": -1}, "-1 is not a number of requeues"),
+])
+def test_a_bad_setting_is_refused_when_the_spec_is_made(settings, message) -> None:
+    with pytest.raises(ConfigurationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        LaunchSpec(**settings)
+
+
+def test_the_worker_cap_names_its_variable(monkeypatch) -> None:
+    monkeypatch.setenv("GPUKIT_MAX_NPROC", "3")
+    with pytest.raises(ConfigurationError, match="GPUKIT_MAX_NPROC=4"):
+        LaunchSpec(nproc=4)
+    monkeypatch.setenv("GPUKIT_MAX_NPROC", "many")
+    with pytest.raises(ConfigurationError, match="GPUKIT_MAX_NPROC='many'"):
+        LaunchSpec(nproc=1)
+
+
+def test_a_launch_takes_a_spec_or_its_fields_not_both() -> None:
+    with pytest.raises(ConfigurationError, match="not both"):
+        launch_function(print, (), LaunchSpec(nproc=1), cpu=True, echo=None)
+    with pytest.raises(ConfigurationError, match="unknown setting.*nprocs.*a launch takes nproc, cpu"):
+        launch_script("train.py", nprocs=2, echo=None)
+
+
+def test_a_function_launch_needs_nproc_and_stays_on_this_machine() -> None:
+    with pytest.raises(ConfigurationError, match="give nproc"):
+        launch_function(print, cpu=True, echo=None)
+    with pytest.raises(ConfigurationError, match="topology are for scripts"):
+        launch_function(print, nproc=1, cpu=True, topology=Topology(nnodes=2, master_addr="h"), echo=None)
