@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Union
 
-from gpukit.monitor._events import emit
+from gpukit.monitor import emit
 from gpukit.worker._env import WorkerEnv
 from gpukit.worker._run_dir import AGREED, BEFORE_START, FINISHED, write_marker
 
