@@ -27,6 +27,7 @@ from gpukit._util.timeouts import parse_timeout_s
 from gpukit.accelerators import Accelerator
 from gpukit.data import DeviceLoader, StepTimings, TimingSummary, build_loader
 from gpukit.data._timing import timed_progress
+from gpukit.launch import LaunchSpec
 from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
 from gpukit.session._checks import check_optimizer, check_session_options, choice_banner, not_launched_error
@@ -403,8 +404,6 @@ class Session:
         workers are forked from this process (``gpukit.launch._notebook``)."""
         if self.strategy.launched:
             return [fn(self, *args)]
-        from gpukit.launch import LaunchSpec
-
         spec = LaunchSpec(nproc=self.strategy.num_processes, cpu=self.accelerator.is_host)
         return launch_workers(type(self), self._config, fn, args, spec)
 
