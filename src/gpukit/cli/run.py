@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 
-from gpukit._util.envvars import MAX_REQUEUES_ENV, PREEMPT_SIGNAL_ENV
 from gpukit.cli._common import (
     MAX_NPROC,
     WAIT_NO_LIMIT,
@@ -126,11 +125,12 @@ def _check_master_resolves(topology: Any, given: str | None) -> None:
 @click.option("--timeout", "timeout", type=FiniteFloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Collective timeout of the workers' Sessions (GPUKIT_TIMEOUT_S) [default: 1800]; a rank "
                    "that stalls is named with its stack after min(60, SECONDS/2).")
-@click.option("--signal", "preempt_signal", type=Name("USR2", max_chars=16), metavar="USR2|USR1|TERM", envvar=PREEMPT_SIGNAL_ENV,
+@click.option("--signal", "preempt_signal", type=Name("USR2", max_chars=16), metavar="USR2|USR1|TERM",
               help="The scheduler's preemption warning (#SBATCH --signal=B:USR2@90): workers save and stop, "
-                   "then the SLURM job is requeued [default: USR2].")
-@click.option("--max-requeues", type=click.IntRange(0, 1_000_000), envvar=MAX_REQUEUES_ENV, metavar="N",
-              help="Requeue a preempted SLURM job only while SLURM_RESTART_COUNT < N [default: 10].")
+                   "then the SLURM job is requeued [default: GPUKIT_PREEMPT_SIGNAL, else USR2].")
+@click.option("--max-requeues", type=click.IntRange(0, 1_000_000), metavar="N",
+              help="Requeue a preempted SLURM job only while SLURM_RESTART_COUNT < N [default: GPUKIT_MAX_REQUEUES, "
+                   "else 10].")
 @click.option("-m", "--module", type=Name("pkg.train", pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$"),
               metavar="MODULE", help="Run a module (python -m MODULE) instead of a script.")
 @click.option("-v", "--verbose", is_flag=True, help="Show torch elastic's own log lines.")
