@@ -179,3 +179,13 @@ def test_tasks_per_node_is_read_without_expanding_repeats() -> None:
                 SLURM_NODEID="199999", SLURM_LOCALID="2", SLURM_STEP_NUM_NODES="200000")
     detected = environment(env)
     assert detected.local_world_size == 3 and detected.node_rank == 199999
+
+
+def test_the_job_is_announced_once_on_rank_0_but_not_by_gpukit_run_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpukit.cluster import announce
+
+    worker = environment({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    assert worker.kind == "torchrun"
+    assert not announce(worker, force=True, under_gpukit=True)  # its launcher already said it
+    assert announce(worker, force=True) and "gpukit: " in capsys.readouterr().err
+    assert not announce(environment({}), force=True)  # a plain machine: nothing to say
