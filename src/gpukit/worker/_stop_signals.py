@@ -18,14 +18,16 @@ from gpukit.worker._env import DEFAULT_PREEMPT_SIGNAL, WorkerEnv
 
 __all__ = ["preempt_signal", "session_stop_signals", "is_kernel"]
 
+_DEFAULT = signal.Signals[f"SIG{DEFAULT_PREEMPT_SIGNAL}"]
+
+
 def preempt_signal(environ: Mapping[str, str] | None = None) -> signal.Signals:
     """The preemption signal of this process: ``GPUKIT_PREEMPT_SIGNAL``, else SIGUSR2.
 
     Raises:
         ConfigurationError: the variable names a signal other than USR2, USR1 or TERM.
     """
-    chosen = WorkerEnv.from_env(environ).preempt_signal
-    return chosen if chosen is not None else signal.Signals[f"SIG{DEFAULT_PREEMPT_SIGNAL}"]
+    return WorkerEnv.from_env(environ).preempt_signal or _DEFAULT
 
 
 def session_stop_signals() -> tuple[int, ...]:
@@ -45,7 +47,7 @@ def session_stop_signals() -> tuple[int, ...]:
     launched = under_gpukit or bool(os.environ.get("TORCHELASTIC_RUN_ID"))
     signals = [signal.SIGTERM, signal.SIGINT] if launched else [signal.SIGTERM]
     if under_gpukit or worker.preempt_signal is not None or in_slurm_job(os.environ):
-        warning = worker.preempt_signal or signal.Signals[f"SIG{DEFAULT_PREEMPT_SIGNAL}"]
+        warning = worker.preempt_signal or _DEFAULT
         if warning not in signals:
             signals.append(warning)
     return tuple(signals)
