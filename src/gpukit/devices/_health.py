@@ -11,25 +11,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpukit.devices import _nvml
+from gpukit.devices._health_codes import CLOCK_EVENT_REASONS, PCIE_LANE_GBPS
 
 __all__ = ["GpuHealth", "gpu_health", "CLOCK_EVENT_REASONS", "PCIE_LANE_GBPS"]
-
-#: NVML clock-event ("throttle") reason bits -> gpukit's names for them, the way nvidia-smi -q
-#: words them (``nvmlClocksEventReason*``; the older ``nvmlClocksThrottleReason*`` are the same bits)
-CLOCK_EVENT_REASONS: dict[int, str] = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
-
-#: usable GB/s per lane and direction after line encoding, by PCIe generation
-PCIE_LANE_GBPS: dict[int, float] = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 _NVML_CLOCK_SM = 1
 _NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1

@@ -15,12 +15,9 @@ A key left out reads as NVML's "Not Supported".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping, NoReturn, Protocol
 
-from gpukit.devices._health import CLOCK_EVENT_REASONS, PCIE_LANE_GBPS
-
-if TYPE_CHECKING:
-    from gpukit.devices._spec import _Ctx
+from gpukit.devices._health_codes import CLOCK_EVENT_REASONS, PCIE_LANE_GBPS
 
 __all__ = ["FakeHealth", "parse_health", "HEALTH_KEYS"]
 
@@ -29,6 +26,16 @@ _INTS = ("pcie_gen", "pcie_width", "pcie_max_gen", "pcie_max_width", "ecc_uncorr
 _BOOLS = ("retired_pages_pending", "remapped_rows_pending", "remapped_rows_failure")
 HEALTH_KEYS = {*_INTS, *_BOOLS, "clock_event_reasons"}
 _REASON_BITS = {name: bit for bit, name in CLOCK_EVENT_REASONS.items()}
+
+
+class _SpecContext(Protocol):
+    """What the spec parser (``_spec._Ctx``) offers: checked reads and errors that name the field."""
+
+    def fail(self, path: str, problem: str) -> NoReturn: ...
+
+    def unknown_keys(self, path: str, obj: Mapping[str, Any], allowed: set[str]) -> None: ...
+
+    def opt(self, obj: Mapping[str, Any], path: str, key: str, kind: type | tuple[type, ...], **bounds: float) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,7 @@ class FakeHealth:
     sm_max_clock_mhz: int | None = None
 
 
-def parse_health(ctx: _Ctx, path: str, raw: Any) -> FakeHealth:
+def parse_health(ctx: _SpecContext, path: str, raw: Any) -> FakeHealth:
     """Validate a GPU's ``health`` object (``None``: every field "Not Supported")."""
     if raw is None:
         return FakeHealth()
