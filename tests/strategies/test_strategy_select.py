@@ -146,11 +146,18 @@ def test_nccl_collectives_name_the_gpu_and_never_get_cpu_tensors(
     assert moved[:2] == [torch.device("cuda", 1)] * 2
 
 
-def test_one_visible_gpu_per_launched_process_means_each_rank_uses_its_cuda0(monkeypatch) -> None:
-    # a scheduler binding one GPU per task: LOCAL_WORLD_SIZE=2, but each process sees one GPU
+def test_processes_sharing_one_visible_gpu_use_its_cuda0_over_gloo(monkeypatch) -> None:
+    # LOCAL_WORLD_SIZE=2 and one visible GPU, no scheduler binding a GPU per task (gpukit run --gpus 1
+    # --nproc 2, torchrun on a one-GPU machine): both ranks on cuda:0; nccl refuses two ranks on one
+    # device ("Duplicate GPU detected"), so the group is gloo, and the banner says why
     monkeypatch.setattr(CUDAAccelerator, "is_available", lambda self: True)
     monkeypatch.setattr(CUDAAccelerator, "device_count", lambda self: 1)
     strategy = select_strategy(environ=torchrun_env(1, 2), accelerator="cuda")
     assert isinstance(strategy, DDPStrategy) and strategy.root_device == torch.device("cuda", 0)
+    assert strategy.backend == "gloo" and "2 processes share cuda:0: nccl needs a GPU per process" in strategy.describe()
+    with pytest.raises(ConfigurationError, match=r"strategy='fsdp' needs a GPU per process.*gpukit run --gpus 2"):
+        select_strategy(strategy="fsdp", environ=torchrun_env(1, 2), accelerator="cuda")
     with pytest.raises(DeviceError):  # an explicit count still has to be visible
         select_strategy(devices=2, environ=torchrun_env(1, 2), accelerator="cuda")
+    monkeypatch.setattr(CUDAAccelerator, "device_count", lambda self: 2)  # a GPU each: nccl as always
+    assert select_strategy(environ=torchrun_env(1, 2), accelerator="cuda").backend == "nccl"

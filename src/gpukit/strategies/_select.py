@@ -105,11 +105,33 @@ def select_strategy(
             )
         return DataParallelStrategy(acc, [_device(acc, i) for i in indices])
     local = indices[env.local_rank] if env is not None else indices[0]
+    shared = _processes_share_one_gpu(devices, acc, env)
     if name == "fsdp":
+        if shared:
+            raise ConfigurationError(
+                f"strategy='fsdp' needs a GPU per process, but the {env.local_world_size} processes on this "  # type: ignore[union-attr]
+                "node share the one GPU they see. Use strategy='ddp' (it runs over gloo then), or give each "
+                f"process a GPU: gpukit run --gpus {env.local_world_size} ..."  # type: ignore[union-attr]
+            )
         return (template or FSDPStrategy()).bind(acc, _device(acc, local), env, len(indices))
-    return DDPStrategy(
+    strategy = DDPStrategy(
         acc, _device(acc, local), env, num_processes=len(indices), sync_batchnorm=sync_batchnorm
     )
+    if shared:  # nccl refuses two ranks on one device ("Duplicate GPU detected"); gloo moves CUDA tensors
+        strategy.backend = "gloo"
+    return strategy
+
+
+def _processes_share_one_gpu(devices: Any, acc: Accelerator, env: DistEnv | None) -> bool:
+    """Several processes on this node, one visible GPU, and nothing gave each process its own.
+
+    A launcher starts its local workers with one environment (``gpukit run --gpus 1 --nproc 2``,
+    torchrun on a one-GPU machine, a pod with one GPU): they all see the same GPU. Only a
+    scheduler binds a GPU per task, and under SLURM that case is told apart (and a shared
+    GPU refused) in :func:`_device_indices`.
+    """
+    return (env is not None and env.local_world_size > 1 and not acc.is_host and _is_auto(devices)
+            and env.kind != "slurm" and acc.device_count() == 1)
 
 
 def _pipeline(devices: Any, accelerator: str | Accelerator, env: DistEnv | None) -> PipelineStrategy:

@@ -62,6 +62,9 @@ class DDPStrategy(Strategy):
         self.sync_batchnorm = sync_batchnorm
         self.timeout_s = collective_timeout_s(timeout_s)
         self._owns_group = False
+        #: the process group's backend: the accelerator's (nccl on NVIDIA GPUs, gloo on the CPU),
+        #: or gloo where this node's processes share one GPU (nccl refuses two ranks on one device)
+        self.backend = accelerator.distributed_backend
 
     @property
     def rank(self) -> int:
@@ -89,7 +92,7 @@ class DDPStrategy(Strategy):
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        backend = self.accelerator.distributed_backend
+        backend = self.backend
         if dist.is_initialized():
             if dist.get_world_size() != self.world_size:
                 raise DistributedError(
@@ -194,7 +197,7 @@ class DDPStrategy(Strategy):
         return torch.stack(parts).to(tensor.device)
 
     def _uses_nccl(self) -> bool:
-        return self.accelerator.distributed_backend == "nccl"
+        return self.backend == "nccl"
 
     def _collective_device(self) -> torch.device:
         # nccl only communicates GPU tensors (a CPU tensor fails with "No backend type associated
@@ -206,7 +209,9 @@ class DDPStrategy(Strategy):
         return self.root_device if self._uses_nccl() else None
 
     def describe(self) -> str:
+        shared = (f" ({self.num_processes} processes share {self.root_device}: nccl needs a GPU per process)"
+                  if self.backend != self.accelerator.distributed_backend else "")
         return (
             f"ddp rank {self.rank}/{self.world_size} on {self.root_device} "
-            f"with {self.accelerator.distributed_backend}{self._describe_checkpointing()}"
+            f"with {self.backend}{shared}{self._describe_checkpointing()}"
         )

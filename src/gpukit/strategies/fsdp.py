@@ -216,7 +216,7 @@ class FSDPStrategy(DDPStrategy):
         units = f"{len(self.units) + 1} unit(s)" if self.units is not None else "units chosen at setup"
         return (
             f"fsdp rank {self.rank}/{self.world_size} on {self.root_device} with "
-            f"{self.accelerator.distributed_backend}, {units}{offload}{self._describe_checkpointing()}"
+            f"{self.backend}, {units}{offload}{self._describe_checkpointing()}"
         )
 
 
