@@ -62,9 +62,17 @@ class DDPStrategy(Strategy):
         self.sync_batchnorm = sync_batchnorm
         self.timeout_s = collective_timeout_s(timeout_s)
         self._owns_group = False
-        #: the process group's backend: the accelerator's (nccl on NVIDIA GPUs, gloo on the CPU),
-        #: or gloo where this node's processes share one GPU (nccl refuses two ranks on one device)
-        self.backend = accelerator.distributed_backend
+        self._backend: str | None = None  # set: this node's processes share one GPU (see backend)
+
+    @property
+    def backend(self) -> str:
+        """The process group's backend: the accelerator's (nccl on NVIDIA GPUs, gloo on the CPU),
+        or gloo where this node's processes share one GPU (nccl refuses two ranks on one device)."""
+        return self._backend or self.accelerator.distributed_backend
+
+    @backend.setter
+    def backend(self, name: str) -> None:
+        self._backend = name
 
     @property
     def rank(self) -> int:
