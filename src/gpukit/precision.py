@@ -19,7 +19,10 @@ without it) raises :class:`~gpukit.errors.ConfigurationError`; nothing falls bac
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import weakref
+from collections.abc import MutableMapping
 from typing import Any
 
 import torch
@@ -217,13 +220,52 @@ class TruePrecision(Precision):
 
 
 def _cast(obj: Any, dtype: torch.dtype) -> Any:
+    """``obj`` with its floating-point tensors cast to ``dtype``, every container kept as its own
+    type: a Hugging Face ``ModelOutput`` stays one (``model(**batch).loss`` still works), and so do
+    namedtuples, dataclasses and dict/list subclasses."""
     if isinstance(obj, torch.Tensor):
         return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_cast(v, dtype) for v in obj)
-    if isinstance(obj, dict):
-        return {k: _cast(v, dtype) for k, v in obj.items()}
+    if isinstance(obj, MutableMapping):
+        items = {k: _cast(v, dtype) for k, v in obj.items()}
+        return items if type(obj) is dict else _same_mapping(obj, items)
+    if isinstance(obj, (list, tuple)):
+        values = [_cast(v, dtype) for v in obj]
+        if type(obj) in (list, tuple):
+            return type(obj)(values)
+        if hasattr(obj, "_fields"):  # a namedtuple takes its fields as arguments
+            return type(obj)(*values)
+        return _same_sequence(obj, values)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        new = copy.copy(obj)
+        for field in dataclasses.fields(obj):  # object.__setattr__: frozen dataclasses too
+            object.__setattr__(new, field.name, _cast(getattr(obj, field.name), dtype))
+        return new
     return obj
+
+
+def _same_mapping(obj: MutableMapping[Any, Any], items: dict[Any, Any]) -> Any:
+    """A copy of the mapping ``obj`` (its class, attributes and order) holding ``items``.
+
+    ``ModelOutput`` keeps each key as an attribute too; its ``__setitem__`` sets both."""
+    try:
+        new = copy.copy(obj)
+        for key, value in items.items():
+            new[key] = value
+        return new
+    except Exception:  # noqa: BLE001 - a mapping that cannot be copied: build one from its items
+        return type(obj)(items)
+
+
+def _same_sequence(obj: list[Any] | tuple[Any, ...], values: list[Any]) -> Any:
+    """``values`` in the list/tuple subclass of ``obj`` (built from an iterable, or a copy)."""
+    try:
+        return type(obj)(values)
+    except TypeError:
+        if isinstance(obj, list):
+            new = copy.copy(obj)
+            new[:] = values
+            return new
+        return tuple(values)
 
 
 def _cast_hook(dtype: torch.dtype) -> Any:
