@@ -8,7 +8,7 @@ end-of-epoch diagnosis, loader tuning (``tune_loader``) and stalled-loader error
 from __future__ import annotations
 
 from gpukit.data._advice import EpochReport
-from gpukit.data._loader import DeviceLoader, build_loader
+from gpukit.data._loader import DeviceLoader, LoaderListener, build_loader
 from gpukit.data._loader_settings import LoaderSettings
 from gpukit.data._sampler import ResumableBatchSampler
 from gpukit.data._stall import DEFAULT_DATA_TIMEOUT_S, SharedMemoryWarning
@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_DATA_TIMEOUT_S",
     "DeviceLoader",
     "EpochReport",
+    "LoaderListener",
     "LoaderSettings",
     "ResumableBatchSampler",
     "SharedMemoryWarning",

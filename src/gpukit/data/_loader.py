@@ -29,6 +29,7 @@ from gpukit.errors import CheckpointError, ConfigurationError
 from gpukit.placement import device_mover
 from gpukit.data._advice import LoaderFacts, diagnose, loader_facts
 from gpukit.data._sampler import ResumableBatchSampler
+from gpukit.data._shard import batches_per_rank, make_sampler, parse_even_batches, real_samples, shard_note
 from gpukit.data._stall import StallGuard, resolve_data_timeout
 from gpukit.data._timing import PassTotals, StepTimings
 from gpukit.data._epoch_gather import EpochGather
@@ -36,7 +37,21 @@ from gpukit.data._tune import tune_for_ranks
 from gpukit.data._tune_result import TuneResult
 from gpukit.data._workers import auto_num_workers, chain_worker_init, track_worker_pool
 
-__all__ = ["DeviceLoader", "build_loader"]
+__all__ = ["DeviceLoader", "LoaderListener", "build_loader"]
+
+class LoaderListener:
+    """Told where a :class:`DeviceLoader` is (the Session's accumulation and ``gather_for_metrics``
+    need to know the batch in hand and how many are left). The base methods do nothing."""
+
+    def pass_started(self, loader: DeviceLoader) -> None:
+        """A pass (an epoch, or the rest of one after a resume) begins."""
+
+    def batch(self, loader: DeviceLoader) -> None:
+        """``loader`` is about to hand out its next batch (``batches_consumed`` counts it already)."""
+
+    def pass_ended(self, loader: DeviceLoader) -> None:
+        """The pass ran to its end."""
+
 
 # DataLoader settings carried over from a loader the user built
 _CARRIED = (
@@ -70,8 +85,10 @@ class DeviceLoader:
         data_timeout_s: float | None = None,
         local_world_size: int = 1,
         tuned: TuneResult | None = None,
+        listener: LoaderListener | None = None,
     ) -> None:
         self.loader = loader
+        self._listener = listener if listener is not None else LoaderListener()
         self.timings = timings if timings is not None else StepTimings()
         self.local_world_size = local_world_size
         self._guard = StallGuard(loader, resolve_data_timeout(data_timeout_s))
@@ -107,6 +124,40 @@ class DeviceLoader:
     def __len__(self) -> int:
         return len(self.loader)
 
+    @property
+    def in_pass(self) -> bool:
+        """Whether a pass is under way (a batch of it was handed out and it has not ended)."""
+        return self._in_progress
+
+    @property
+    def shard_sampler(self) -> DistributedSampler | None:
+        """The sampler of this rank's shard when gpukit sharded the data (else ``None``)."""
+        if isinstance(self._batch_sampler, ResumableBatchSampler):
+            return self._batch_sampler.sampler
+        return None
+
+    def samples_in_batch(self) -> tuple[int, int] | None:
+        """``(samples, real)`` of the batch last handed out: its length, and how many of them are not
+        padding repeats (see ``even_batches`` in :mod:`gpukit.data._shard`); ``None`` when gpukit did
+        not shard the data."""
+        sampler = self.shard_sampler
+        if sampler is None or not self._consumed or self.batch_size is None:
+            return None
+        return real_samples(sampler, self._consumed - 1, self.batch_size)
+
+    def shard_note(self) -> str | None:
+        """One line on what sharding does to this dataset (padding, dropping), ``None`` when it divides."""
+        sampler = self.shard_sampler
+        return None if sampler is None else shard_note(sampler)
+
+    def batches_per_rank(self) -> list[int] | None:
+        """Every rank's batches per epoch (they differ only with ``even_batches=False``); ``None``
+        when gpukit did not shard the data."""
+        sampler = self.shard_sampler
+        if sampler is None or self.batch_size is None:
+            return None
+        return batches_per_rank(sampler, self.batch_size, bool(self._batch_sampler.drop_last))  # type: ignore[union-attr]
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch`` (keeps a restored position in that same epoch)."""
         if epoch != self._epoch:
@@ -137,17 +188,21 @@ class DeviceLoader:
             self._batch_sampler.seeded = bool(self.loader.num_workers)
         move = self._move
         guard = self._guard
+        listener = self._listener
+        listener.pass_started(self)
         guard.begin(raw)
         try:
             for batch in self.timings.iterate(
                 batches, epoch=self._epoch, move=move, fetch=guard.fetch, on_pass_end=self._pass_end
             ):
                 self._consumed += 1
+                listener.batch(self)
                 yield batch
                 del batch  # no second holder while the next batch is made (see _timing.iterate)
         finally:
             guard.end()
         self._epoch, self._consumed, self._in_progress = self._epoch + 1, 0, False
+        listener.pass_ended(self)
 
     def _pass_end(self, totals: PassTotals) -> None:
         per_rank = self.timings.gather_pass(totals, self._gather)
@@ -239,6 +294,8 @@ def build_loader(
     timings: StepTimings | None = None,
     data_timeout_s: float | None = None,
     broadcast: Callable[[Any], Any] | None = None,
+    even_batches: str | bool = "pad",
+    listener: LoaderListener | None = None,
     **loader_kwargs: Any,
 ) -> DeviceLoader:
     """Build the session's loader; see ``Session.setup_dataloader`` for the arguments.
@@ -246,6 +303,7 @@ def build_loader(
     Raises:
         ConfigurationError: bad arguments, or a custom sampler under several processes.
     """
+    even_batches = parse_even_batches(even_batches)
     given = data if isinstance(data, DataLoader) else None
     explicit_persistent = loader_kwargs.pop("persistent_workers", None)
     dataset = given.dataset if given is not None else data
@@ -304,7 +362,7 @@ def build_loader(
     )
     target = device if move_to_device else None
     wrap = dict(seed=seed, world_size=world_size, timings=timings, data_timeout_s=data_timeout_s,
-                local_world_size=local_world_size, tuned=tuned)
+                local_world_size=local_world_size, tuned=tuned, listener=listener)
 
     custom = given is not None and not _plain_sampling(given)
     if isinstance(dataset, IterableDataset) or custom:
@@ -317,7 +375,7 @@ def build_loader(
             )
         if given is not None:
             return DeviceLoader(given, target, seed=seed, world_size=world_size, resumable=False,
-                                timings=timings)
+                                timings=timings, listener=listener)
         loader = DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, **common)
         track_worker_pool(loader)
         return DeviceLoader(loader, target, resumable=False, **wrap)
@@ -327,9 +385,8 @@ def build_loader(
         shuffle = isinstance(old, RandomSampler) or (
             isinstance(old, DistributedSampler) and old.shuffle
         )
-    sampler = DistributedSampler(
-        dataset, num_replicas=world_size, rank=rank, shuffle=bool(shuffle), seed=seed
-    )
+    sampler = make_sampler(dataset, world_size=world_size, rank=rank, shuffle=bool(shuffle), seed=seed,
+                           even_batches=even_batches)
     batch_sampler = ResumableBatchSampler(sampler, batch_size, drop_last)
     loader = DataLoader(dataset, batch_sampler=batch_sampler, **common)
     track_worker_pool(loader)

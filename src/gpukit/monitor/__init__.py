@@ -1,4 +1,5 @@
-"""Run monitoring: throughput, utilization sampling, the per-step run record and its events."""
+"""Run monitoring: throughput, utilization sampling, the per-step run record and its events, and
+the experiment trackers (CSV, MLflow, Weights & Biases) of ``Session(log_with=...)``."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from gpukit.monitor._events import EVENT_KINDS, emit
 from gpukit.monitor._record import Recorder, record_path
 from gpukit.monitor._tensorboard import TensorBoardSink, tensorboard_available
 from gpukit.monitor._throughput import Throughput
+from gpukit.monitor._trackers import CSVTracker, MLflowTracker, Tracker, WandbTracker
 from gpukit.monitor._utilization import UtilizationSampler, UtilizationSummary
 
 __all__ = [
-    "EVENT_KINDS", "Recorder", "TensorBoardSink", "Throughput",
+    "CSVTracker", "EVENT_KINDS", "MLflowTracker", "Recorder", "TensorBoardSink", "Throughput",
+    "Tracker", "WandbTracker",
     "UtilizationSampler", "UtilizationSummary", "emit", "record_path", "tensorboard_available",
 ]

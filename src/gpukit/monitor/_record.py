@@ -52,8 +52,8 @@ if TYPE_CHECKING:
 
     from gpukit.accelerators import Accelerator
 
-__all__ = ["RECORD_FORMAT", "RECORD_VERSION", "Recorder", "log_event", "record_path",
-           "start_recorder"]
+__all__ = ["RECORD_FORMAT", "RECORD_VERSION", "Recorder", "check_scalar", "log_event",
+           "record_path", "start_recorder"]
 
 RECORD_FORMAT = "gpukit-record"
 RECORD_VERSION = 1
@@ -151,6 +151,7 @@ class Recorder:
         self._last_step: int | None = None
         self._window: dict[str, Any] | None = None
         self._scalars: dict[str, list[Any]] = {}
+        self._defaults: dict[str, list[Any]] = {}
         self._queue: collections.deque[dict[str, Any]] = collections.deque()  # append is thread-safe
         self._closed = False
         self._write_lock = threading.Lock()  # never taken by on_event (it may run in a signal handler)
@@ -173,18 +174,13 @@ class Recorder:
         """Scalars for the step in progress: numbers or one-element tensors (kept as they are
         and converted on the writer thread, so logging a GPU loss costs no synchronisation)."""
         for name, value in values.items():
-            if _is_tensor(value):
-                if value.numel() != 1:
-                    raise ConfigurationError(
-                        f"session.log({name}=<tensor of shape {tuple(value.shape)}>): log scalars "
-                        "(a number or a one-element tensor), e.g. loss=loss or acc=acc.mean()."
-                    )
-                value = value.detach()
-            elif not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise ConfigurationError(
-                    f"session.log({name}={value!r}): log numbers or one-element tensors."
-                )
-            self._scalars.setdefault(name, []).append(value)
+            self._scalars.setdefault(name, []).append(check_scalar(name, value))
+
+    def log_default(self, **values: Any) -> None:
+        """Scalars gpukit logs by itself (the loss given to ``session.backward``): kept for a step
+        only where the user did not log the same name in it."""
+        for name, value in values.items():
+            self._defaults.setdefault(name, []).append(check_scalar(name, value))
 
     def on_step(self, timing: Any) -> None:
         """One completed step (a ``StepTiming``: step, epoch, samples, step_time_s, data_wait_s,
@@ -207,6 +203,9 @@ class Recorder:
         step_s = getattr(timing, "step_time_s", None) or 0.0
         if step_s > window["max_step_s"]:
             window["max_step_s"] = step_s
+        for name, values in self._defaults.items():
+            self._scalars.setdefault(name, values)  # the user's own value of the name wins
+        self._defaults = {}
         if self._scalars:
             for name, values in self._scalars.items():
                 window["_scalars"].setdefault(name, []).extend(values)
@@ -277,6 +276,24 @@ class Recorder:
     def steps(self) -> int:
         """Steps recorded so far by this process."""
         return self._steps
+
+
+def check_scalar(name: str, value: Any) -> Any:
+    """``value`` as ``session.log`` keeps it (a number, or a one-element tensor detached).
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if _is_tensor(value):
+        if value.numel() != 1:
+            raise ConfigurationError(
+                f"session.log({name}=<tensor of shape {tuple(value.shape)}>): log scalars "
+                "(a number or a one-element tensor), e.g. loss=loss or acc=acc.mean()."
+            )
+        return value.detach()
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigurationError(f"session.log({name}={value!r}): log numbers or one-element tensors.")
+    return value
 
 
 def _finish(line: dict[str, Any]) -> dict[str, Any]:

@@ -4,19 +4,25 @@ state that checkpoints carry.
 The Session holds one :class:`RunState` and delegates ``should_stop``, ``save_checkpoint``,
 ``resume``, ``state_dict`` and ``load_state_dict`` to it. ``should_stop`` turns a stop request (SIGTERM/SIGINT caught by
 :mod:`gpukit.worker`) into one answer on every rank; the state is the step counter,
-the precision's (GradScaler) state and the micro-batch size OOM back-off settled on.
+the precision's (GradScaler) state, the micro-batch size OOM back-off settled on and the schedulers
+of ``setup_scheduler``. ``resume`` keeps what it did in ``resumed`` and says it on rank 0.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpukit.errors import CheckpointError
+from gpukit.session._resume import ResumeInfo, loader_position, resume_line
+
 if TYPE_CHECKING:
     from gpukit.precision import Precision
     from gpukit.session._memory import SessionMemory
+    from gpukit.session._schedulers import SessionScheduler
     from gpukit.session._steps import TrainingSteps
     from gpukit.strategies import Strategy
 
@@ -33,11 +39,16 @@ class RunState:
     """
 
     def __init__(self, *, strategy: Strategy, precision: Precision, steps: TrainingSteps,
-                 memory: SessionMemory) -> None:
+                 memory: SessionMemory, verbose: bool = False) -> None:
         self._strategy = strategy
         self._precision = precision
         self._steps = steps
         self._memory = memory
+        self._verbose = verbose
+        #: schedulers of ``session.setup_scheduler``, saved and restored with the session's state
+        self.schedulers: list[SessionScheduler] = []
+        #: what the last ``resume`` did (``session.resumed``)
+        self.resumed: ResumeInfo | None = None
 
     def use_precision(self, precision: Precision) -> None:
         """Save and restore ``precision``'s state (``Session(fit=...)`` chose it at setup)."""
@@ -63,13 +74,23 @@ class RunState:
         """Save ``step`` with ``objects`` and this state under the name ``session`` (every rank)."""
         from gpukit.checkpoint import CheckpointManager
 
+        self._steps.warn_if_pending(f"save_checkpoint(step={step}) (those gradients are not saved)")
         return CheckpointManager(directory, keep_last=keep_last).save(step, extra=extra, session=self, **objects)
 
     def resume(self, directory: str | os.PathLike[str], **objects: Any) -> int | None:
         """Restore ``objects`` and this state from the latest complete checkpoint in ``directory``."""
         from gpukit.checkpoint import CheckpointManager
 
-        return CheckpointManager(directory).resume(session=self, **objects)
+        manager = CheckpointManager(directory)
+        step = manager.resume(session=self, **objects)
+        info = None
+        if step is not None:
+            epoch, batch = loader_position(objects)
+            info = ResumeInfo(step, manager.step_directory(step), dict(manager.extra), epoch, batch)
+        self.resumed = info
+        if self._verbose and self._strategy.rank == 0:
+            print(resume_line(info, directory), file=sys.stderr, flush=True)
+        return step
 
     def state_dict(self) -> dict[str, Any]:
         backoff = self._memory.oom_backoff
@@ -77,9 +98,18 @@ class RunState:
             **self._steps.state_dict(),
             "precision": self._precision.state_dict(),
             "oom_micro_batch_size": backoff.micro_batch_size if backoff else None,
+            "schedulers": [s.state_dict() for s in self.schedulers],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._steps.load_state_dict(state)
         self._precision.load_state_dict(state.get("precision", {}))
         self._memory.restore_backoff(state.get("oom_micro_batch_size"))
+        saved = state.get("schedulers") or []
+        if saved and len(saved) != len(self.schedulers):
+            raise CheckpointError(
+                f"The checkpoint holds {len(saved)} scheduler(s) set up with session.setup_scheduler, this "
+                f"session has {len(self.schedulers)}: set up the same schedulers before resuming."
+            )
+        for scheduler, scheduler_state in zip(self.schedulers, saved):
+            scheduler.load_state_dict(scheduler_state)

@@ -4,7 +4,12 @@
 * under ``gpukit run``, a heartbeat lets the launcher name a rank that stalls;
 * ``srun python`` jobs requeue themselves at exit when stopped by the scheduler's signal;
 * the cluster the job runs in is announced once (rank 0, when verbose);
-* the run record (``Session(record=DIR)`` or ``GPUKIT_RECORD_DIR``), when asked for.
+* the run record (``Session(record=DIR)`` or ``GPUKIT_RECORD_DIR``), when asked for;
+* the experiment trackers of ``Session(log_with=...)`` (rank 0; :mod:`gpukit.monitor._tracking`).
+
+``log`` sends ``session.log`` scalars to both; ``log_default`` the ones gpukit logs by itself (the
+loss given to ``backward``, the gradient norm), which a value the user logs under the same name
+replaces.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ if TYPE_CHECKING:
     from gpukit.accelerators import Accelerator
     from gpukit.data import StepTimings
     from gpukit.monitor._record import Recorder
+    from gpukit.monitor._tracking import TrackerHub
     from gpukit.precision import Precision
     from gpukit.strategies import Strategy
     from gpukit.worker import WorkerEnv
@@ -32,11 +38,15 @@ class SessionServices:
         record: the run-record directory, ``None`` for ``GPUKIT_RECORD_DIR`` or no record.
         worker: what a launcher told this process (``WorkerEnv.from_env()``).
         verbose: announce the cluster (rank 0).
+        log_with: the experiment trackers (``None``: none).
+        settings: the Session's arguments, logged once with each tracker's run (with what was chosen).
+        accumulate_grad_batches: micro-batches per step, as worked out (logged with them).
     """
 
     def __init__(
         self, *, strategy: Strategy, precision: Precision, accelerator: Accelerator, timings: StepTimings,
-        record: str | os.PathLike[str] | None, worker: WorkerEnv, verbose: bool,
+        record: str | os.PathLike[str] | None, worker: WorkerEnv, verbose: bool, log_with: Any = None,
+        settings: dict[str, Any] | None = None, accumulate_grad_batches: int = 1,
     ) -> None:
         from gpukit.monitor._record import start_recorder
         from gpukit.worker import install_preemption_handler, is_kernel, requeue_at_exit, session_stop_signals
@@ -58,11 +68,36 @@ class SessionServices:
             record if record is not None else worker.record_dir,
             strategy=strategy, precision=precision, accelerator=accelerator, timings=timings,
         )
+        from gpukit.monitor._tracking import TrackerHub
+        from gpukit.monitor._trackers import make_trackers
 
-    def log(self, scalars: dict[str, Any]) -> None:
+        trackers = make_trackers(log_with)  # checked on every rank: the same error everywhere
+        directory = self.recorder.directory if self.recorder is not None else None
+        plain = (str, int, float, bool, type(None))
+        logged = {k: v if isinstance(v, plain) else repr(v) for k, v in (settings or {}).items()}
+        logged.update(strategy=strategy.describe(), precision=precision.name, world_size=strategy.world_size,
+                      accumulate_grad_batches=accumulate_grad_batches)
+        self.trackers: TrackerHub = TrackerHub(trackers, rank=strategy.rank, directory=directory, settings=logged)
+
+    @property
+    def logging(self) -> bool:
+        """Whether logged scalars go anywhere (a record or a tracker)."""
+        return self.recorder is not None or self.trackers.active
+
+    def log(self, scalars: dict[str, Any], step: int) -> None:
+        from gpukit.monitor._record import check_scalar
+
+        scalars = {name: check_scalar(name, value) for name, value in scalars.items()}  # even when not logging
         if self.recorder is not None:
             self.recorder.log(**scalars)
+        self.trackers.log(step, scalars)
+
+    def log_default(self, scalars: dict[str, Any], step: int) -> None:
+        if self.recorder is not None:
+            self.recorder.log_default(**scalars)
+        self.trackers.log(step, scalars, default=True)
 
     def close(self) -> None:
+        self.trackers.close()
         if self.recorder is not None:
             self.recorder.close()

@@ -7,7 +7,10 @@ is) and four components -- :class:`~gpukit.session._steps.TrainingSteps` (backwa
 accumulation, the optimizer step), :class:`~gpukit.session._services.SessionServices` (stop
 signals, heartbeat, requeue, the run record), :class:`~gpukit.session._memory.SessionMemory`
 (``run_step`` with OOM back-off, leak watching) and :class:`~gpukit.session._runstate.RunState`
-(``should_stop``, saving and resuming checkpoints, the state they carry).
+(``should_stop``, saving and resuming checkpoints, the state they carry). Smaller parts: the
+loader tracker (``_loaders``: the batch in hand, ``join``), gathering (``_gather``), schedulers
+(``_schedulers``), ``main_process_first`` (``_first``), batch sizes (``_batching``), seeding
+(``_seeding``).
 """
 
 from __future__ import annotations
@@ -30,12 +33,18 @@ from gpukit.data._timing import timed_progress
 from gpukit.launch import LaunchSpec
 from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
+from gpukit.session._batching import plan_batches
 from gpukit.session._checks import check_optimizer, check_session_options, choice_banner, not_launched_error
+from gpukit.session._first import main_process_first
 from gpukit.session._fit import FitChoice, SessionFit, fit_at_setup
+from gpukit.session._gather import all_gather_checked, gather_for_metrics
 from gpukit.session._launch import launch_workers
+from gpukit.session._loaders import LoaderTracker, join_uneven, warn_pending_at_end
 from gpukit.session._memory import DEFAULT_WATCH_EVERY_N_STEPS, SessionMemory, check_memory_options
+from gpukit.session._resume import ResumeInfo
 from gpukit.session._runstate import RunState
-from gpukit.session._seeding import fresh_seed, seed_everything
+from gpukit.session._schedulers import SessionScheduler
+from gpukit.session._seeding import RankSeeding, fresh_seed, seed_everything
 from gpukit.session._services import SessionServices
 from gpukit.session._steps import TrainingSteps
 from gpukit.strategies import Strategy, select_strategy
@@ -62,7 +71,16 @@ class Session:
             (layers split over ``devices`` in one process; ``PipelineStrategy(devices, chunks=4)``
             for micro-batches), or a Strategy.
         seed: seeds Python, NumPy, torch, every GPU, shuffling and loader workers.
+        seed_per_rank: after ``setup``, reseed Python, NumPy and torch with ``seed + rank`` (for
+            scripts that sample batches with ``torch.randint``; models still start identical).
         accumulate_grad_batches: micro-batches per optimizer step.
+        global_batch_size, micro_batch_size: samples per optimizer step over all ranks, and per
+            forward on one rank: the accumulation is ``global / (micro * world_size)``, worked
+            out for the world size the job runs with; ``micro_batch_size`` is also the default
+            ``batch_size`` of ``setup_dataloader``.
+        step_at_loader_end: end an accumulation window with the pass of a gpukit loader (10
+            batches with accumulation 4: steps after 4, 8 and 10); False carries the last
+            micro-batches' gradients into the next epoch.
         sync_batchnorm: under DDP, compute BatchNorm statistics over the global batch.
         accelerator: "auto", "cpu", "cuda" or "mps".
         verbose: print (on rank 0) what was chosen.
@@ -82,6 +100,8 @@ class Session:
         fit: True (the GPU's free memory) or a budget per device ("20GiB"): ``setup(model,
             optimizer, example_input=x)`` plans and applies the precision, activation checkpointing
             and micro-batch left open (``session.fit_choice``; see docs/memory.md).
+        log_with: experiment trackers for ``session.log``: "csv", "mlflow", "wandb", a list, or
+            tracker objects (``gpukit.monitor.CSVTracker`` ...); rank 0 only (docs/run-records.md).
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -95,7 +115,9 @@ class Session:
         oom: str | None = None, watch_memory: bool | int = False,
         record: str | os.PathLike[str] | None = None, timeout_s: float | None = None,
         activation_checkpointing: Any = None, compile: bool | dict[str, Any] | None = None,
-        fit: bool | str | int | None = None,
+        fit: bool | str | int | None = None, *, seed_per_rank: bool = False,
+        global_batch_size: int | None = None, micro_batch_size: int | None = None,
+        step_at_loader_end: bool = True, log_with: Any = None,
     ) -> None:
         # what a worker started by launch() needs to build the same session: every argument
         self._config = {name: value for name, value in locals().items() if name != "self"}
@@ -114,7 +136,15 @@ class Session:
         self.strategy.precision = self.precision
         self._fit = SessionFit.create(fit, self._config, self.strategy, self.precision, verbose=verbose)
         self.seed = seed
-        self._steps = TrainingSteps(self.strategy, self.precision, accumulate_grad_batches)
+        batches = plan_batches(global_batch_size, micro_batch_size, accumulate_grad_batches,
+                               self.strategy.world_size)
+        self._micro_batch_size = batches.micro_batch_size
+        self._loaders = LoaderTracker(self.strategy.world_size)  # the gpukit loader whose batch is in hand
+        self._steps = TrainingSteps(self.strategy, self.precision, batches.accumulate_grad_batches,
+                                    loaders=self._loaders, step_at_loader_end=step_at_loader_end)
+        self._loaders.on_pass_end = self._steps.pass_ended
+        self._seeding = RankSeeding(seed, self.strategy.rank, self.strategy.world_size, self.accelerator,
+                                    seed_per_rank)
         #: step-time breakdown of every gpukit loader (data wait, copy, compute); listeners
         self.timings = StepTimings(self.accelerator, rank=self.strategy.rank, report=verbose)
         if seed is not None:
@@ -123,7 +153,8 @@ class Session:
             self.strategy.setup_environment()
         self._services = SessionServices(  # stop signals, heartbeat, requeue, the run record
             strategy=self.strategy, precision=self.precision, accelerator=self.accelerator,
-            timings=self.timings, record=record, worker=worker, verbose=verbose,
+            timings=self.timings, record=record, worker=worker, verbose=verbose, log_with=log_with,
+            settings=self._config, accumulate_grad_batches=self._steps.accumulate_grad_batches,
         )
         #: the run recorder (``Session(record=...)``), ``None`` unless recording
         self.recorder = self._services.recorder
@@ -132,7 +163,7 @@ class Session:
             accelerator=self.accelerator, steps=self._steps,
         )
         self._runstate = RunState(strategy=self.strategy, precision=self.precision, steps=self._steps,
-                                  memory=self._memory)
+                                  memory=self._memory, verbose=verbose)
         if self.strategy.launched and verbose and self.is_main:
             print(choice_banner(self.strategy, self.precision, self._config), file=sys.stderr)
 
@@ -167,8 +198,23 @@ class Session:
 
     @property
     def accumulate_grad_batches(self) -> int:
-        """Micro-batches per optimizer step."""
+        """Micro-batches per optimizer step; settable between steps (after one that returned True)."""
         return self._steps.accumulate_grad_batches
+
+    @accumulate_grad_batches.setter
+    def accumulate_grad_batches(self, value: int) -> None:
+        self._steps.accumulate_grad_batches = value
+
+    @property
+    def micro_batch_size(self) -> int | None:
+        """Samples per forward on one rank (``Session(micro_batch_size=...)``), ``None`` if not given."""
+        return self._micro_batch_size
+
+    @property
+    def global_batch_size(self) -> int | None:
+        """Samples per optimizer step over all ranks (micro x ranks x accumulation), ``None`` if unknown."""
+        micro = self._micro_batch_size
+        return None if micro is None else micro * self.world_size * self.accumulate_grad_batches
 
     # -- set-up -----------------------------------------------------------------------------------
     def setup(self, model: M, optimizer: torch.optim.Optimizer | None = None, *, example_input: Any = None) -> Any:
@@ -190,11 +236,13 @@ class Session:
             self.precision = fit_at_setup(self._fit, model, optimizer, example_input, steps=self._steps,
                                           memory=self._memory, runstate=self._runstate) or self.precision
         model, compiling = compile_request(model, self._compile)  # a torch.compile wrapper comes off here
+        model = self.strategy.materialise_meta(model)  # built on the meta device: allocated, initialised
         model = self.strategy.prepare_module(model)
         model = self.precision.convert_module(model)
         model = self.strategy.setup_module(model)
         model = compile_module(self.strategy, model, compiling)  # ... and goes back on what the strategy built
         self._memory.track_model(model)  # inference guard; run_step's default model
+        self._seeding.after_setup()  # seed_per_rank: seed + rank from here on
         if optimizer is None:
             return model
         optimizer = self.strategy.setup_optimizer(model, optimizer)  # FSDP: the sharded params
@@ -206,17 +254,21 @@ class Session:
 
     def setup_dataloader(
         self, data: Any, batch_size: int | None = None, shuffle: bool | None = None,
-        num_workers: int | str | None = None, **kwargs: Any,
+        num_workers: int | str | None = None, even_batches: str | bool = "pad", **kwargs: Any,
     ) -> DeviceLoader:
         """A loader for this process: its shard of ``data``, batches on ``session.device``.
 
         Args:
             data: a Dataset or a DataLoader (its settings are kept unless overridden).
-            batch_size: per process; default the loader's, or 1 for a dataset (as torch).
+            batch_size: per process; default the loader's, else ``micro_batch_size``, else 1 (as torch).
             shuffle: default the loader's, or False for a dataset (as torch).
             num_workers: "auto" (default for a dataset): 0 for in-memory TensorDatasets and
                 on the CPU, else usable CPUs per process - 1, at most 8; "tune": measured
                 here (``gpukit.data.tune_loader``, cached), the same on every rank.
+            even_batches: when the samples do not divide by the ranks: "pad" (default, or True:
+                repeat a few so every rank gets as many; ``gather_for_metrics`` drops them),
+                "drop" (leave the last ``N mod world_size`` out) or False (ranks may get different
+                numbers of batches: iterate inside ``session.join(model)``). Rank 0 says which.
             **kwargs: ``drop_last``, ``pin_memory`` (default: on for GPUs),
                 ``move_to_device`` (default True), ``data_timeout_s`` (longest wait for one
                 batch before :class:`~gpukit.errors.DataStallError`, default 600) and any
@@ -230,12 +282,19 @@ class Session:
         seed = self.seed
         if seed is None:  # random order per run, recorded in the loader's state_dict
             seed = self.broadcast(fresh_seed()) if self.world_size > 1 else fresh_seed()
-        return build_loader(
+        if batch_size is None and self._micro_batch_size is not None and not hasattr(data, "batch_sampler"):
+            batch_size = self._micro_batch_size
+        loader = build_loader(
             data, device=self.device, accelerator=self.accelerator, rank=self.rank,
             world_size=self.world_size, local_world_size=self.strategy.num_processes,
             seed=int(seed), batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
-            timings=self.timings, broadcast=self.broadcast, **kwargs,
+            timings=self.timings, broadcast=self.broadcast, even_batches=even_batches,
+            listener=self._loaders, **kwargs,
         )
+        note = loader.shard_note()  # padding or dropping: said once, on rank 0
+        if note and self.timings.report:
+            self.print(f"gpukit: {note}")
+        return loader
 
     def to_device(self, obj: T) -> T:
         """Move tensors/modules inside ``obj`` to ``session.device`` (see ``gpukit.to_device``)."""
@@ -251,32 +310,62 @@ class Session:
         return self._steps.accumulate(model)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided by ``accumulate_grad_batches`` and scaled for fp16."""
+        """``loss.backward()``, divided by the accumulation window's size and scaled for fp16.
+
+        The loss is also logged as ``loss`` (record and trackers) unless you log one yourself."""
         self._require_launched("session.backward()")
+        self._seeding.check_first_loss(loss, self._loaders.current is not None, self.all_gather)
         self._steps.backward(loss, **kwargs)
+        if self._services.logging:
+            self._services.log_default({"loss": loss.detach()}, self._steps.micro_step)
 
     def step(self, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None = None) -> bool:
-        """Count a micro-batch; on the accumulation boundary clip, step and zero the grads.
+        """Count a micro-batch; at the end of an accumulation window clip, step and zero the grads.
 
-        Call it after every ``backward``, with the session's one optimizer.
+        Call it after every ``backward``, with the session's one optimizer. A window is
+        ``accumulate_grad_batches`` micro-batches, or fewer at the end of a gpukit loader's pass.
+        With ``clip_grad_norm`` the total gradient norm before clipping is ``session.grad_norm``
+        (``math.inf`` measures it without clipping).
 
         Returns:
-            True when the optimizer stepped; False between boundaries and when fp16 found
+            True when the optimizer stepped; False inside a window and when fp16 found
             non-finite gradients (the step is skipped and the loss scale lowered).
         """
         stepped = self._steps.step(optimizer, clip_grad_norm)
         self._memory.after_step()  # leak check every n steps when watch_memory is on
+        if clip_grad_norm is not None and self._steps.in_window == 0 and self._services.logging:
+            self._services.log_default({"grad_norm": self._steps.grad_norm}, self._steps.micro_step - 1)
         return stepped
+
+    @property
+    def grad_norm(self) -> torch.Tensor | None:
+        """Total 2-norm of the gradients at the last optimizer step that clipped, before clipping (a
+        tensor: no device sync). FSDP: over all shards; 16-mixed: unscaled, inf/nan when the step
+        was skipped. ``None`` before the first clipped step."""
+        return self._steps.grad_norm
 
     @property
     def optimizer_steps(self) -> int:
         """Optimizer steps taken (skipped fp16 steps not counted)."""
         return self._steps.optimizer_steps
 
+    def setup_scheduler(self, scheduler: Any, interval: str = "step") -> SessionScheduler:
+        """Wrap an LR scheduler so its ``step()``, called once per batch, steps it once per optimizer step
+        (``"epoch"``: once per call); saved and resumed with the session (see ``_schedulers``)."""
+        wrapped = SessionScheduler(scheduler, self._steps, interval)
+        self._runstate.schedulers.append(wrapped)
+        return wrapped
+
     def log(self, **scalars: Any) -> None:
         """Record scalars (``loss=loss``) for this step: numbers or one-element tensors, kept
-        without a GPU sync; a no-op unless recording (``record=``), also sent to TensorBoard."""
-        self._services.log(scalars)
+        without a GPU sync; sent to the run record (``record=``, with TensorBoard) and the
+        trackers (``log_with=``), checked even when neither is on."""
+        self._services.log(scalars, self._steps.micro_step)
+
+    def init_trackers(self, run_name: str | None = None, config: dict[str, Any] | None = None) -> None:
+        """Start the trackers' run with a name and a configuration (logged once, with the session's
+        settings); call it before the loop. Without it they start at the first log, named after the run."""
+        self._services.trackers.init(run_name, config)
 
     def log_event(self, kind: str, **fields: Any) -> None:
         """Record an event of your own, e.g. ``log_event("checkpoint", path=str(path))`` after
@@ -340,12 +429,20 @@ class Session:
         return self._runstate.save_checkpoint(directory, step, keep_last=keep_last, extra=extra, **objects)
 
     def resume(self, directory: str | os.PathLike[str], **objects: Any) -> int | None:
-        """Restore ``objects`` and this session from the latest complete checkpoint in ``directory``.
+        """Restore ``objects`` and this session from the latest complete checkpoint in ``directory``;
+        rank 0 says what it resumed from (or that there was nothing), when verbose.
 
         Returns:
-            The step it resumed from, or ``None`` when ``directory`` has no checkpoint yet.
+            The step it resumed from, or ``None`` when ``directory`` has no checkpoint yet; the
+            saved ``extra`` values are in ``session.resumed.extra``.
         """
         return self._runstate.resume(directory, **objects)
+
+    @property
+    def resumed(self) -> ResumeInfo | None:
+        """What the last ``resume`` restored: ``step``, ``path``, ``extra`` (what ``save_checkpoint``
+        was given as ``extra=``), the loader's ``epoch`` and ``batch``; ``None`` before or when fresh."""
+        return self._runstate.resumed
 
     def state_dict(self) -> dict[str, Any]:
         """Session-owned training state: step counters, GradScaler, and the micro-batch size OOM
@@ -365,8 +462,8 @@ class Session:
 
     def progress(self, iterable: Iterable[T], total: int | None = None, description: str = "") -> Iterator[T]:
         """Iterate ``iterable`` with a live bar (samples/s, data share) drawn on rank 0 only."""
-        return timed_progress(iterable, self.timings, total=total, description=description,
-                              enabled=self.is_main)
+        bar = timed_progress(iterable, self.timings, total=total, description=description, enabled=self.is_main)
+        return warn_pending_at_end(bar, iterable, self._steps)  # a plain iterable: its end is seen here
 
     def throughput(self) -> TimingSummary:
         """Samples/s, steps/s and where step time went so far (see ``session.timings``)."""
@@ -389,9 +486,28 @@ class Session:
         return self.strategy.all_reduce(value, op)
 
     def all_gather(self, value: torch.Tensor | float) -> torch.Tensor:
-        """Every process's ``value`` stacked along a new dim 0 of size ``world_size``."""
+        """Every process's ``value`` stacked along a new dim 0 of size ``world_size``; shapes that
+        differ between ranks raise DistributedError on every rank (not an abort inside gloo)."""
         self._require_launched("session.all_gather()")
-        return self.strategy.all_gather(value)
+        return all_gather_checked(self.strategy, value)
+
+    def gather_for_metrics(self, value: Any, pad_index: Any = None) -> Any:
+        """Every rank's ``value`` (tensors with samples along dim 0, nested; lists of per-sample
+        objects) joined into exactly the samples of the dataset, in the loader's order: the padding
+        repeats of the last batch dropped, rows of other lengths padded with ``pad_index`` (see ``_gather``)."""
+        self._require_launched("session.gather_for_metrics()")
+        return gather_for_metrics(self.strategy, self._loaders, value, pad_index)
+
+    def join(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Context for a loop whose ranks run different numbers of batches (``even_batches=False``):
+        under DDP the ranks that finish first shadow the others' gradient all-reduces (torch's Join)."""
+        return join_uneven(self._loaders, self.strategy, model)
+
+    def main_process_first(self, local: bool = False) -> contextlib.AbstractContextManager[None]:
+        """Context whose block runs on rank 0 first (``local``: each node's first process), then on
+        the others; an error on rank 0 becomes a DistributedError on the others (see ``_first``)."""
+        self._require_launched("session.main_process_first()")
+        return main_process_first(self.strategy, local)
 
     # -- processes -----------------------------------------------------------------------------------
     def launch(self, fn: Callable[..., T], *args: Any) -> list[T]:
@@ -408,7 +524,8 @@ class Session:
         return launch_workers(type(self), self._config, fn, args, spec)
 
     def close(self) -> None:
-        """Leave the process group this session joined (at the end of training)."""
+        """Finish the record and trackers, leave the process group (at the end of training)."""
+        self._steps.warn_if_pending("session.close()")
         self._memory.close()
         self._services.close()
         self.strategy.teardown()

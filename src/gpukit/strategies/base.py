@@ -71,6 +71,20 @@ class Strategy:
         """Make the device current and join any process group (no-op here)."""
         self.accelerator.set_device(self.root_device)
 
+    def materialise_meta(self, module: nn.Module) -> nn.Module:
+        """Allocate and initialise a model built on the meta device on this strategy's device
+        (:mod:`gpukit.strategies._meta`); any other model is returned as it is."""
+        from gpukit.strategies._meta import has_meta_tensors, materialise
+
+        if has_meta_tensors(module):
+            materialise(module, self.meta_device, rank=self.rank)
+        return module
+
+    @property
+    def meta_device(self) -> torch.device:
+        """Where ``materialise_meta`` allocates a meta-device model."""
+        return self.root_device
+
     def prepare_module(self, module: nn.Module) -> nn.Module:
         """Change layers before the precision converts them (e.g. SyncBatchNorm); no-op here."""
         return module
@@ -129,6 +143,10 @@ class Strategy:
     def all_gather(self, value: torch.Tensor | float) -> torch.Tensor:
         """Every process's ``value`` stacked along a new first dimension of size world_size."""
         return self._as_tensor(value).unsqueeze(0)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every process's picklable ``obj``, in rank order."""
+        return [obj]
 
     def _as_tensor(self, value: torch.Tensor | float) -> torch.Tensor:
         if isinstance(value, torch.Tensor):

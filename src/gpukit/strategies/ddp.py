@@ -204,6 +204,14 @@ class DDPStrategy(Strategy):
         dist.all_gather(parts, local)
         return torch.stack(parts).to(tensor.device)
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not dist.is_initialized():
+            return [obj]
+        out: list[Any] = [None] * dist.get_world_size()
+        # nccl moves the pickles through the current GPU, which setup_environment made this rank's
+        dist.all_gather_object(out, obj)
+        return out
+
     def _uses_nccl(self) -> bool:
         return self.backend == "nccl"
 

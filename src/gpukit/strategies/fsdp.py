@@ -16,15 +16,14 @@ buffers stay fp32, and ``batch_norm`` refuses bf16 weights beside fp32 statistic
 is refused: its GradScaler would decide "skip this step" per shard.
 
 A model built under ``with torch.device("meta"):`` is sharded first and then allocated and
-initialised shard by shard (``to_empty`` + each module's ``reset_parameters()``), so no rank
-ever holds the full model; the initial values then differ from a CPU-built model's.
+initialised shard by shard (:mod:`gpukit.strategies._meta`), so no rank ever holds the full
+model; the initial values then differ from a CPU-built model's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +37,7 @@ from gpukit.precision import STATS_NORM_LAYERS, MixedPrecision, fsdp_own_unit_la
 from gpukit.strategies._checkpointing import check_policy
 from gpukit.strategies._fsdp_api import check_fsdp_device, fsdp_api
 from gpukit.strategies._env import DistEnv
+from gpukit.strategies._meta import has_meta_tensors, materialise
 from gpukit.strategies._wrap import DEFAULT_MIN_UNIT_PARAMS, AutoWrap, units_to_shard
 from gpukit.strategies.ddp import DDPStrategy
 
@@ -159,7 +159,7 @@ class FSDPStrategy(DDPStrategy):
         module = unwrap_model(module)
         # a model built under torch.device("meta") is materialised shard by shard below: no
         # rank ever holds the whole model (what a model too big for one device needs)
-        on_meta = any(t.is_meta for t in [*module.parameters(), *module.buffers()])
+        on_meta = has_meta_tensors(module)
         if not on_meta:
             module = module.to(self.root_device)
         self._param_names = {id(p): n for n, p in module.named_parameters()}
@@ -176,7 +176,11 @@ class FSDPStrategy(DDPStrategy):
         if self.announce:  # the session's banner came before the units were chosen
             print(f"gpukit: {self.describe()}", file=sys.stderr)
         if on_meta:
-            _materialise(module, torch.device("cpu") if self.cpu_offload else self.root_device, self.rank)
+            materialise(module, torch.device("cpu") if self.cpu_offload else self.root_device, rank=self.rank)
+        return module
+
+    def materialise_meta(self, module: nn.Module) -> nn.Module:
+        """Nothing yet: ``setup_module`` allocates a meta-device model shard by shard, after sharding."""
         return module
 
     def compile_targets(self, module: nn.Module) -> list[nn.Module]:
@@ -218,43 +222,6 @@ class FSDPStrategy(DDPStrategy):
             f"fsdp rank {self.rank}/{self.world_size} on {self.root_device} with "
             f"{self.backend}, {units}{offload}{self._describe_checkpointing()}"
         )
-
-
-def _reset_of(module: nn.Module) -> Any:
-    # nn.MultiheadAttention names its initialiser _reset_parameters
-    for name in ("reset_parameters", "_reset_parameters"):
-        if callable(getattr(module, name, None)):
-            return getattr(module, name)
-    return None
-
-
-def _materialise(module: nn.Module, device: torch.device, rank: int) -> None:
-    """Allocate the sharded parameters of a meta-device model and initialise them.
-
-    On GPUs DTensor's random-number tracker gives each shard its slice of one random stream.
-    On the CPU it has none: each rank would draw the same numbers for its different slice, so
-    there each rank draws from its own seed (``initial_seed() + rank``) instead.
-    """
-    module.to_empty(device=device)
-    missing = [
-        name for name, sub in module.named_modules()
-        if any(True for _ in sub.parameters(recurse=False)) or any(True for _ in sub.buffers(recurse=False))
-        if _reset_of(sub) is None
-    ]
-    if missing:
-        raise ConfigurationError(
-            f"The model was built on the meta device, but {', '.join(missing[:5])} "
-            f"{'has' if len(missing) == 1 else 'have'} parameters or buffers and no reset_parameters() "
-            "to initialise them after sharding. Give those modules a reset_parameters(), or build the "
-            "model on the CPU."
-        )
-    with torch.no_grad(), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-        if device.type == "cpu":
-            torch.manual_seed(torch.initial_seed() + rank)
-            warnings.filterwarnings("ignore", "DTensor random operators")
-        for sub in module.modules():
-            if any(True for _ in sub.parameters(recurse=False)) or any(True for _ in sub.buffers(recurse=False)):
-                _reset_of(sub)()  # type: ignore[misc]
 
 
 @contextlib.contextmanager

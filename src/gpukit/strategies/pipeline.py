@@ -76,6 +76,11 @@ class PipelineStrategy(Strategy):
         self.verbose = verbose
         self.activation_checkpointing = check_policy(activation_checkpointing)
 
+    @property
+    def meta_device(self) -> torch.device:
+        """The CPU: a meta-device model is allocated there, then its stages move to their devices."""
+        return torch.device("cpu")
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         return split(
             self.checkpoint_activations(unwrap_model(module)), self.devices, self.balance, self.chunks, layers=self.layers,

@@ -1,0 +1,145 @@
+"""The Session's trackers in one place: started once on rank 0, fed without a device sync per call.
+
+:class:`TrackerHub` holds the trackers of ``Session(log_with=...)`` (:mod:`gpukit.monitor._trackers`).
+``log`` only queues (step, name, value); tensors stay tensors until a flush, every ``flush_every_s``
+seconds and at ``close``, which reads all queued device tensors in one transfer per device. A value
+logged by gpukit itself (the loss given to ``session.backward``, the gradient norm) is a default: a
+value the user logs under the same name at the same step replaces it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from pathlib import Path
+from typing import Any
+
+from gpukit._util.warnings import warn_at_user_code
+from gpukit.errors import ConfigurationError
+from gpukit.monitor._trackers import Tracker
+
+__all__ = ["TrackerHub"]
+
+
+class TrackerHub:
+    """The trackers of one Session (see the module docstring).
+
+    Args:
+        trackers: what ``log_with`` named; only rank 0 uses them.
+        rank: this process's rank.
+        directory: the run-record directory, ``None`` when not recording (then ``gpukit_logs/<run>``).
+        settings: the session's own settings, logged with the run's configuration.
+        flush_every_s: seconds between flushes.
+    """
+
+    def __init__(self, trackers: list[Tracker], *, rank: int, directory: Path | None,
+                 settings: dict[str, Any], flush_every_s: float = 2.0) -> None:
+        self.trackers = trackers if rank == 0 else []
+        self._directory = directory
+        self._settings = settings
+        self._flush_every_s = flush_every_s
+        self._started = False
+        self._pending: dict[int, dict[str, tuple[Any, bool]]] = {}
+        self._last_flush = time.monotonic()
+        self.run_name: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.trackers)
+
+    def init(self, run_name: str | None, config: dict[str, Any] | None) -> None:
+        """Start the run with its name and configuration (``session.init_trackers``).
+
+        Raises:
+            ConfigurationError: the trackers already started (at a first ``session.log``).
+        """
+        if self._started:
+            raise ConfigurationError(
+                "session.init_trackers(...) came after the trackers started (at the first session.log or "
+                "session.backward); call it before the training loop."
+            )
+        if config is not None and not isinstance(config, dict):
+            raise ConfigurationError(f"init_trackers(config={type(config).__name__}); pass a dict.")
+        self._start(run_name, config or {})
+
+    def _start(self, run_name: str | None, config: dict[str, Any]) -> None:
+        self._started = True
+        if not self.trackers:
+            return
+        if run_name is None:
+            run_name = (self._directory.name if self._directory is not None
+                        else datetime.datetime.now().strftime("run-%Y%m%d-%H%M%S"))
+        self.run_name = run_name
+        directory = self._directory if self._directory is not None else Path("gpukit_logs") / run_name
+        full = {**config, "gpukit": self._settings}
+        for tracker in self.trackers:
+            tracker.start(run_name, full, directory)
+
+    def log(self, step: int, scalars: dict[str, Any], *, default: bool = False) -> None:
+        """Queue ``scalars`` for ``step`` (checked by the caller); flush when it is time."""
+        if not self.trackers:
+            return
+        if not self._started:
+            self._start(None, {})
+        slot = self._pending.setdefault(step, {})
+        for name, value in scalars.items():
+            if default and name in slot and not slot[name][1]:
+                continue  # the user's own value of this name wins
+            slot[name] = (value, default)
+        if time.monotonic() - self._last_flush >= self._flush_every_s:
+            self.flush()
+
+    def flush(self, final: bool = False) -> None:
+        """Send what is queued (device tensors read in one transfer per device). The newest step
+        waits for the next flush unless ``final``: more of its values may still come."""
+        self._last_flush = time.monotonic()
+        if not self._pending:
+            return
+        newest = max(self._pending)
+        pending = {step: slot for step, slot in self._pending.items() if final or step < newest}
+        self._pending = {step: slot for step, slot in self._pending.items() if step not in pending}
+        if not pending:
+            return
+        rows = {step: {name: value for name, (value, _) in slot.items()} for step, slot in sorted(pending.items())}
+        _to_numbers(rows)
+        for tracker in list(self.trackers):
+            try:
+                for step, scalars in rows.items():
+                    tracker.log(step, scalars)
+            except Exception as exc:  # noqa: BLE001 - a tracker that fails must not stop training
+                self.trackers.remove(tracker)
+                warn_at_user_code(RuntimeWarning(
+                    f"The {tracker.name} tracker failed ({type(exc).__name__}: {exc}); it logs nothing more "
+                    "in this run (the run record and the other trackers go on)."
+                ))
+
+    def close(self) -> None:
+        """Flush and finish every tracker's run. Idempotent."""
+        if not self.trackers:
+            return
+        self.flush(final=True)
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
+
+
+def _to_numbers(rows: dict[int, dict[str, Any]]) -> None:
+    """Replace the tensors in ``rows`` by floats: CPU ones one by one, device ones stacked per device."""
+    on_device: dict[Any, list[tuple[dict[str, Any], str]]] = {}
+    for scalars in rows.values():
+        for name, value in scalars.items():
+            if hasattr(value, "detach"):
+                if value.device.type == "cpu":
+                    scalars[name] = float(value)
+                else:
+                    on_device.setdefault(value.device, []).append((scalars, name))
+            else:
+                scalars[name] = float(value)
+    if not on_device:
+        return
+    import torch
+
+    for slots in on_device.values():
+        numbers = torch.stack([s[n].reshape(()).float() for s, n in slots]).tolist()
+        for (scalars, name), number in zip(slots, numbers):
+            scalars[name] = number

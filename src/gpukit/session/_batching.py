@@ -1,0 +1,68 @@
+"""A global batch size, given once, turned into micro-batches per step for this job's world size.
+
+nanoGPT's ``gradient_accumulation_steps //= ddp_world_size`` needs the world size, which only the
+Session knows: ``Session(global_batch_size=480, micro_batch_size=12)`` under 4 processes gives
+``accumulate_grad_batches = 480 / (12 * 4) = 10``, under 8 gives 5, and
+``setup_dataloader(dataset)`` batches by 12. The same script then trains on the same number of
+samples per optimizer step whatever the launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpukit.errors import ConfigurationError
+
+__all__ = ["BatchPlan", "plan_batches"]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Samples per step, as the Session was asked for them."""
+
+    #: micro-batches per optimizer step on each rank
+    accumulate_grad_batches: int
+    #: samples per micro-batch on each rank (the loader's default ``batch_size``), ``None``: not given
+    micro_batch_size: int | None
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigurationError(f"{name}={value!r}; use an int >= 1.")
+    return value
+
+
+def plan_batches(global_batch_size: Any, micro_batch_size: Any, accumulate_grad_batches: Any,
+                 world_size: int) -> BatchPlan:
+    """The accumulation that makes ``global_batch_size`` samples a step over ``world_size`` ranks.
+
+    Raises:
+        ConfigurationError: a size that is not an int >= 1, a global batch without a micro-batch
+            size, both a global batch and ``accumulate_grad_batches``, or a global batch that is no
+            whole multiple of ``micro_batch_size * world_size`` (the message names the nearest ones).
+    """
+    micro = None if micro_batch_size is None else _positive_int("micro_batch_size", micro_batch_size)
+    if global_batch_size is None:
+        return BatchPlan(accumulate_grad_batches, micro)
+    total = _positive_int("global_batch_size", global_batch_size)
+    if micro is None:
+        raise ConfigurationError(
+            f"global_batch_size={total} needs micro_batch_size= too (samples per process per forward): "
+            "the Session then accumulates global_batch_size / (micro_batch_size * world_size) micro-batches."
+        )
+    if accumulate_grad_batches != 1:
+        raise ConfigurationError(
+            f"global_batch_size={total} with accumulate_grad_batches={accumulate_grad_batches!r}: give "
+            "one of them; with a global batch the Session works the accumulation out for the world size."
+        )
+    per_step = micro * world_size
+    if total % per_step:
+        below, above = (total // per_step) * per_step, (total // per_step + 1) * per_step
+        nearest = " or ".join(str(n) for n in (below, above) if n > 0)
+        raise ConfigurationError(
+            f"global_batch_size={total} is not a whole number of micro-batches: micro_batch_size {micro} x "
+            f"world size {world_size} = {per_step} samples per micro-step. Use global_batch_size={nearest}, "
+            "or a micro_batch_size that divides it."
+        )
+    return BatchPlan(total // per_step, micro)

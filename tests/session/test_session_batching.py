@@ -1,0 +1,60 @@
+"""Global batch vs world size (issue 28, item 5): ``Session(global_batch_size=, micro_batch_size=)``
+works the accumulation out for the world size; ``accumulate_grad_batches`` is settable between steps.
+Per-rank seeding and the same-stream warning need several ranks: test_session_two_ranks.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gpukit
+from gpukit.errors import ConfigurationError
+from gpukit.session._batching import plan_batches
+
+
+@pytest.mark.parametrize(("world", "accumulate"), [(1, 40), (2, 20), (4, 10), (8, 5)])
+def test_nanogpt_numbers_for_each_world_size(world: int, accumulate: int) -> None:
+    # nanoGPT: 5 * 8 micro-batches of 12 = 480 samples per step, whatever the world size
+    plan = plan_batches(480, 12, 1, world)
+    assert (plan.accumulate_grad_batches, plan.micro_batch_size) == (accumulate, 12)
+
+
+def test_session_global_batch_sets_accumulation_and_the_loaders_batch_size() -> None:
+    session = gpukit.Session(accelerator="cpu", global_batch_size=16, micro_batch_size=4, verbose=False)
+    assert (session.accumulate_grad_batches, session.micro_batch_size, session.global_batch_size) == (4, 4, 16)
+    loader = session.setup_dataloader(torch.utils.data.TensorDataset(torch.arange(40)))
+    assert loader.batch_size == 4 and len(loader) == 10
+    assert session.setup_dataloader(torch.utils.data.TensorDataset(torch.arange(40)), batch_size=8).batch_size == 8
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(global_batch_size=16), "needs micro_batch_size= too"),
+    (dict(global_batch_size=10, micro_batch_size=4), "Use global_batch_size=8 or 12"),
+    (dict(global_batch_size=16, micro_batch_size=4, accumulate_grad_batches=2), "give one of them"),
+    (dict(global_batch_size=0, micro_batch_size=4), "global_batch_size=0; use an int >= 1"),
+    (dict(micro_batch_size=2.5), "micro_batch_size=2.5; use an int >= 1"),
+])
+def test_bad_batch_settings_say_what_to_use(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        gpukit.Session(accelerator="cpu", verbose=False, **kwargs)
+
+
+def test_accumulation_is_settable_between_steps_and_refused_inside_a_window() -> None:
+    session = gpukit.Session(accelerator="cpu", accumulate_grad_batches=2, verbose=False)
+    model = nn.Linear(3, 1)
+    model, optimizer = session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    session.backward(model(torch.ones(1, 3)).sum())
+    session.step(optimizer)
+    with pytest.raises(ConfigurationError, match="1 micro-batch\\(es\\) of a window pending"):
+        session.accumulate_grad_batches = 3
+    session.backward(model(torch.ones(1, 3)).sum())
+    assert session.step(optimizer) is True
+    session.accumulate_grad_batches = 3
+    stepped = []
+    for _ in range(3):
+        session.backward(model(torch.ones(1, 3)).sum())
+        stepped.append(session.step(optimizer))
+    assert stepped == [False, False, True]
+    with pytest.raises(ConfigurationError, match="accumulate_grad_batches=0"):
+        session.accumulate_grad_batches = 0
