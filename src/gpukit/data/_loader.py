@@ -165,6 +165,7 @@ class DeviceLoader:
         self._in_progress = False
 
     def __iter__(self) -> Iterator[Any]:
+        self._listener.pass_started(self)  # may refuse the pass (uneven batch counts) before it counts
         if self._in_progress:  # the previous pass was cut short: this is the next epoch
             self._epoch, self._consumed = self._epoch + 1, 0
         self._in_progress = True
@@ -189,7 +190,6 @@ class DeviceLoader:
         move = self._move
         guard = self._guard
         listener = self._listener
-        listener.pass_started(self)
         guard.begin(raw)
         try:
             for batch in self.timings.iterate(

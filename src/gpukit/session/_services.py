@@ -73,8 +73,7 @@ class SessionServices:
 
         trackers = make_trackers(log_with)  # checked on every rank: the same error everywhere
         directory = self.recorder.directory if self.recorder is not None else None
-        plain = (str, int, float, bool, type(None))
-        logged = {k: v if isinstance(v, plain) else repr(v) for k, v in (settings or {}).items()}
+        logged = {k: _plain(v) for k, v in (settings or {}).items()}
         logged.update(strategy=strategy.describe(), precision=precision.name, world_size=strategy.world_size,
                       accumulate_grad_batches=accumulate_grad_batches)
         self.trackers: TrackerHub = TrackerHub(trackers, rank=strategy.rank, directory=directory, settings=logged)
@@ -101,3 +100,13 @@ class SessionServices:
         self.trackers.close()
         if self.recorder is not None:
             self.recorder.close()
+
+
+def _plain(value: Any) -> Any:
+    """A setting as a tracker can log it: plain values (and lists of them) as they are, else the type's name."""
+    plain = (str, int, float, bool, type(None))
+    if isinstance(value, plain):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, plain) for v in value):
+        return list(value)
+    return type(value).__name__
