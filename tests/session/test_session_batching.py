@@ -58,3 +58,17 @@ def test_accumulation_is_settable_between_steps_and_refused_inside_a_window() ->
     assert stepped == [False, False, True]
     with pytest.raises(ConfigurationError, match="accumulate_grad_batches=0"):
         session.accumulate_grad_batches = 0
+
+
+def test_new_accumulation_applies_to_a_window_already_sized_by_a_backward() -> None:
+    session = gpukit.Session(accelerator="cpu", verbose=False)
+    model = nn.Linear(3, 1)
+    model, optimizer = session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    session.backward(model(torch.ones(1, 3)).sum())  # sizes the open window (1) without a step
+    optimizer.zero_grad()
+    session.accumulate_grad_batches = 4
+    stepped = []
+    for _ in range(4):
+        session.backward(model(torch.ones(1, 3)).sum())
+        stepped.append(session.step(optimizer))
+    assert stepped == [False, False, False, True]

@@ -87,6 +87,7 @@ class TrainingSteps:
                 "micro-batch(es) of a window pending; change it right after a session.step that returned True."
             )
         self._k = value
+        self._window = None  # a size decided for the next window (by a query before its first step) is stale
 
     def use_precision(self, precision: Precision) -> None:
         """Scale and step with ``precision`` from now on (``Session(fit=...)`` chose it at setup)."""
