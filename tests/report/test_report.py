@@ -31,7 +31,7 @@ def test_summary_names_the_straggler_and_where_the_time_went(tmp_path: Path) -> 
     figures = summary.ranks[0]
     assert figures.steps == 60 and figures.samples_per_s == pytest.approx(32 / 0.013)
     assert figures.peak_torch_reserved_bytes == 2 * 2**30 and figures.util_source == "GPU"
-    assert summary.events["checkpoint"] == 3
+    assert summary.events["checkpoint"] == 1  # one save, recorded by each of the 3 ranks
 
 
 def test_no_straggler_when_ranks_are_even(tmp_path: Path) -> None:

@@ -22,13 +22,14 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 .straggler-note{background:#fdecea;border-left:4px solid #d62728;padding:8px 12px;font-weight:600}
 table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 12px 3px 0;text-align:left;vertical-align:top}
 th{color:#555;font-weight:600}tr.straggler td{background:#fdecea;font-weight:600}
-td.num{text-align:right}.grid-charts{display:flex;flex-wrap:wrap;gap:12px}
-figure.chart{margin:0;border:1px solid #e3e3e3;border-radius:6px;padding:6px 8px;background:#fff}
+td.num{text-align:right}.grid-charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(480px,1fr));gap:12px}
+figure.chart{margin:0;border:1px solid #e3e3e3;border-radius:6px;padding:6px 8px;background:#fff;min-width:0}
+figure.chart svg{display:block;width:100%;height:auto}
 figcaption{font-weight:600;margin-bottom:2px}.legend span{margin-right:12px;font-size:12px;white-space:nowrap}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
 svg .grid{stroke:#eee}svg .frame{fill:none;stroke:#bbb}svg .tick,svg .axis{font-size:11px;fill:#555}
 svg .series{stroke-linecap:round;stroke-linejoin:round}svg .area{fill-opacity:.75;stroke-width:.5}
-svg .marker{stroke:#d62728;stroke-dasharray:3 3;stroke-width:1}.nodata{color:#888;width:600px}
+svg .marker{stroke:#d62728;stroke-dasharray:3 3;stroke-width:1}.nodata{color:#888}
 svg .run-start{stroke:#333;stroke-dasharray:6 3;stroke-width:1.2}svg .run-label{font-size:11px;fill:#333}
 .notes li{margin:2px 0}
 """

@@ -9,7 +9,10 @@ from typing import Any
 
 from gpukit.report._read import RankRecord, RunInfo, RunRecord
 
-__all__ = ["RankFigures", "RunFigures", "RunSummary", "STRAGGLER_RATIO", "summarize"]
+#: events every rank records for one happening of the job (counted once, not once per rank)
+JOB_WIDE_EVENTS = ("checkpoint", "preemption", "restart")
+
+__all__ = ["JOB_WIDE_EVENTS", "RankFigures", "RunFigures", "RunSummary", "STRAGGLER_RATIO", "summarize"]
 
 #: A rank whose median step time is this many times the other ranks' median is a straggler.
 STRAGGLER_RATIO = 1.15
@@ -170,7 +173,9 @@ def summarize(record: RunRecord) -> RunSummary:
     straggler, note = _straggler(ranks)
     events: Counter[str] = Counter()
     for r in record.ranks.values():
-        events.update(r.event_kinds)
+        for kind, count in r.event_kinds.items():
+            # a save, a resume, a stop or a restart happens on every rank: one event of the job, not one per rank
+            events[kind] = max(events[kind], count) if kind in JOB_WIDE_EVENTS else events[kind] + count
     return RunSummary(
         world_size=int(first.get("world_size") or len(record.ranks)),
         strategy=first.get("strategy"), precision=first.get("precision"),

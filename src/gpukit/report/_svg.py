@@ -119,7 +119,9 @@ def chart(series: Sequence[Series], *, title: str, x_label: str, x_kind: str = "
     y_axis = axis_for(low, high, y_kind)
     x_axis = axis_for(x_low, x_high, x_kind, count=6)
     y0, y1 = y_axis.ticks[0], y_axis.ticks[-1]
-    x0, x1 = x_axis.ticks[0], x_axis.ticks[-1]
+    # the x axis spans the data, not the round ticks around it: 320 steps end at step 319, not at 400
+    x0, x1 = (x_low, x_high) if x_high > x_low else (x_axis.ticks[0], x_axis.ticks[-1])
+    x_ticks = [t for t in x_axis.ticks if x0 - 1e-9 * abs(x1 - x0) <= t <= x1 + 1e-9 * abs(x1 - x0)]
     plot_w, plot_h = _W - _L - _R, _H - _T - _B
 
     def px(x: float) -> float:
@@ -128,13 +130,13 @@ def chart(series: Sequence[Series], *, title: str, x_label: str, x_kind: str = "
     def py(y: float) -> float:
         return _T + plot_h - (y - y0) / ((y1 - y0) or 1.0) * plot_h
 
-    out = [f'<svg viewBox="0 0 {_W} {_H}" width="{_W}" height="{_H}" role="img" '
+    out = [f'<svg viewBox="0 0 {_W} {_H}" role="img" '
            f'xmlns="http://www.w3.org/2000/svg"><title>{html.escape(title)}</title>']
     for tick in y_axis.ticks:
         out.append(f'<line class="grid" x1="{_L}" x2="{_W - _R}" y1="{py(tick):.1f}" y2="{py(tick):.1f}"/>'
                    f'<text class="tick" x="{_L - 6}" y="{py(tick) + 4:.1f}" text-anchor="end">'
                    f'{html.escape(y_axis.label(tick))}</text>')
-    for tick in x_axis.ticks:
+    for tick in x_ticks:
         out.append(f'<text class="tick" x="{px(tick):.1f}" y="{_H - _B + 15}" text-anchor="middle">'
                    f'{html.escape(x_axis.label(tick))}</text>')
     out.append(f'<text class="axis" x="{_L + plot_w / 2:.0f}" y="{_H - 4}" text-anchor="middle">'
@@ -156,7 +158,7 @@ def chart(series: Sequence[Series], *, title: str, x_label: str, x_kind: str = "
                 out.append(f'<path class="series area" d="M{upper} L{lower} Z" fill="{s.color}" '
                            f'stroke="{s.color}"><title>{html.escape(s.name)}</title></path>')
     else:
-        for s, xs, ys in lines:
+        for s, xs, ys in reversed(lines):  # the first series (rank 0) on top: where lines agree it shows
             d = _path(xs, ys, px, py)
             if d:
                 dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
