@@ -213,8 +213,7 @@ class Session:
     @property
     def global_batch_size(self) -> int | None:
         """Samples per optimizer step over all ranks (micro x ranks x accumulation), ``None`` if unknown."""
-        micro = self._micro_batch_size
-        return None if micro is None else micro * self.world_size * self.accumulate_grad_batches
+        return self._micro_batch_size and self._micro_batch_size * self.world_size * self.accumulate_grad_batches
 
     # -- set-up -----------------------------------------------------------------------------------
     def setup(self, model: M, optimizer: torch.optim.Optimizer | None = None, *, example_input: Any = None) -> Any:
@@ -310,9 +309,8 @@ class Session:
         return self._steps.accumulate(model)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided by the accumulation window's size and scaled for fp16.
-
-        The loss is also logged as ``loss`` (record and trackers) unless you log one yourself."""
+        """``loss.backward()``, divided by the accumulation window's size and scaled for fp16; the
+        loss is logged as ``loss`` (record, trackers) unless you log one yourself."""
         self._require_launched("session.backward()")
         self._seeding.check_first_loss(loss, self._loaders.current is not None, self.all_gather)
         self._steps.backward(loss, **kwargs)
@@ -320,12 +318,9 @@ class Session:
             self._services.log_default({"loss": loss.detach()}, self._steps.micro_step)
 
     def step(self, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None = None) -> bool:
-        """Count a micro-batch; at the end of an accumulation window clip, step and zero the grads.
-
-        Call it after every ``backward``, with the session's one optimizer. A window is
-        ``accumulate_grad_batches`` micro-batches, or fewer at the end of a gpukit loader's pass.
-        With ``clip_grad_norm`` the total gradient norm before clipping is ``session.grad_norm``
-        (``math.inf`` measures it without clipping).
+        """Count a micro-batch; at the end of an accumulation window (``accumulate_grad_batches``, or
+        fewer at the end of a gpukit loader's pass) clip, step and zero the grads. Call it after every
+        ``backward``. ``session.grad_norm`` is the norm before clipping (``math.inf``: measure only).
 
         Returns:
             True when the optimizer stepped; False inside a window and when fp16 found
@@ -339,9 +334,8 @@ class Session:
 
     @property
     def grad_norm(self) -> torch.Tensor | None:
-        """Total 2-norm of the gradients at the last optimizer step that clipped, before clipping (a
-        tensor: no device sync). FSDP: over all shards; 16-mixed: unscaled, inf/nan when the step
-        was skipped. ``None`` before the first clipped step."""
+        """Total gradient norm of the last clipped step, before clipping (a tensor: no sync; FSDP: all
+        shards; 16-mixed: unscaled, inf/nan when it skipped the step); ``None`` before one."""
         return self._steps.grad_norm
 
     @property
@@ -350,8 +344,7 @@ class Session:
         return self._steps.optimizer_steps
 
     def setup_scheduler(self, scheduler: Any, interval: str = "step") -> SessionScheduler:
-        """Wrap an LR scheduler so its ``step()``, called once per batch, steps it once per optimizer step
-        (``"epoch"``: once per call); saved and resumed with the session (see ``_schedulers``)."""
+        """An LR scheduler whose ``step()``, called per batch, steps once per optimizer step (``_schedulers``)."""
         wrapped = SessionScheduler(scheduler, self._steps, interval)
         self._runstate.schedulers.append(wrapped)
         return wrapped
@@ -363,8 +356,7 @@ class Session:
         self._services.log(scalars, self._steps.micro_step)
 
     def init_trackers(self, run_name: str | None = None, config: dict[str, Any] | None = None) -> None:
-        """Start the trackers' run with a name and a configuration (logged once, with the session's
-        settings); call it before the loop. Without it they start at the first log, named after the run."""
+        """Name the trackers' run and log ``config`` once (with the session's settings), before the loop."""
         self._services.trackers.init(run_name, config)
 
     def log_event(self, kind: str, **fields: Any) -> None:
@@ -440,8 +432,7 @@ class Session:
 
     @property
     def resumed(self) -> ResumeInfo | None:
-        """What the last ``resume`` restored: ``step``, ``path``, ``extra`` (what ``save_checkpoint``
-        was given as ``extra=``), the loader's ``epoch`` and ``batch``; ``None`` before or when fresh."""
+        """The last resume's ``step``, ``path``, ``extra`` (``save_checkpoint(extra=...)``), loader ``epoch``/``batch``."""
         return self._runstate.resumed
 
     def state_dict(self) -> dict[str, Any]:
@@ -492,20 +483,17 @@ class Session:
         return all_gather_checked(self.strategy, value)
 
     def gather_for_metrics(self, value: Any, pad_index: Any = None) -> Any:
-        """Every rank's ``value`` (tensors with samples along dim 0, nested; lists of per-sample
-        objects) joined into exactly the samples of the dataset, in the loader's order: the padding
-        repeats of the last batch dropped, rows of other lengths padded with ``pad_index`` (see ``_gather``)."""
+        """Every rank's ``value`` (samples along dim 0; nested; lists of objects) joined into exactly the
+        dataset's samples in the loader's order, padding repeats dropped (see ``_gather``)."""
         self._require_launched("session.gather_for_metrics()")
         return gather_for_metrics(self.strategy, self._loaders, value, pad_index)
 
     def join(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
-        """Context for a loop whose ranks run different numbers of batches (``even_batches=False``):
-        under DDP the ranks that finish first shadow the others' gradient all-reduces (torch's Join)."""
+        """Context for ranks with different numbers of batches (``even_batches=False``; DDP: torch's Join)."""
         return join_uneven(self._loaders, self.strategy, model)
 
     def main_process_first(self, local: bool = False) -> contextlib.AbstractContextManager[None]:
-        """Context whose block runs on rank 0 first (``local``: each node's first process), then on
-        the others; an error on rank 0 becomes a DistributedError on the others (see ``_first``)."""
+        """Run the block on rank 0 first (``local``: each node's first), then the others (see ``_first``)."""
         self._require_launched("session.main_process_first()")
         return main_process_first(self.strategy, local)
 
