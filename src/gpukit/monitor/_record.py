@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from gpukit.accelerators import Accelerator
 
 __all__ = ["RECORD_FORMAT", "RECORD_VERSION", "Recorder", "check_scalar", "log_event",
-           "record_path", "start_recorder"]
+           "read_as_floats", "record_path", "start_recorder"]
 
 RECORD_FORMAT = "gpukit-record"
 RECORD_VERSION = 1
@@ -86,24 +86,30 @@ def _resolve_tensors(lines: list[dict[str, Any]]) -> None:
     copy runs on this thread's default stream: a loss computed on a side stream should be
     logged after that stream is synchronised with the default one.
     """
-    on_device: dict[Any, list[tuple[list[Any], int]]] = {}
-    for line in lines:
-        for values in line.get("_scalars", {}).values():
-            for i, value in enumerate(values):
-                if not _is_tensor(value):
-                    continue
-                if value.device.type == "cpu":
-                    values[i] = float(value)
-                else:
-                    on_device.setdefault(value.device, []).append((values, i))
+    read_as_floats([(values, i) for line in lines for values in line.get("_scalars", {}).values()
+                    for i in range(len(values))])
+
+
+def read_as_floats(slots: list[tuple[Any, Any]]) -> None:
+    """Replace ``container[key]`` by a float for each slot holding a tensor: CPU tensors one by one,
+    tensors on an accelerator stacked per device and read in one transfer (numbers are kept)."""
+    on_device: dict[Any, list[tuple[Any, Any]]] = {}
+    for container, key in slots:
+        value = container[key]
+        if not _is_tensor(value):
+            continue
+        if value.device.type == "cpu":
+            container[key] = float(value)
+        else:
+            on_device.setdefault(value.device, []).append((container, key))
     if not on_device:
         return
     import torch
 
-    for slots in on_device.values():
-        numbers = torch.stack([values[i].reshape(()).float() for values, i in slots]).tolist()
-        for (values, i), number in zip(slots, numbers):
-            values[i] = number
+    for group in on_device.values():
+        numbers = torch.stack([c[k].reshape(()).float() for c, k in group]).tolist()
+        for (container, key), number in zip(group, numbers):
+            container[key] = number
 
 
 class Recorder:

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpukit._util.warnings import warn_at_user_code
 from gpukit.errors import ConfigurationError
+from gpukit.monitor._record import read_as_floats
 from gpukit.monitor._trackers import Tracker
 
 __all__ = ["TrackerHub"]
@@ -124,22 +125,8 @@ class TrackerHub:
 
 
 def _to_numbers(rows: dict[int, dict[str, Any]]) -> None:
-    """Replace the tensors in ``rows`` by floats: CPU ones one by one, device ones stacked per device."""
-    on_device: dict[Any, list[tuple[dict[str, Any], str]]] = {}
+    """Replace the tensors in ``rows`` by floats (one transfer per device), and ints by floats."""
+    read_as_floats([(scalars, name) for scalars in rows.values() for name in scalars])
     for scalars in rows.values():
         for name, value in scalars.items():
-            if hasattr(value, "detach"):
-                if value.device.type == "cpu":
-                    scalars[name] = float(value)
-                else:
-                    on_device.setdefault(value.device, []).append((scalars, name))
-            else:
-                scalars[name] = float(value)
-    if not on_device:
-        return
-    import torch
-
-    for slots in on_device.values():
-        numbers = torch.stack([s[n].reshape(()).float() for s, n in slots]).tolist()
-        for (scalars, name), number in zip(slots, numbers):
-            scalars[name] = number
+            scalars[name] = float(value)

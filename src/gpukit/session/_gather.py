@@ -48,24 +48,13 @@ def _describe(tensor: torch.Tensor) -> torch.Tensor:
                         dtype=torch.int64, device=tensor.device)
 
 
-def _as_tensor(strategy: Strategy, value: Any) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, (int, float, bool)):
-        return torch.tensor(value, device=strategy.root_device)
-    raise DistributedError(
-        f"session.all_gather takes a tensor or a Python number, got {type(value).__name__}; use "
-        "session.gather_for_metrics for nested structures and other objects."
-    )
-
-
 def all_gather_checked(strategy: Strategy, value: torch.Tensor | float) -> torch.Tensor:
     """``strategy.all_gather(value)`` after every rank has checked that all shapes and dtypes agree.
 
     Raises:
         DistributedError: on every rank, when the ranks' shapes or dtypes differ (naming each).
     """
-    tensor = _as_tensor(strategy, value)
+    tensor = strategy.as_tensor(value)
     if strategy.world_size == 1:
         return strategy.all_gather(tensor)
     described = strategy.all_gather(_describe(tensor))

@@ -138,24 +138,29 @@ class Strategy:
     def all_reduce(self, value: torch.Tensor | float, op: str = "mean") -> torch.Tensor:
         """Reduce ``value`` over processes with ``op``; returns a new tensor on every process."""
         check_reduce_op(op)
-        return self._as_tensor(value)
+        return self.as_tensor(value)
 
     def all_gather(self, value: torch.Tensor | float) -> torch.Tensor:
         """Every process's ``value`` stacked along a new first dimension of size world_size."""
-        return self._as_tensor(value).unsqueeze(0)
+        return self.as_tensor(value).unsqueeze(0)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every process's picklable ``obj``, in rank order."""
         return [obj]
 
-    def _as_tensor(self, value: torch.Tensor | float) -> torch.Tensor:
+    def as_tensor(self, value: torch.Tensor | float) -> torch.Tensor:
+        """``value`` as a tensor (a Python number on this process's device).
+
+        Raises:
+            ConfigurationError: anything else.
+        """
         if isinstance(value, torch.Tensor):
             return value
         if isinstance(value, (int, float, bool)):
             return torch.tensor(value, device=self.root_device)
         raise ConfigurationError(
             f"Collectives take a tensor or a Python number, got {type(value).__name__}; "
-            "convert it with torch.as_tensor (or use broadcast for arbitrary objects)."
+            "convert it with torch.as_tensor (or use broadcast, or session.gather_for_metrics, for other objects)."
         )
 
     def describe(self) -> str:

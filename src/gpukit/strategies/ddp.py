@@ -182,7 +182,7 @@ class DDPStrategy(Strategy):
 
     def all_reduce(self, value: torch.Tensor | float, op: str = "mean") -> torch.Tensor:
         check_reduce_op(op)
-        tensor = self._as_tensor(value)
+        tensor = self.as_tensor(value)
         if not dist.is_initialized():
             return tensor
         # a value on another device (e.g. a metric kept on the host under nccl) travels through
@@ -196,7 +196,7 @@ class DDPStrategy(Strategy):
         return out.to(tensor.device)
 
     def all_gather(self, value: torch.Tensor | float) -> torch.Tensor:
-        tensor = self._as_tensor(value)
+        tensor = self.as_tensor(value)
         if not dist.is_initialized():
             return tensor.unsqueeze(0)
         local = tensor.detach().to(self._collective_device()).contiguous()
