@@ -64,4 +64,5 @@ def test_charts_scale_to_the_page_width(tmp_path: Path) -> None:
     page = render_report(read_record(write_record(tmp_path, ranks=2)))
     assert re.search(r"<svg viewBox=\"0 0 \d+ \d+\" role=\"img\"", page)  # no fixed width: the CSS sizes it
     assert "figure.chart svg{display:block;width:100%;height:auto}" in page
-    assert "grid-template-columns:repeat(auto-fit,minmax(480px,1fr))" in page
+    assert "grid-template-columns:repeat(auto-fill,minmax(520px,1fr))" in page  # columns as the page allows
+    assert "max-width:1320px" not in page  # the page's width, not a fixed column in its middle

@@ -16,13 +16,13 @@ __all__ = ["render_report", "write_report"]
 
 _EVENT_ROWS = 500
 _CSS = """
-body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1320px;color:#222;padding:0 16px}
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;color:#222;padding:0 24px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 .sub{color:#666;margin-bottom:16px}.warn{background:#fff4e5;border-left:4px solid #ff7f0e;padding:8px 12px}
 .straggler-note{background:#fdecea;border-left:4px solid #d62728;padding:8px 12px;font-weight:600}
 table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 12px 3px 0;text-align:left;vertical-align:top}
 th{color:#555;font-weight:600}tr.straggler td{background:#fdecea;font-weight:600}
-td.num{text-align:right}.grid-charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(480px,1fr));gap:12px}
+td.num{text-align:right}.grid-charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:12px}
 figure.chart{margin:0;border:1px solid #e3e3e3;border-radius:6px;padding:6px 8px;background:#fff;min-width:0}
 figure.chart svg{display:block;width:100%;height:auto}
 figcaption{font-weight:600;margin-bottom:2px}.legend span{margin-right:12px;font-size:12px;white-space:nowrap}
