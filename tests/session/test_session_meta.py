@@ -111,3 +111,15 @@ def test_a_module_that_nothing_initialises_is_named() -> None:
         model = Model()
     with pytest.raises(ConfigurationError, match=r"nothing initialises scale\.factor.*reset_parameters"):
         session.setup(model)
+
+
+def test_meta_model_resumed_from_a_checkpoint_gives_the_saved_models_outputs(tmp_path) -> None:
+    torch.manual_seed(4)
+    saved = Net().eval()
+    gpukit.Session(accelerator="cpu", verbose=False).save_checkpoint(tmp_path, 5, model=saved)
+    session = gpukit.Session(accelerator="cpu", verbose=False)
+    with torch.device("meta"):
+        model = Net()
+    model = session.setup(model).eval()
+    assert session.resume(tmp_path, model=model) == 5
+    assert torch.equal(model(_ids()), saved(_ids()))
