@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +14,29 @@ def wandb_offline_run(directory: Path) -> dict[str, Any]:
     history rows. A ``.wandb`` file is a LevelDB-style log (32 KiB blocks of 7-byte-headed chunks)
     of ``wandb_internal_pb2.Record`` protobufs; wandb 0.31 reads it only from its Go core, so the few
     lines of framing are here, the decoding is wandb's own protobuf classes."""
+    deadline = time.monotonic() + 60
+    while True:  # wandb's core process writes the file; its last record, "exit", says it is complete
+        run = _read_wandb(sorted((directory / "wandb").glob("offline-run-*/run-*.wandb")))
+        if run.get("exited") or time.monotonic() > deadline:
+            return run
+        time.sleep(0.1)
+
+
+def _read_wandb(paths: list[Path]) -> dict[str, Any]:
     from wandb.proto import wandb_internal_pb2 as pb
 
-    path = sorted((directory / "wandb").glob("offline-run-*/run-*.wandb"))[-1]
-    data = path.read_bytes()
+    run: dict[str, Any] = {"history": []}
+    if not paths:
+        return run
+    data = paths[-1].read_bytes()
     block, pos, records, partial = 32768, 7, [], b""  # 7: wandb's own file header
     while pos + 7 <= len(data):
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if pos + 7 + length > len(data):  # a record still being written
+            break
         chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
         if kind == 1:  # a whole record
             records.append(chunk)
@@ -31,7 +45,6 @@ def wandb_offline_run(directory: Path) -> dict[str, Any]:
         elif kind == 4:  # last part
             records.append(partial + chunk)
             partial = b""
-    run: dict[str, Any] = {"history": []}
     for raw in records:
         record = pb.Record()
         record.ParseFromString(raw)
@@ -39,6 +52,8 @@ def wandb_offline_run(directory: Path) -> dict[str, Any]:
         if which == "run":
             run.update(name=record.run.display_name, project=record.run.project,
                        config={i.key: json.loads(i.value_json) for i in record.run.config.update})
+        elif which == "exit":
+            run["exited"] = True
         elif which == "history":
             run["history"].append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
                                    for i in record.history.item})
