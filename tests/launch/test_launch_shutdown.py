@@ -31,6 +31,21 @@ def test_sigint_while_a_worker_hangs_in_a_collective_kills_everything_after_grac
     assert_none_survive(run.marker)
 
 
+def test_ctrl_c_interrupts_workers_that_stop_cleanly_and_exits_130(start_run):
+    # SIGINT is the user's interrupt: the workers are told so (not "SIGTERM received") and the run
+    # exits 130 like any interrupted program -- 75 would ask a scheduler to requeue it
+    run = start_run("--cpu", "--nproc", "2", "--grace", "20", str(BEHAVE), "preempt", "{out}")
+    run.files("ready-0", "ready-1")
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait() == 128 + signal.SIGINT, run.output()
+    assert (run.out / "stopped-0").exists() and (run.out / "stopped-1").exists()  # they saved and left
+    output = run.output()
+    assert "rank 0: interrupted (SIGINT)" in output and "rank 1: interrupted (SIGINT)" in output
+    assert "SIGTERM received" not in output and "preempted" not in output
+    assert "run interrupted (SIGINT, Ctrl-C): every worker stopped cleanly (exit code 130)" in output
+    assert_none_survive(run.marker)
+
+
 def test_sigterm_preempts_workers_that_stop_cleanly(start_run):
     run = start_run("--cpu", "--nproc", "2", "--grace", "20", str(BEHAVE), "preempt", "{out}")
     run.files("ready-0", "ready-1")

@@ -163,8 +163,8 @@ def run(
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) in worker processes, as torchrun would.
 
     Workers get RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port) and
-    CUDA_VISIBLE_DEVICES of the claimed GPUs. Ctrl-C/SIGTERM: SIGTERM to every worker,
-    SIGKILL after --grace.
+    CUDA_VISIBLE_DEVICES of the claimed GPUs. SIGTERM: SIGTERM to every worker, Ctrl-C:
+    SIGINT; SIGKILL after --grace.
 
     Under SLURM (`srun gpukit run`) or in a Kubernetes PyTorchJob pod, the node
     flags come from the scheduler.
@@ -172,7 +172,7 @@ def run(
     \b
     Exit code: 0 success; the failed worker's code; 75 preempted (stopped by
     SIGTERM or the --signal and every worker exited cleanly: requeue -- under
-    SLURM node 0 has already requeued the job); 128+N killed by signal N
+    SLURM node 0 has already requeued the job); 130 Ctrl-C; 128+N killed by signal N
     (137: a worker was SIGKILLed, e.g. by the OOM killer); 124 a rank
     stalled and the collective timeout ended the run; 2 bad input.
     """

@@ -36,6 +36,7 @@ from gpukit.launch._signals import (
     escalate_on_signal,
     kill_now,
     launcher_signals,
+    worker_stop_signal,
 )
 from gpukit.launch._spec import LaunchSpec
 from gpukit.launch._stall import Stall, StallMonitor, stall_threshold_s
@@ -146,7 +147,9 @@ def _make_agent_class() -> type:
                         local for local, code in _exit_codes(pcontext).items() if code not in (None, 0)
                     }
                 with escalate_on_signal(lambda: kill_now(pcontext.pids().values()), self.preempt_signal):
-                    close(signal.SIGTERM, self.grace_s)
+                    # SIGINT after a Ctrl-C (torch's handler passes it as death_sig; ours records it), else SIGTERM
+                    stop = signal.SIGINT if death_sig == signal.SIGINT else worker_stop_signal()
+                    close(stop, self.grace_s)
                 self.exit_codes = _exit_codes(pcontext)
 
             pcontext.close = graceful_close

@@ -29,6 +29,7 @@ __all__ = [
     "escalate_on_signal",
     "kill_now",
     "interrupted_exit_code",
+    "worker_stop_signal",
 ]
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
@@ -36,11 +37,16 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
 )
 
 
+#: the stop signal the launcher received last (the agent forwards SIGINT as SIGINT, anything else as SIGTERM)
+_last_stop: list[int] = []
+
+
 class StopSignal(Exception):
     """Raised in the launcher's main thread when it receives a stop signal."""
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
+        _last_stop[:] = [signum]  # how the workers are told (worker_stop_signal)
         super().__init__(f"launcher received {signal.Signals(signum).name}")
 
 
@@ -61,7 +67,12 @@ class RunInterruptedError(LaunchError):
         #: Signal names the launchers of the run's other nodes received (node 0 of a multi-node
         #: run collects them before it requeues; see ``gpukit.launch._stop_report``).
         self.other_signals: set[str] = set()
-        if preempted:
+        if preempted and signum == signal.SIGINT:  # Ctrl-C: the user's interrupt, not a scheduler's stop
+            msg = (
+                f"run interrupted (SIGINT, Ctrl-C): {detail or 'every worker stopped cleanly'} "
+                f"(exit code {self.exit_code})"
+            )
+        elif preempted:
             msg = (
                 f"run preempted: {self.signal_name} received; "
                 f"{detail or 'every worker stopped cleanly'} (exit code {self.exit_code})"
@@ -75,8 +86,17 @@ class RunInterruptedError(LaunchError):
 
 
 def interrupted_exit_code(signum: int, *, preempted: bool) -> int:
-    """``PREEMPTED_EXIT_CODE`` for a clean stop, else the shell's 128 + signal number."""
-    return PREEMPTED_EXIT_CODE if preempted else 128 + int(signum)
+    """``PREEMPTED_EXIT_CODE`` for a clean stop, else the shell's 128 + signal number. SIGINT (Ctrl-C)
+    is an interrupt, never a preemption: 130 however cleanly the workers stopped (75 would ask a
+    scheduler to requeue a run its user meant to end)."""
+    return PREEMPTED_EXIT_CODE if preempted and signum != signal.SIGINT else 128 + int(signum)
+
+
+
+def worker_stop_signal() -> int:
+    """The signal the workers get when the launcher stops them: SIGINT after a Ctrl-C (they say
+    "interrupted"), SIGTERM otherwise."""
+    return signal.SIGINT if _last_stop and _last_stop[-1] == signal.SIGINT else signal.SIGTERM
 
 
 def _in_main_thread() -> bool:

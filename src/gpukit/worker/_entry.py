@@ -154,9 +154,12 @@ def _flush_open_files() -> None:
     import gc
     import io
 
+    files = (io.BufferedIOBase, io.TextIOBase)
     for obj in gc.get_objects():
         try:
-            if isinstance(obj, (io.BufferedIOBase, io.TextIOBase)) and not obj.closed and obj.writable():
+            # type(obj), not isinstance: the ABC check reads obj.__class__, and some objects warn when
+            # touched (torch.distributed.reduce_op: a FutureWarning per worker at every exit)
+            if issubclass(type(obj), files) and not obj.closed and obj.writable():
                 obj.flush()
         except Exception:  # noqa: BLE001 - a file that cannot be flushed now could not be later
             pass

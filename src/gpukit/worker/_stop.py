@@ -77,7 +77,8 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
             name = signal.Signals(signum).name
             rank = os.environ.get("RANK")
             who = f"rank {rank}: " if rank else ""  # no rank outside a launched job
-            os.write(2, f"gpukit: {who}{name} received, stopping at the next step boundary\n".encode())
+            what = "interrupted (SIGINT)" if signum == signal.SIGINT else f"{name} received"
+            os.write(2, f"gpukit: {who}{what}, stopping at the next step boundary\n".encode())
             emit("preemption", signal=name)
         return
     # Second terminating signal: behave as if we had never been installed.
