@@ -183,6 +183,8 @@ def meta_model(session: gpukit.Session, out: dict) -> None:
 def main(out_dir: Path) -> None:
     records: dict = {"ddp": {}, "fsdp": {}}
     ddp = gpukit.Session(accelerator="cpu", strategy="ddp", seed=0, verbose=False)  # joins the group
+    warnings.warn("gpukit-test: the same on every rank")  # printed once (item 11)
+    warnings.warn(f"gpukit-test: rank {ddp.rank} only")  # printed by each rank
     for strategy, out in records.items():
         # the FSDP session joins the DDP session's process group (same world size)
         session = ddp if strategy == "ddp" else gpukit.Session(accelerator="cpu", strategy="fsdp", seed=0,

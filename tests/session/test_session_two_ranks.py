@@ -163,3 +163,9 @@ def test_a_finished_two_process_run_ends_without_a_deprecation_warning(ddp: tupl
     # the worker's exit scan of open files touched torch.distributed.reduce_op: one FutureWarning per rank
     stderr = (ddp[1] / "stderr.txt").read_text()
     assert "reduce_op" not in stderr and "FutureWarning" not in stderr, stderr[-2000:]
+
+
+def test_a_warning_every_rank_gives_is_printed_once(ddp: tuple[list[dict], Path]) -> None:
+    stderr = (ddp[1] / "stderr.txt").read_text()
+    assert stderr.count("gpukit-test: the same on every rank") == 1
+    assert stderr.count("gpukit-test: rank 0 only") == 1 and stderr.count("gpukit-test: rank 1 only") == 1

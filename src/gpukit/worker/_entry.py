@@ -26,7 +26,9 @@ from gpukit._util.envvars import STOP_EXIT_ENV
 from gpukit._util.units import whole_number
 from gpukit.worker._orphans import die_with_launcher
 from gpukit.worker._stop import PREEMPTED_EXIT_CODE, finish_agreed_stop, flush_stdio, install_startup_stop
+from gpukit.worker._env import WorkerEnv
 from gpukit.worker._stop_signals import preempt_signal
+from gpukit.worker._warnings import show_warnings_once_per_run
 
 __all__ = ["main", "run_function", "record_exception"]
 
@@ -89,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     if not argv:
         raise SystemExit(_USAGE)
     die_with_launcher()
+    show_warnings_once_per_run(WorkerEnv.from_env().run_dir)  # a warning every rank gives: printed once
     if _imports_gpukit(argv):  # a stop before its Session exists ends it at once, as a clean stop
         install_startup_stop((signal.SIGTERM, signal.SIGINT, preempt_signal()))
     try:

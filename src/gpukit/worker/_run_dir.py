@@ -15,6 +15,8 @@ their readers -- every file name of the directory is here.
 * ``hb-rank{R}.json`` -- its heartbeat (see :mod:`gpukit.worker._heartbeat`), read by the
   launcher's stall monitor;
 * ``stack-rank{R}.txt`` -- every thread's stack, dumped there on SIGQUIT.
+* ``warned-<hash>`` -- an empty claim on a warning's text, so that one rank prints a warning every
+  rank gives (see :mod:`gpukit.worker._warnings`).
 """
 
 from __future__ import annotations
