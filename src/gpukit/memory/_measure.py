@@ -8,7 +8,7 @@ import torch
 
 from gpukit.accelerators import get_accelerator
 from gpukit.errors import DeviceError
-from gpukit.memory._measure_cpu import _cast_floats, _float_leaves, _tensors
+from gpukit.memory._measure_cpu import _cast_floats, _tensors, summed_output
 from gpukit.memory._planner import OPTIMIZERS
 from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
@@ -62,11 +62,9 @@ def measure_peak_memory(
     held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *_tensors(batch)])
     for _ in range(steps):
         with precision_obj.autocast():
-            output = model(**batch) if isinstance(batch, dict) else (
-                model(*batch) if isinstance(batch, (tuple, list)) else model(batch))
-            loss = sum(t.float().mean() for t in _float_leaves(output))
+            loss = summed_output(model, batch)
         loss.backward()
-        del output, loss
+        del loss
         if opt is not None:
             opt.step()
             opt.zero_grad(set_to_none=True)

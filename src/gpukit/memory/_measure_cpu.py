@@ -107,11 +107,9 @@ def measure_step_memory(
         def step_fn() -> None:
             with forward_backward():
                 with chosen.autocast():  # backward outside it, as in a Session's loop
-                    output = model(**example_batch) if isinstance(example_batch, dict) else (
-                        model(*example_batch) if isinstance(example_batch, (tuple, list)) else model(example_batch))
-                    loss = sum(t.float().mean() for t in _float_leaves(output))
+                    loss = summed_output(model, example_batch)
                 loss.backward()
-                del output, loss
+                del loss
             if opt is not None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -266,6 +264,14 @@ def forward_backward() -> contextlib.AbstractContextManager[Any]:
     from torch.profiler import record_function
 
     return record_function(_RANGE)
+
+
+def summed_output(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    """Call ``model`` on ``batch`` (a dict as keywords, a tuple/list as arguments) and sum the means of every
+    floating output (a tensor, tuple, dict or ModelOutput): a loss whose backward reaches every output."""
+    output = model(**batch) if isinstance(batch, dict) else (
+        model(*batch) if isinstance(batch, (tuple, list)) else model(batch))
+    return sum(t.float().mean() for t in _float_leaves(output))  # type: ignore[return-value]
 
 
 def _float_leaves(output: Any) -> list[torch.Tensor]:
