@@ -22,29 +22,36 @@ def _indices(claim: GpuClaim) -> list[int]:
 
 
 def test_claim_dir_default_and_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from gpukit.devices import _claim_dir
+
     assert default_claim_dir() == tmp_path / "claims"  # GPUKIT_CLAIM_DIR (set by the fixture)
     assert default_claim_dir(tmp_path / "x") == tmp_path / "x"
     monkeypatch.delenv("GPUKIT_CLAIM_DIR")
-    assert default_claim_dir() == Path(tempfile.gettempdir()) / "gpukit-claims"
+    monkeypatch.setattr(_claim_dir, "SYSTEM_CLAIM_DIR", tmp_path / "system")
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    # no shared folder made by `gpukit claims setup`: this user's own
+    assert default_claim_dir() == Path(tempfile.gettempdir()) / f"gpukit-claims-{os.geteuid()}"
+    (tmp_path / "system").mkdir()
+    assert default_claim_dir() == tmp_path / "system"
 
 
 def test_claims_exclude_each_other_in_process(use_spec: Callable[[Any], Any], tmp_path: Path) -> None:
     use_spec("shared-4gpu")
-    first = claim_gpus(2)
+    first = claim_gpus(2, share=True)
     assert _indices(first) == [2, 1] and first.visible_devices == "2,1"
     holders = claim_holders([g.uuid for g in first.gpus])
     assert set(holders.values()) == {os.getpid()}  # the owner is known, for messages
-    second = claim_gpus(2)
+    second = claim_gpus(2, share=True)
     assert _indices(second) == [0, 3]  # the best GPUs are taken, so the next best
     with pytest.raises(GpuSelectionError) as info:
-        claim_gpus(1)
+        claim_gpus(1, share=True)
     assert f"GPU 2 (NVIDIA TITAN X (Pascal)): claimed by pid {os.getpid()} (this process)" in str(info.value)
     first.release()
     first.release()  # twice is fine
     assert first.released and claim_holders([g.uuid for g in first.gpus]) == {}
     # owner notes of released claims are gone; those of held claims stay
     assert sorted(p.name for p in (tmp_path / "claims").glob("*.owner")) == sorted(
-        f"{g.uuid}.owner" for g in second.gpus)
+        f"{g.uuid}.{os.getpid()}.owner" for g in second.gpus)
     with claim_gpus(1) as third:
         assert _indices(third) == [2]
     assert third.released
@@ -67,10 +74,10 @@ def test_unreferenced_claim_is_kept_until_released(use_spec: Callable[[Any], Any
 
 def test_claim_specific_gpus(use_spec: Callable[[Any], Any]) -> None:
     use_spec("shared-4gpu")
-    with claim_gpus(gpus=["GPU-8d2e", 0]) as claim:
+    with claim_gpus(gpus=["GPU-8d2e", 0], share=True) as claim:
         assert _indices(claim) == [3, 0]
         with pytest.raises(GpuSelectionError, match=r"GPU 0 .*claimed by pid"):
-            claim_gpus(gpus=[1, 0])
+            claim_gpus(gpus=[1, 0], share=True)
         assert claim_holders([claim.gpus[0].uuid, "GPU-none"]).keys() == {claim.gpus[0].uuid}
     with pytest.raises(DeviceError, match=r"Cannot claim 7: it is not a GPU on this machine. GPUs here: GPU 0"):
         claim_gpus(gpus=[7])

@@ -15,7 +15,7 @@ from gpukit.errors import ConfigurationError, CudaAlreadyInitializedError, Devic
 
 def test_sets_both_variables_from_snapshots(use_spec: Callable[[Any], Any]) -> None:
     use_spec("shared-4gpu")
-    result = use_gpus(select_gpus(2))
+    result = use_gpus(select_gpus(2, share=True))
     assert result == {"CUDA_VISIBLE_DEVICES": "2,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,1" and os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 

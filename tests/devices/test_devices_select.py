@@ -25,10 +25,30 @@ def _indices(gpus: list[Any]) -> list[int]:
 def test_most_free_memory_first(use_spec: Callable[[Any], Any]) -> None:
     use_spec("shared-4gpu")
     assert _indices(select_gpus(1)) == [2]
-    assert _indices(select_gpus(2)) == [2, 1]
-    assert _indices(select_gpus(4)) == [2, 1, 0, 3]
-    assert _indices(select_gpus(2, order="utilization")) == [2, 1]
-    assert _indices(select_gpus(3, order="index")) == [0, 1, 2]
+    assert _indices(select_gpus(2, share=True)) == [2, 1]
+    assert _indices(select_gpus(4, share=True)) == [2, 1, 0, 3]
+    assert _indices(select_gpus(2, order="utilization", share=True)) == [2, 1]
+    assert _indices(select_gpus(3, order="index", share=True)) == [0, 1, 2]
+
+
+def test_other_users_processes_make_a_gpu_busy(use_spec: Callable[[Any], Any]) -> None:
+    """Another user's process on a GPU (or one whose owner cannot be seen) makes it busy whatever
+    the claims say; this user's own processes do not; share=True takes such GPUs too."""
+    from gpukit.devices._select import current_user
+
+    me = current_user()
+    use_spec({"gpus": [_gpu(processes=[{"pid": 5, "user": "mallory", "command": "x\x1b]0;owned\x07"}]),
+                       _gpu(processes=[{"pid": 6}]),  # owner not visible (another container, no permission)
+                       _gpu(processes=[{"pid": 7, "user": me, "command": "python mine.py"}]),
+                       _gpu(used_mib=100)]})
+    assert _indices(select_gpus(2)) == [2, 3]
+    with pytest.raises(GpuSelectionError) as info:
+        select_gpus(3)
+    text = str(info.value)
+    assert "GPU 0 (Fake GPU): in use by mallory's pid 5 (x\\x1b]0;owned\\x07)" in text  # escaped, not sent
+    assert "\x1b" not in text
+    assert "GPU 1 (Fake GPU): in use by an unknown user's pid 6" in text
+    assert _indices(select_gpus(4, share=True)) == [0, 1, 2, 3]
 
 
 def test_ties_are_broken_deterministically(use_spec: Callable[[Any], Any]) -> None:
@@ -41,8 +61,8 @@ def test_ties_are_broken_deterministically(use_spec: Callable[[Any], Any]) -> No
         _gpu(),                                         # 4: utilization unknown: ranks as busiest
         _gpu(used_mib=1, utilization_gpu_pct=0),        # 5: less free memory than all others
     ]})
-    assert _indices(select_gpus(6)) == [2, 3, 1, 0, 4, 5]
-    assert _indices(select_gpus(6, order="utilization")) == [5, 2, 3, 1, 0, 4]
+    assert _indices(select_gpus(6, share=True)) == [2, 3, 1, 0, 4, 5]
+    assert _indices(select_gpus(6, order="utilization", share=True)) == [5, 2, 3, 1, 0, 4]
     assert _indices(select_gpus(3)) == _indices(select_gpus(3))  # stable across calls
 
 
@@ -58,8 +78,9 @@ def test_all_busy_error_names_each_gpu_and_criterion(use_spec: Callable[[Any], A
     lines = str(info.value).splitlines()
     assert lines[0] == "Need 2 GPUs with free memory >= 8.00 GiB, utilization <= 50%; 1 of 4 qualify:"
     assert lines[1] == ("  GPU 0 (NVIDIA TITAN X (Pascal)): free 1.17 GiB < required 8.00 GiB; "
-                        "utilization 97% > max 50%")
-    assert lines[2] == "  GPU 1 (NVIDIA TITAN X (Pascal)): free 7.50 GiB < required 8.00 GiB"
+                        "utilization 97% > max 50%; in use by alice's pid 44683 (python train.py --lr 3e-4) and 1 more")
+    assert lines[2] == ("  GPU 1 (NVIDIA TITAN X (Pascal)): free 7.50 GiB < required 8.00 GiB; "
+                        "in use by bob's pid 51002 (jupyter-lab)")
     assert lines[3] == "  GPU 2 (NVIDIA TITAN X (Pascal)): ok"
     assert "GPU 3" in lines[4] and "utilization 100% > max 50%" in lines[4]
     assert "wait=True" in lines[-1]
@@ -68,10 +89,10 @@ def test_all_busy_error_names_each_gpu_and_criterion(use_spec: Callable[[Any], A
 def test_other_criteria(use_spec: Callable[[Any], Any]) -> None:
     use_spec("shared-4gpu")
     assert _indices(select_gpus(1, max_processes=0)) == [2]
-    assert _indices(select_gpus(2, exclude=[2])) == [1, 0]
-    assert _indices(select_gpus(2, exclude=["GPU-6b0c", "3"])) == [2, 0]
+    assert _indices(select_gpus(2, exclude=[2], share=True)) == [1, 0]
+    assert _indices(select_gpus(2, exclude=["GPU-6b0c", "3"], share=True)) == [2, 0]
     with pytest.raises(GpuSelectionError, match=r"GPU 2 .*: excluded"):
-        select_gpus(4, exclude=(2,))
+        select_gpus(4, exclude=(2,), share=True)
 
 
 def test_unusable_and_compute_modes_never_qualify(use_spec: Callable[[Any], Any]) -> None:
@@ -90,26 +111,26 @@ def test_unusable_and_compute_modes_never_qualify(use_spec: Callable[[Any], Any]
 def test_hidden_by_cuda_visible_devices(use_spec: Callable[[Any], Any], monkeypatch: pytest.MonkeyPatch) -> None:
     use_spec("shared-4gpu")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,3")  # e.g. what a cluster scheduler granted
-    assert _indices(select_gpus(2)) == [0, 3]
+    assert _indices(select_gpus(2, share=True)) == [0, 3]
     with pytest.raises(GpuSelectionError, match=r"GPU 2 .*hidden by CUDA_VISIBLE_DEVICES='0,3'"):
-        select_gpus(3)
+        select_gpus(3, share=True)
 
 
 def test_mig_devices_are_selectable(use_spec: Callable[[Any], Any]) -> None:
     use_spec("mig-a100")
-    chosen = select_gpus(2, min_free_memory="9GiB")
+    chosen = select_gpus(2, min_free_memory="9GiB", share=True)
     assert [g.is_mig for g in chosen] == [False, True]
     assert chosen[1].uuid.startswith("MIG-aa11") and chosen[1].label.startswith("GPU 0 MIG 3g.20gb")
     with pytest.raises(GpuSelectionError, match=r"GPU 0 MIG 1g.5gb \(MIG-cc33dd44…\): free 3.88 GiB"):
-        select_gpus(4, min_free_memory="9GiB")
+        select_gpus(4, min_free_memory="9GiB", share=True)
 
 
 def test_claimed_gpus_are_skipped(use_spec: Callable[[Any], Any]) -> None:
     use_spec("shared-4gpu")
     with claim_gpus(gpus=[2]):
-        assert _indices(select_gpus(1)) == [1]
+        assert _indices(select_gpus(1, share=True)) == [1]
         with pytest.raises(GpuSelectionError, match=r"GPU 2 .*: claimed by pid \d+ \(this process\)"):
-            select_gpus(4)
+            select_gpus(4, share=True)
     assert _indices(select_gpus(1)) == [2]
 
 

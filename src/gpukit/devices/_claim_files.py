@@ -1,12 +1,17 @@
-"""The claim directory: lock and owner files per GPU, and who holds which GPU.
+"""The claim folder's files: a lock per GPU, the claimer's note, and who holds which GPU.
 
-The files behind :mod:`gpukit.devices._claims` (which takes claims) and what
-:mod:`gpukit.devices._select` reads to skip claimed GPUs. A claim is an OS file lock (``filelock``: ``flock`` on Unix) on ``<claim dir>/<GPU UUID>.lock``,
-taken without blocking, so of several processes racing for a GPU exactly one wins. The OS drops
-the lock when its owner exits, however it exits (SIGKILL included), so a dead job never keeps a
-GPU. The owner's pid is kept beside the lock (``<uuid>.owner``) for messages only; the lock is the
-truth. The claim directory is ``GPUKIT_CLAIM_DIR`` or ``<temp dir>/gpukit-claims``; every user
-of a machine must share it for claims to see each other (the default does).
+A claim is ``flock`` on ``<claim folder>/<GPU UUID>.lock``, taken without blocking, so of several
+processes racing for a GPU exactly one wins, and the OS drops it when its owner exits however it
+exits (SIGKILL included). Lock files are opened read-only (``flock`` needs no more), without
+following symlinks, regular files only (:mod:`gpukit._util.safe_files`), and a lock whose file was
+removed or replaced while it was being taken is taken again. ``sudo gpukit claims setup`` makes a
+root-owned lock file per GPU, so no user can remove one another user holds.
+
+Who holds a lock comes from the kernel (``/proc/locks``: the pid that took it), not from a file
+anyone could write. The holder's note ``<uuid>.<pid>.owner`` (host, since, command, and under
+``gpukit run`` the run and rank) adds detail for messages; it is believed only when written by the
+holder's own account. Everything read is bounded and checked, and shown only through
+:func:`gpukit._util.text.printable`.
 """
 
 from __future__ import annotations
@@ -14,139 +19,252 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import sys
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
-from gpukit._util.envvars import CLAIM_DIR_ENV
+from gpukit._util.safe_files import (
+    UnsafeEntry, create_entry, open_entry, read_bounded, same_file, try_flock, user_name, write_note,
+)
+from gpukit.devices._claim_dir import CLAIM_DIR_ENV, ClaimFolder, default_claim_dir, open_claim_folder
 from gpukit.errors import DeviceError
-
-if TYPE_CHECKING:
-    from filelock import FileLock
 
 __all__ = ["CLAIM_DIR_ENV", "claim_holders", "claim_owners", "default_claim_dir"]
 
-# A selection probe may hold a lock for microseconds; a claimer retries this long before
-# concluding that the GPU is taken.
+# A probe holds a shared lock for microseconds; a claimer retries this long before concluding
+# that the GPU is taken.
 _CONTENTION_GRACE_S = 0.05
-
-
-def default_claim_dir(claim_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The claim directory: ``claim_dir``, else ``GPUKIT_CLAIM_DIR``, else ``<temp dir>/gpukit-claims``."""
-    chosen = claim_dir or os.environ.get(CLAIM_DIR_ENV)
-    if not chosen:
-        import tempfile  # lazily: `gpukit ls` should start fast
-
-        chosen = Path(tempfile.gettempdir()) / "gpukit-claims"
-    return Path(chosen)
-
-
-def _claim_dir_error(path: Path, problem: str) -> DeviceError:
-    return DeviceError(f"GPU claim directory {str(path)!r}: {problem}. Set {CLAIM_DIR_ENV} to a writable directory "
-                       "shared by all jobs on this machine (every job must use the same one).")
-
-
-def _ensure_dir(path: Path) -> Path:
-    """``path``, created if missing; a DeviceError if it cannot hold claims (not a directory, not writable)."""
-    if path.exists() and not path.is_dir():
-        raise _claim_dir_error(path, "it exists but is not a directory")
-    if not path.is_dir():
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise _claim_dir_error(path, f"cannot create it ({exc.strerror or exc})") from None
-        try:  # shared by every user of the machine, like /tmp itself: world-writable + sticky
-            os.chmod(path, 0o1777)
-        except OSError:  # created meanwhile by another user, who set the mode
-            pass
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise _claim_dir_error(path, "not writable by this user, so no GPU can be claimed")
-    return path
+_NOTE_MAX_BYTES = 8192
+_PROC_LOCKS_MAX_BYTES = 16 << 20
 
 
 def _stem(uuid: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", uuid)
+    return re.sub(r"[^A-Za-z0-9._-]", "_", uuid)[:200]
 
 
-def _lock(directory: Path, uuid: str) -> FileLock:
-    from filelock import FileLock  # lazily: `gpukit ls` imports this module only when claims exist
-
-    # mode 0o666: other users must be able to open (and so contend for) a lock file we created
-    return FileLock(str(directory / f"{_stem(uuid)}.lock"), mode=0o666, thread_local=False)
+def lock_name(uuid: str) -> str:
+    return f"{_stem(uuid)}.lock"
 
 
-def _read_owner_info(directory: Path, uuid: str) -> dict[str, Any] | None:
-    """The owner note: pid, host, since, command, and (under gpukit run) run and rank."""
+def note_name(uuid: str, pid: int) -> str:
+    return f"{_stem(uuid)}.{pid}.owner"
+
+
+def acquire(folder: ClaimFolder, uuid: str) -> int | None:
+    """``flock`` the GPU's lock file: its descriptor (held until closed), or ``None`` when another
+    process holds it or the entry cannot be used (another user's symlink, FIFO, unreadable file).
+
+    Raises:
+        DeviceError: the folder refuses files (read-only file system, permissions).
+    """
+    name = lock_name(uuid)
+    deadline = time.monotonic() + _CONTENTION_GRACE_S
+    while True:
+        try:
+            fd, info = open_entry(folder.fd, name)
+        except FileNotFoundError:
+            try:
+                fd = create_entry(folder.fd, name, 0o644)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise DeviceError(f"GPU claims: cannot create {folder.path / name}: {exc.strerror or exc}. Check "
+                                  f"that {folder.path} is writable, or set {CLAIM_DIR_ENV} to a folder that is.") from None
+            info = os.fstat(fd)
+        except (UnsafeEntry, PermissionError):
+            return None  # claim_owners says whose entry it is
+        if try_flock(fd):
+            if same_file(folder.fd, name, info):
+                return fd
+            os.close(fd)  # removed or replaced while we took it: take the file that is there now
+            continue
+        os.close(fd)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.005)
+
+
+def write_owner(folder: ClaimFolder, uuid: str, **extra: Any) -> None:
+    """Write this process's note for a GPU it holds (best effort: a note is for messages only)."""
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+            "command": " ".join(sys.argv)[:1000], **extra}
     try:
-        data = json.loads((directory / f"{_stem(uuid)}.owner").read_text())
-        data["pid"] = int(data["pid"])
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _read_owner(directory: Path, uuid: str) -> int | None:
-    info = _read_owner_info(directory, uuid)
-    return None if info is None else info["pid"]
-
-
-def _write_owner(directory: Path, uuid: str, **extra: Any) -> None:
-    import socket
-
-    target = directory / f"{_stem(uuid)}.owner"
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "command": " ".join(sys.argv),
-            **extra}
-    try:
-        tmp = directory / f".{target.name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(info))
-        os.replace(tmp, target)
-    except OSError:  # e.g. another user's stale file in the sticky dir: the owner is then "unknown"
+        write_note(folder.fd, note_name(uuid, os.getpid()), json.dumps(info).encode())
+    except OSError:
         pass
 
 
-def _try_acquire(directory: Path, uuid: str) -> Any | None:
-    from filelock import Timeout
-
-    lock = _lock(directory, uuid)
+def remove_owner(folder: ClaimFolder, uuid: str) -> None:
     try:
-        lock.acquire(timeout=_CONTENTION_GRACE_S, poll_interval=0.01)
-    except Timeout:
+        os.unlink(note_name(uuid, os.getpid()), dir_fd=folder.fd)
+    except OSError:
+        pass
+
+
+def flock_holders() -> dict[tuple[int, int], int]:
+    """``(st_dev, st_ino)`` -> pid of the process that holds an exclusive ``flock`` on it, from
+    ``/proc/locks`` (empty where there is none; a pid outside this pid namespace is left out)."""
+    try:
+        fd = os.open("/proc/locks", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        data = b""
+        while len(data) < _PROC_LOCKS_MAX_BYTES:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    out: dict[tuple[int, int], int] = {}
+    for line in data.decode("ascii", "replace").splitlines():
+        parts = line.split()
+        if len(parts) < 6 or parts[1] == "->" or parts[1] != "FLOCK" or parts[3] != "WRITE":
+            continue
+        try:
+            major, minor, inode = parts[5].split(":")
+            pid = int(parts[4])
+            key = (os.makedev(int(major, 16), int(minor, 16)), int(inode))
+        except ValueError:
+            continue
+        if pid > 0:
+            out[key] = pid
+    return out
+
+
+def _pid_uid(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
         return None
-    except OSError as exc:  # read-only file system, a directory where the lock file goes, permissions
-        where = directory / f"{_stem(uuid)}.lock"
-        fix = " (remove that directory)" if isinstance(exc, IsADirectoryError) else ""
-        raise _claim_dir_error(directory, f"cannot take the lock {where.name}: {exc.strerror or exc}{fix}") from None
-    _write_owner(directory, uuid)
-    return lock
+
+
+def _pid_start(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return float(psutil.Process(pid).create_time())
+    except Exception:  # noqa: BLE001 - gone, no permission, no psutil: unknown
+        return None
+
+
+def _short(value: Any, limit: int) -> str | None:
+    return value[:limit] if isinstance(value, str) else None
+
+
+def read_note(folder_fd: int, uuid: str, pid: int, uid: int | None) -> dict[str, Any] | None:
+    """The note of ``pid`` for ``uuid``, when written by ``uid``'s account; checked fields only."""
+    try:
+        fd, info = open_entry(folder_fd, note_name(uuid, pid))
+    except OSError:
+        return None
+    try:
+        if uid is not None and info.st_uid != uid:
+            return None  # planted by another account under the holder's name
+        raw = read_bounded(fd, _NOTE_MAX_BYTES)
+    finally:
+        os.close(fd)
+    try:
+        data = json.loads(raw or b"")
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    note: dict[str, Any] = {}
+    for key, limit in (("host", 255), ("command", 1000), ("run", 200)):
+        if _short(data.get(key), limit) is not None:
+            note[key] = data[key][:limit]
+    rank = data.get("rank")
+    if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 1 << 31:
+        note["rank"] = rank
+    since = data.get("since")
+    if isinstance(since, (int, float)) and not isinstance(since, bool) and 0 < since < 1e11:
+        note["since"] = float(since)
+    return note
+
+
+def _describe_unusable(folder: ClaimFolder, uuid: str, exc: OSError) -> dict[str, Any]:
+    owner = exc.owner_uid if isinstance(exc, UnsafeEntry) else None
+    kind = exc.kind if isinstance(exc, UnsafeEntry) else "a file this user cannot read"
+    if owner is None:
+        try:
+            owner = os.stat(lock_name(uuid), dir_fd=folder.fd, follow_symlinks=False).st_uid
+        except OSError:
+            pass
+    return {"pid": None, "uid": owner, "user": user_name(owner),
+            "blocked": f"its lock file {lock_name(uuid)} is {kind} made by {user_name(owner)}"}
+
+
+def _holders_in(folder: ClaimFolder, uuids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+    held: dict[str, dict[str, Any] | None] = {}
+    kernel: dict[tuple[int, int], int] | None = None
+    for uuid in uuids:
+        try:
+            fd, info = open_entry(folder.fd, lock_name(uuid))
+        except FileNotFoundError:
+            continue
+        except (UnsafeEntry, PermissionError) as exc:
+            held[uuid] = _describe_unusable(folder, uuid, exc)
+            continue
+        except OSError:
+            held[uuid] = None
+            continue
+        try:
+            if try_flock(fd, exclusive=False):
+                continue  # nobody holds it
+        finally:
+            os.close(fd)
+        if kernel is None:
+            kernel = flock_holders()
+        pid = kernel.get((info.st_dev, info.st_ino))
+        if pid is None:
+            held[uuid] = None
+            continue
+        uid = _pid_uid(pid)
+        owner: dict[str, Any] = {"pid": pid, "uid": uid, "user": user_name(uid) if uid is not None else None}
+        note = read_note(folder.fd, uuid, pid, uid)
+        owner.update(note or {})
+        owner.setdefault("since", _pid_start(pid))
+        held[uuid] = owner
+    return held
+
+
+def claim_owners(uuids: Iterable[str], claim_dir: str | os.PathLike[str] | None = None,
+                 folder: ClaimFolder | None = None) -> dict[str, dict[str, Any] | None]:
+    """Which of ``uuids`` are claimed: UUID -> the holder ``{"pid", "uid", "user", "since"}`` plus,
+    from its note, ``"host"``, ``"command"``, and ``"run"``/``"rank"`` under ``gpukit run``
+    (``None``: claimed, holder unknown). A GPU whose lock entry another user planted (a symlink,
+    a FIFO, an unreadable file) counts as claimed, with ``"blocked"`` saying by whom.
+
+    Raises:
+        DeviceError: the claim folder cannot be trusted (names its owner and the fix).
+    """
+    if folder is not None:
+        return _holders_in(folder, uuids)
+    try:
+        opened = open_claim_folder(claim_dir, create=False)
+    except FileNotFoundError:
+        return {}
+    with opened:
+        return _holders_in(opened, uuids)
 
 
 def claim_holders(uuids: Iterable[str], claim_dir: str | os.PathLike[str] | None = None) -> dict[str, int | None]:
-    """Which of ``uuids`` another process (or another claim of this one) holds: UUID -> owner pid.
-
-    Owner pids are ``None`` when unknown. GPUs never claimed (no lock file) cost one ``stat``.
-    """
+    """Which of ``uuids`` another process (or another claim of this one) holds: UUID -> owner pid
+    (``None`` when unknown). GPUs never claimed (no lock file) cost one ``open``."""
     return {uuid: None if info is None else info["pid"] for uuid, info in claim_owners(uuids, claim_dir).items()}
 
 
-def claim_owners(uuids: Iterable[str], claim_dir: str | os.PathLike[str] | None = None) -> dict[str, dict[str, Any] | None]:
-    """Like :func:`claim_holders`, with the owner's note: UUID -> ``{"pid", "host", "since",
-    "command"}`` plus ``"run"`` and ``"rank"`` for GPUs claimed by ``gpukit run`` (``None``: unknown).
-    """
-    directory = default_claim_dir(claim_dir)
-    held: dict[str, dict[str, Any] | None] = {}
-    for uuid in uuids:
-        if not (directory / f"{_stem(uuid)}.lock").exists():
-            continue
-        from filelock import Timeout
-
-        probe = _lock(directory, uuid)
-        try:
-            probe.acquire(blocking=False)
-        except Timeout:
-            held[uuid] = _read_owner_info(directory, uuid)
-        except OSError:  # unreadable lock file (permissions): treat as held, safest
-            held[uuid] = _read_owner_info(directory, uuid)
-        else:
-            probe.release()
-    return held
+def holder_text(owner: dict[str, Any] | None) -> str:
+    """``claimed by pid 42 (alice)``, for "why not" reports."""
+    if owner is None:
+        return "claimed by another process"
+    if owner.get("blocked"):
+        return f"blocked: {owner['blocked']}"
+    if owner.get("pid") is None:
+        return "claimed by another process"
+    mine = " (this process)" if owner["pid"] == os.getpid() else ""
+    user = f" ({owner['user']})" if owner.get("user") and not mine else ""
+    return f"claimed by pid {owner['pid']}{mine}{user}"

@@ -1,33 +1,23 @@
 """Claims, so two jobs never take the same "free" GPU.
 
-A claim is an OS file lock (``filelock``: ``flock`` on Unix) on ``<claim dir>/<GPU UUID>.lock``,
-taken without blocking, so of several processes racing for a GPU exactly one wins. The OS drops
-the lock when its owner exits, however it exits (SIGKILL included), so a dead job never keeps a
-GPU. The owner's pid is kept beside the lock (``<uuid>.owner``) for messages only; the lock is the
-truth. The claim directory is ``GPUKIT_CLAIM_DIR`` or ``<temp dir>/gpukit-claims``; every user
-of a machine must share it for claims to see each other (the default does). The files themselves
-are :mod:`gpukit.devices._claim_files`; choosing which GPUs qualify is :mod:`gpukit.devices._select`.
+A claim is ``flock`` on ``<claim folder>/<GPU UUID>.lock``, taken without blocking, so of several
+processes racing for a GPU exactly one wins. The OS drops the lock when its owner exits, however
+it exits (SIGKILL included), so a dead job never keeps a GPU. The kernel knows who holds it; the
+holder's note (``<uuid>.<pid>.owner``) adds the run and rank for messages. Where claims live and
+when a folder is trusted: :mod:`gpukit.devices._claim_dir`; the files: :mod:`._claim_files`;
+waiting in turn: :mod:`._queue`; which GPUs qualify: :mod:`._select`.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Sequence
 
-from gpukit.devices._claim_files import (
-    CLAIM_DIR_ENV,
-    _ensure_dir,
-    _read_owner,
-    _stem,
-    _try_acquire,
-    _write_owner,
-    claim_holders,
-    claim_owners,
-    default_claim_dir,
-)
+from gpukit.devices._claim_dir import CLAIM_DIR_ENV, ClaimFolder, default_claim_dir, notice_once, open_claim_folder
+from gpukit.devices._claim_files import acquire, claim_holders, claim_owners, remove_owner, write_owner
 from gpukit.devices._select import (
-    check_count, check_exclude, check_order, claimed_reason, evaluate, make_criteria, poll, selection_error,
+    Criteria, allowed_units, check_count, check_exclude, check_order, evaluate, make_criteria, poll, selection_error,
 )
 from gpukit.devices._select import rank as rank_gpus
 from gpukit.devices._snapshot import GpuSnapshot, list_gpus, selectable_units
@@ -36,8 +26,8 @@ from gpukit.errors import ConfigurationError, DeviceError, GpuSelectionError
 __all__ = ["CLAIM_DIR_ENV", "GpuClaim", "claim_gpus", "claim_holders", "claim_owners", "default_claim_dir"]
 
 
-# Claims alive in this process. A FileLock releases itself when garbage-collected, so without this
-# `gpus = claim_gpus(2).gpus` would drop the claim at once; the contract is "until release or exit".
+# Claims alive in this process: the contract is "until release or exit", whether or not the
+# GpuClaim object is still referenced.
 _LIVE: set[GpuClaim] = set()
 
 
@@ -48,12 +38,13 @@ class GpuClaim:
 
     Attributes:
         gpus: the claimed GPUs (or MIG devices), best first.
-        claim_dir: the directory holding the locks.
+        claim_dir: the folder holding the locks.
     """
 
-    def __init__(self, gpus: list[GpuSnapshot], locks: list[Any], claim_dir: Path) -> None:
+    def __init__(self, gpus: list[GpuSnapshot], locks: list[int], folder: ClaimFolder) -> None:
         self.gpus = gpus
-        self.claim_dir = claim_dir
+        self.claim_dir = folder.path
+        self._folder = folder
         self._locks = locks
         if locks:
             _LIVE.add(self)
@@ -73,13 +64,10 @@ class GpuClaim:
         _LIVE.discard(self)
         if not locks:
             return
-        for gpu, lock in zip(self.gpus, locks, strict=True):
-            # The owner note goes first: once unlocked, the next owner writes its own.
-            try:
-                (self.claim_dir / f"{_stem(gpu.uuid or '')}.owner").unlink()
-            except OSError:
-                pass
-            lock.release(force=True)
+        for gpu, fd in zip(self.gpus, locks, strict=True):
+            remove_owner(self._folder, gpu.uuid or "")  # first: once unlocked, the next owner writes its own
+            os.close(fd)
+        self._folder.close()
 
     def label(self, run: str, ranks: Sequence[int | None]) -> None:
         """Note which run and rank use each claimed GPU (``gpukit ls`` shows them).
@@ -90,7 +78,7 @@ class GpuClaim:
         """
         for gpu, rank in zip(self.gpus, ranks):
             if gpu.uuid is not None and not self.released:
-                _write_owner(self.claim_dir, gpu.uuid, run=run, **({} if rank is None else {"rank": rank}))
+                write_owner(self._folder, gpu.uuid, run=run, **({} if rank is None else {"rank": rank}))
 
     def __enter__(self) -> GpuClaim:
         return self
@@ -136,10 +124,12 @@ def claim_gpus(
     exclude: Iterable[int | str] = (),
     gpus: Sequence[int | str | GpuSnapshot] | None = None,
     order: str = "free-memory",
+    share: bool = False,
     wait: bool = False,
     timeout_s: float | None = None,
     poll_interval_s: float = 1.0,
     claim_dir: str | os.PathLike[str] | None = None,
+    run: str | None = None,
 ) -> GpuClaim:
     """Select and claim GPUs, so that no other gpukit job takes them until released.
 
@@ -151,10 +141,14 @@ def claim_gpus(
     Args:
         count: how many GPUs; may be left out when ``gpus`` is given.
         gpus: claim exactly these (indices, UUIDs / prefixes, or snapshots) instead of selecting.
-        wait: keep polling until enough GPUs qualify and are unclaimed, showing on stderr what
-            it waits for. While waiting nothing is held, so waiters cannot deadlock.
+        share: also take GPUs other users' processes are using (by default they are busy).
+        wait: wait in the fair queue until enough GPUs qualify and are free, showing on stderr
+            what it waits for. While waiting no GPU is held (so waiters cannot deadlock), and a
+            GPU that frees up goes to the oldest waiter it helps (:mod:`gpukit.devices._queue`).
+            Without ``wait``, GPUs reserved for waiters are not taken either.
         timeout_s: give up waiting after this many seconds (``None``: no limit).
-        claim_dir: default ``GPUKIT_CLAIM_DIR``, else ``<temp dir>/gpukit-claims``.
+        claim_dir: see :func:`~gpukit.devices.default_claim_dir`.
+        run: a run id to show in the queue while waiting (``gpukit run`` passes its own).
         min_free_memory, max_utilization, max_processes, exclude, order, poll_interval_s:
             as for :func:`~gpukit.devices.select_gpus`.
 
@@ -164,7 +158,7 @@ def claim_gpus(
     Raises:
         GpuSelectionError: too few GPUs qualify or are free; names each GPU and why.
         ClaimTimeoutError: ``wait=True`` and ``timeout_s`` passed first.
-        DeviceError: a GPU in ``gpus`` does not exist.
+        DeviceError: a GPU in ``gpus`` does not exist, or the claim folder cannot be trusted.
         ConfigurationError: invalid arguments.
     """
     check_order(order)
@@ -177,54 +171,68 @@ def claim_gpus(
     else:
         count = check_count(count)
     criteria = make_criteria(min_free_memory=min_free_memory, max_utilization=max_utilization,
-                             max_processes=max_processes, exclude=exclude)
-    directory = _ensure_dir(default_claim_dir(claim_dir))
-    wanted = gpus
+                             max_processes=max_processes, exclude=exclude, share=share)
+    folder = open_claim_folder(claim_dir)
+    try:
+        notice_once(folder)
+        return _claim(folder, count, criteria, gpus, order, wait, timeout_s, poll_interval_s, run)
+    except BaseException:
+        folder.close()
+        raise
+
+
+def _claim(folder: ClaimFolder, count: int, criteria: Criteria, wanted: Sequence[int | str | GpuSnapshot] | None,
+           order: str, wait: bool, timeout_s: float | None, poll_interval_s: float, run: str | None) -> GpuClaim:
+    from gpukit.devices._queue import Ticket, busy_units, request_of
+
+    ticket: Ticket | None = None
+    stalls: dict[str, float] = {}
 
     def attempt() -> tuple[GpuClaim | None, Callable[[float | None], GpuSelectionError]]:
+        nonlocal ticket
         snapshot = list_gpus()
         if not snapshot:
             raise selection_error(count, snapshot, [], criteria)
         check_exclude(snapshot, criteria)
-        if wanted is not None:
-            candidates = _resolve_targets(wanted, snapshot)
-            evaluations: list[tuple[GpuSnapshot, list[str]]] = [(u, []) for u in candidates]
+        targets = None if wanted is None else _resolve_targets(wanted, snapshot)
+        if targets is None and count > len(selectable_units(snapshot)):
+            raise selection_error(count, snapshot, evaluate(snapshot, criteria), criteria)
+        if wait and ticket is None:  # in the queue from the first look on
+            within = allowed_units(snapshot, criteria) if targets is None else {u.uuid or "" for u in targets}
+            ticket = Ticket(folder, request_of(count, within, criteria, order, poll_interval_s, run))
+        evaluations = evaluate(snapshot, criteria, busy_units(folder, snapshot, ticket, stalls))
+        if targets is not None:
+            evaluations = [(u, why) for u, why in evaluations if u in targets]
+            evaluations.sort(key=lambda item: targets.index(item[0]))
+            candidates = [u for u, why in evaluations if not why]
+            if len(candidates) < count:
+                candidates = []  # all or nothing
         else:
-            evaluations = evaluate(snapshot, criteria)
-            if count > len(evaluations):
-                raise selection_error(count, snapshot, evaluations, criteria)
             candidates = rank_gpus([u for u, why in evaluations if not why], order)
-        held: list[tuple[GpuSnapshot, Any]] = []
-        lost: dict[str, int | None] = {}
-        for unit in candidates:
-            lock = _try_acquire(directory, unit.uuid or "") if unit.uuid else None
-            if lock is None:
-                lost[unit.uuid or ""] = _read_owner(directory, unit.uuid or "")
-                if wanted is not None:
+        held: list[tuple[GpuSnapshot, int]] = []
+        for unit in candidates[: count if targets is not None else None]:
+            fd = acquire(folder, unit.uuid) if unit.uuid else None
+            if fd is None:
+                if targets is not None:
                     break  # all or nothing
                 continue
-            held.append((unit, lock))
+            write_owner(folder, unit.uuid or "", **({} if run is None else {"run": run}))
+            held.append((unit, fd))
             if len(held) == count:
-                return GpuClaim([u for u, _ in held], [lk for _, lk in held], directory), _unreachable
-        GpuClaim([u for u, _ in held], [lk for _, lk in held], directory).release()  # all or nothing
-        report = _with_claims(evaluations, lost)
-        return None, lambda waited: selection_error(count, snapshot, report, criteria, waited_s=waited)
+                return GpuClaim([u for u, _ in held], [fd for _, fd in held], folder), _unreachable
+        for unit, fd in held:  # all or nothing
+            remove_owner(folder, unit.uuid or "")
+            os.close(fd)
+        return None, lambda waited: selection_error(count, snapshot, evaluations, criteria, waited_s=waited)
 
     plural = "GPU" if count == 1 else "GPUs"
-    return poll(attempt, wait=wait, timeout_s=timeout_s, poll_interval_s=poll_interval_s,
-                what=f"{count} {plural}{criteria.describe()}")
+    try:
+        return poll(attempt, wait=wait, timeout_s=timeout_s, poll_interval_s=poll_interval_s,
+                    what=f"{count} {plural}{criteria.describe()}")
+    finally:
+        if ticket is not None:
+            ticket.close()
 
 
 def _unreachable(_waited: float | None) -> GpuSelectionError:  # pragma: no cover - success path
     return GpuSelectionError("internal: no error")
-
-
-def _with_claims(evaluations: list[tuple[GpuSnapshot, list[str]]],
-                 lost: Mapping[str, int | None]) -> list[tuple[GpuSnapshot, list[str]]]:
-    out = []
-    for unit, why in evaluations:
-        why = list(why)
-        if unit.uuid is not None and unit.uuid in lost:
-            why.append(claimed_reason(lost[unit.uuid]))
-        out.append((unit, why))
-    return out

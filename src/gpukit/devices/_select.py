@@ -9,8 +9,12 @@ Ranking (``order``), best first, ties broken left to right:
 
 A GPU never qualifies when it is unusable (e.g. "GPU is lost"), in compute mode Prohibited, in
 Exclusive_Process mode with a process on it, hidden by ``CUDA_VISIBLE_DEVICES`` (when set),
-excluded, or claimed by another process. A GPU in MIG mode is offered as its MIG devices.
-An unknown utilization (MIG devices report none) does not fail ``max_utilization``.
+excluded, claimed by another process, reserved for an older waiter of the queue
+(:mod:`gpukit.devices._queue`), or -- unless ``share=True`` -- in use by another user's process
+(NVML's compute processes; a process whose owner cannot be seen counts as another user's): a
+claim's lock file is not the only truth, so a GPU stays busy while its job runs even if its lock
+was removed. A GPU in MIG mode is offered as its MIG devices. An unknown utilization (MIG
+devices report none) does not fail ``max_utilization``.
 """
 
 from __future__ import annotations
@@ -23,14 +27,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
+from gpukit._util.safe_files import user_name
+from gpukit._util.text import printable
 from gpukit._util.units import format_bytes, parse_size
 from gpukit.devices import _nvml
-from gpukit.devices._claim_files import claim_holders
 from gpukit.devices._snapshot import GpuSnapshot, list_gpus, selectable_units
 from gpukit.devices._visible import ENV_VAR, resolve_visible
 from gpukit.errors import ClaimTimeoutError, ConfigurationError, GpuSelectionError
 
-__all__ = ["ORDERS", "Criteria", "make_criteria", "evaluate", "rank", "selection_error", "select_gpus", "poll"]
+__all__ = ["ORDERS", "Criteria", "make_criteria", "evaluate", "failures", "rank", "selection_error", "select_gpus",
+           "poll", "current_user"]
 
 ORDERS = ("free-memory", "utilization", "index")
 T = TypeVar("T")
@@ -45,6 +51,7 @@ class Criteria:
     max_processes: int | None = None
     exclude: tuple[int | str, ...] = ()
     visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES when set: only those GPUs qualify
+    share: bool = False  # also take GPUs that other users' processes use
 
     def describe(self) -> str:
         parts = []
@@ -63,6 +70,7 @@ def make_criteria(
     max_utilization: float | None = None,
     max_processes: int | None = None,
     exclude: Iterable[int | str] = (),
+    share: bool = False,
     env: Mapping[str, str] | None = None,
 ) -> Criteria:
     """Validate user-given criteria.
@@ -92,9 +100,11 @@ def make_criteria(
                 f"Cannot exclude {shown!r}: give a GPU index as nvidia-smi shows it (0, 1, ...) "
                 f"or a UUID or UUID prefix starting with 'GPU-' or 'MIG-'.")
         excluded.append(item)
+    if not isinstance(share, bool):
+        raise ConfigurationError(f"share={share!r}: give True (also take GPUs other users' processes use) or False.")
     env = os.environ if env is None else env
     return Criteria(min_free, None if max_utilization is None else float(max_utilization), max_processes,
-                    tuple(excluded), env.get(ENV_VAR))
+                    tuple(excluded), env.get(ENV_VAR), share)
 
 
 def _is_excluded(unit: GpuSnapshot, exclude: tuple[int | str, ...]) -> bool:
@@ -127,53 +137,82 @@ def check_exclude(gpus: list[GpuSnapshot], criteria: Criteria) -> None:
     )
 
 
+def current_user() -> str:
+    """This process's account name (how NVML's process list names users)."""
+    return user_name(os.geteuid())
+
+
+def _others(unit: GpuSnapshot, me: str) -> str | None:
+    """Why another user's process makes ``unit`` busy (``None``: only this user's, or none)."""
+    foreign = [p for p in unit.processes if p.user != me]
+    if not foreign:
+        return None
+    first = foreign[0]
+    who = f"{printable(first.user, max_chars=32)}'s" if first.user else "an unknown user's"
+    command = f" ({printable(first.command, max_chars=40)})" if first.command else ""
+    more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+    return f"in use by {who} pid {first.pid}{command}{more}"
+
+
+def failures(unit: GpuSnapshot, criteria: Criteria, user: str) -> list[str]:
+    """Why ``unit`` fails ``criteria`` for a job of ``user`` (claims and the queue aside)."""
+    if not unit.usable:
+        return [f"unusable: {unit.error or 'unknown error'}"]
+    why: list[str] = []
+    if unit.compute_mode == "Prohibited":
+        why.append("compute mode Prohibited (no CUDA work allowed)")
+    elif unit.compute_mode == "Exclusive_Process" and unit.processes:
+        why.append(f"Exclusive_Process mode and in use by pid {unit.processes[0].pid}")
+    free = unit.memory_free_bytes
+    need = criteria.min_free_memory_bytes
+    if need is not None and (free is None or free < need):
+        why.append(f"free {format_bytes(free)} < required {format_bytes(need)}")
+    util = unit.utilization_gpu_pct
+    if criteria.max_utilization_pct is not None and util is not None and util > criteria.max_utilization_pct:
+        why.append(f"utilization {util}% > max {criteria.max_utilization_pct:g}%")
+    if criteria.max_processes is not None and len(unit.processes) > criteria.max_processes:
+        why.append(f"{len(unit.processes)} process(es) > max {criteria.max_processes}")
+    if not criteria.share:
+        other = _others(unit, user)
+        if other is not None:
+            why.append(other)
+    return why
+
+
+def allowed_units(gpus: list[GpuSnapshot], criteria: Criteria) -> set[str]:
+    """UUIDs of the units neither hidden by ``CUDA_VISIBLE_DEVICES`` nor excluded."""
+    visible = None if criteria.visible_devices is None else {
+        u.uuid for u in resolve_visible(criteria.visible_devices, gpus)}
+    return {u.uuid for u in selectable_units(gpus) if u.uuid is not None
+            and (visible is None or u.uuid in visible) and not _is_excluded(u, criteria.exclude)}
+
+
 def evaluate(gpus: list[GpuSnapshot], criteria: Criteria,
-             claims: Mapping[str, int | None] | None = None) -> list[tuple[GpuSnapshot, list[str]]]:
+             busy: Mapping[str, str] | None = None) -> list[tuple[GpuSnapshot, list[str]]]:
     """Each selectable unit with the reasons it fails (an empty list: it qualifies).
 
     Args:
         gpus: physical GPUs from :func:`list_gpus` (MIG GPUs are expanded to their devices).
         criteria: from :func:`make_criteria`.
-        claims: UUID -> owner pid (``None``: unknown owner) of GPUs claimed by others.
+        busy: UUID -> why another job has it (claimed, reserved for an older waiter).
     """
     visible = None if criteria.visible_devices is None else {
         u.uuid for u in resolve_visible(criteria.visible_devices, gpus)}
-    claims = claims or {}
+    busy = busy or {}
+    me = current_user()
     out = []
     for unit in selectable_units(gpus):
         why: list[str] = []
-        if not unit.usable:
-            why.append(f"unusable: {unit.error or 'unknown error'}")
-        else:
+        if unit.usable:
             if visible is not None and unit.uuid not in visible:
                 why.append(f"hidden by {ENV_VAR}={criteria.visible_devices!r}")
             if _is_excluded(unit, criteria.exclude):
                 why.append("excluded")
-            if unit.compute_mode == "Prohibited":
-                why.append("compute mode Prohibited (no CUDA work allowed)")
-            elif unit.compute_mode == "Exclusive_Process" and unit.processes:
-                why.append(f"Exclusive_Process mode and in use by pid {unit.processes[0].pid}")
-            free = unit.memory_free_bytes
-            need = criteria.min_free_memory_bytes
-            if need is not None and (free is None or free < need):
-                why.append(f"free {format_bytes(free)} < required {format_bytes(need)}")
-            util = unit.utilization_gpu_pct
-            if criteria.max_utilization_pct is not None and util is not None and util > criteria.max_utilization_pct:
-                why.append(f"utilization {util}% > max {criteria.max_utilization_pct:g}%")
-            if criteria.max_processes is not None and len(unit.processes) > criteria.max_processes:
-                why.append(f"{len(unit.processes)} process(es) > max {criteria.max_processes}")
-        if unit.uuid is not None and unit.uuid in claims:
-            why.append(claimed_reason(claims[unit.uuid]))
+        why.extend(failures(unit, criteria, me))
+        if unit.uuid is not None and unit.uuid in busy:
+            why.append(busy[unit.uuid])
         out.append((unit, why))
     return out
-
-
-def claimed_reason(owner_pid: int | None) -> str:
-    """Why a claimed GPU does not qualify, naming the claiming process when known."""
-    if owner_pid is None:
-        return "claimed by another process"
-    mine = " (this process)" if owner_pid == os.getpid() else ""
-    return f"claimed by pid {owner_pid}{mine}"
 
 
 def _rank_key(order: str) -> Callable[[GpuSnapshot], tuple[float, ...]]:
@@ -298,6 +337,7 @@ def select_gpus(
     max_processes: int | None = None,
     exclude: Iterable[int | str] = (),
     order: str = "free-memory",
+    share: bool = False,
     wait: bool = False,
     timeout_s: float | None = None,
     poll_interval_s: float = 1.0,
@@ -313,11 +353,13 @@ def select_gpus(
         exclude: GPU indices (nvidia-smi numbering) or UUIDs / UUID prefixes to leave out.
         order: ``"free-memory"``, ``"utilization"`` or ``"index"``; ties are broken as the
             module docstring says, so the same state always gives the same choice.
+        share: also choose GPUs that other users' processes are using (by default such a GPU
+            is busy, whatever the claims say).
         wait: poll until enough GPUs qualify, showing on stderr what it waits for.
         timeout_s: give up waiting after this many seconds (``None``: no limit).
         poll_interval_s: seconds between polls while waiting.
-        claim_dir: where claims live (default ``GPUKIT_CLAIM_DIR`` or the temp dir); GPUs
-            claimed by other processes are skipped.
+        claim_dir: where claims live (see :func:`~gpukit.devices.default_claim_dir`); GPUs
+            claimed by other processes, or reserved for waiters of the queue, are skipped.
 
     Returns:
         ``count`` snapshots, best first. Use :func:`~gpukit.devices.claim_gpus` to also hold them.
@@ -326,19 +368,19 @@ def select_gpus(
         GpuSelectionError: too few GPUs qualify; the message names each GPU and what it failed.
         ClaimTimeoutError: ``wait=True`` and ``timeout_s`` passed first.
         ConfigurationError: invalid arguments.
+        DeviceError: the claim folder cannot be trusted (names its owner and the fix).
     """
     count = check_count(count)
     check_order(order)
     criteria = make_criteria(min_free_memory=min_free_memory, max_utilization=max_utilization,
-                             max_processes=max_processes, exclude=exclude)
+                             max_processes=max_processes, exclude=exclude, share=share)
 
     def attempt() -> tuple[list[GpuSnapshot] | None, Callable[[float | None], GpuSelectionError]]:
         gpus = list_gpus()
         if not gpus:  # no driver or no GPU: waiting cannot help
             raise selection_error(count, gpus, [], criteria)
         check_exclude(gpus, criteria)
-        units = [u.uuid for u in selectable_units(gpus) if u.uuid is not None]
-        evaluations = evaluate(gpus, criteria, claim_holders(units, claim_dir))
+        evaluations = evaluate(gpus, criteria, _busy(gpus, claim_dir))
         if count > len(evaluations):
             raise selection_error(count, gpus, evaluations, criteria)
         chosen = rank([unit for unit, why in evaluations if not why], order)
@@ -349,3 +391,15 @@ def select_gpus(
     plural = "GPU" if count == 1 else "GPUs"
     return poll(attempt, wait=wait, timeout_s=timeout_s, poll_interval_s=poll_interval_s,
                 what=f"{count} {plural}{criteria.describe()}")
+
+
+def _busy(gpus: list[GpuSnapshot], claim_dir: str | os.PathLike[str] | None) -> dict[str, str]:
+    from gpukit.devices._claim_dir import open_claim_folder
+    from gpukit.devices._queue import busy_units
+
+    try:
+        folder = open_claim_folder(claim_dir, create=False)
+    except FileNotFoundError:  # no claim was ever made here
+        return {}
+    with folder:
+        return busy_units(folder, gpus)

@@ -1,0 +1,216 @@
+"""Where claims live, and whether that folder can be trusted.
+
+The layout (docs/devices.md, "Shared machines"):
+
+1. ``claim_dir=`` or ``GPUKIT_CLAIM_DIR``: an absolute path. gpukit creates it when missing: as
+   root mode 1777 (shared, like ``/tmp``), as anyone else 0700 (private).
+2. else the machine's shared folder :data:`SYSTEM_CLAIM_DIR` when an administrator made it once
+   with ``sudo gpukit claims setup`` (root-owned, mode 1777, a root-owned lock file per GPU);
+3. else a per-user folder: ``$XDG_RUNTIME_DIR/gpukit-claims`` or ``<temp dir>/gpukit-claims-<uid>``
+   (mode 0700). Claims there keep this user's own jobs apart, not other users' jobs: gpukit says
+   so once per process (:func:`private_notice`).
+
+A folder is used only when it is trusted (:func:`gpukit._util.safe_files.folder_info`): owned by
+root or by this user, and sticky when others may write in it. Another user's folder, a symlink or
+a non-sticky shared folder is refused with an error that names the owner and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpukit._util.envvars import CLAIM_DIR_ENV
+from gpukit._util.safe_files import Folder, UnsafeEntry, folder_info, open_folder
+from gpukit._util.text import printable
+from gpukit.errors import ConfigurationError, DeviceError
+
+__all__ = ["CLAIM_DIR_ENV", "SYSTEM_CLAIM_DIR", "ClaimFolder", "default_claim_dir", "open_claim_folder",
+           "private_notice"]
+
+#: The machine's shared claim folder, made by ``sudo gpukit claims setup``.
+SYSTEM_CLAIM_DIR = Path("/var/lib/gpukit/claims")
+_SETUP = "sudo gpukit claims setup"
+
+
+@dataclass
+class ClaimFolder:
+    """An open, trusted claim folder. ``fd`` stays open until :meth:`close`.
+
+    ``source`` says where its path came from (``GPUKIT_CLAIM_DIR``, ``claim_dir=``, ``shared``,
+    ``per-user``); ``shared``: every user's claims meet here (root-owned, sticky, world-writable).
+    """
+
+    path: Path
+    fd: int
+    info: Folder
+    source: str
+
+    @property
+    def shared(self) -> bool:
+        return self.info.shared
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> ClaimFolder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _explicit(claim_dir: str | os.PathLike[str] | None) -> tuple[Path, str] | None:
+    if claim_dir is not None and str(claim_dir) != "":
+        return Path(claim_dir), "claim_dir="
+    value = os.environ.get(CLAIM_DIR_ENV)
+    if value:
+        return Path(value), CLAIM_DIR_ENV
+    return None
+
+
+def _check_explicit(path: Path, source: str) -> None:
+    shown = printable(str(path), max_chars=200)
+    fix = ("give an absolute path to a folder every job of this machine uses, or unset it to use the machine's "
+           f"shared folder ({SYSTEM_CLAIM_DIR}, made once by `{_SETUP}`)")
+    if source == CLAIM_DIR_ENV:
+        fix = f"set {CLAIM_DIR_ENV} to an absolute path ({fix.removeprefix('give an absolute path ')})"
+    if any(not ch.isprintable() for ch in str(path)) or len(str(path)) > 4096:
+        raise ConfigurationError(f"{source} {shown!r} is not a usable folder name; {fix}.")
+    if not path.is_absolute():
+        raise ConfigurationError(
+            f"{source} {shown!r} is a relative path: each job would claim in a different folder (relative to "
+            f"its working directory), so claims would not meet; {fix}.")
+
+
+def _per_user() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        try:
+            info = os.stat(runtime)
+            if info.st_uid == os.geteuid() and not info.st_mode & 0o077:
+                return Path(runtime) / "gpukit-claims"
+        except OSError:
+            pass
+    return Path(tempfile.gettempdir()) / f"gpukit-claims-{os.geteuid()}"
+
+
+def default_claim_dir(claim_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The claim folder this process uses: ``claim_dir``, else ``GPUKIT_CLAIM_DIR``, else the shared
+    folder :data:`SYSTEM_CLAIM_DIR` when it exists, else this user's own folder. Creates nothing."""
+    explicit = _explicit(claim_dir)
+    if explicit is not None:
+        return explicit[0]
+    if os.path.lexists(SYSTEM_CLAIM_DIR):
+        return SYSTEM_CLAIM_DIR
+    return _per_user()
+
+
+def _error(path: Path, source: str, problem: str, fix: str) -> DeviceError:
+    where = f"{source} {printable(str(path), max_chars=200)!r}" if source in (CLAIM_DIR_ENV, "claim_dir=") \
+        else f"the {source} claim folder {printable(str(path), max_chars=200)}"
+    return DeviceError(f"GPU claims: {where}: {problem}; {fix}.")
+
+
+def _fix(source: str) -> str:
+    if source == "shared":
+        return f"an administrator can repair it with `{_SETUP}`"
+    if source == "per-user":
+        return (f"set {CLAIM_DIR_ENV} to an absolute path of a folder of your own (e.g. ~/.gpukit-claims), or ask an "
+                f"administrator to run `{_SETUP}`, which makes a shared claim folder for every user")
+    return f"use a folder that root or you own (`{_SETUP}` makes the machine's shared one), or unset {source}"
+
+
+def open_claim_folder(claim_dir: str | os.PathLike[str] | None = None, *, create: bool = True) -> ClaimFolder:
+    """Open (and with ``create``, make) the claim folder and check that it can be trusted.
+
+    Raises:
+        ConfigurationError: ``claim_dir`` / ``GPUKIT_CLAIM_DIR`` is relative or not a path.
+        DeviceError: the folder is another user's, a symlink, not a directory, not sticky while
+            others may write in it, or cannot be made; the message names the owner and the fix.
+        FileNotFoundError: it does not exist and ``create`` is false.
+    """
+    explicit = _explicit(claim_dir)
+    if explicit is not None:
+        path, source = explicit
+        _check_explicit(path, source)
+    elif os.path.lexists(SYSTEM_CLAIM_DIR):
+        path, source = SYSTEM_CLAIM_DIR, "shared"
+    else:
+        path, source = _per_user(), "per-user"
+    fd = _open_or_make(path, source, create)
+    info = folder_info(fd)
+    if not info.trusted:
+        os.close(fd)
+        raise _error(path, source, f"not safe for claims: {info.problem}", _fix(source))
+    if source == "shared" and not info.shared:
+        os.close(fd)
+        raise _error(path, source, f"it must be root-owned, world-writable and sticky (mode 1777), but is mode "
+                     f"{info.mode & 0o7777:04o} owned by uid {info.owner_uid}", _fix(source))
+    if not os.access(path, os.W_OK | os.X_OK):
+        os.close(fd)
+        raise _error(path, source, "not writable by this user, so no GPU can be claimed", _fix(source))
+    if source == "per-user" and info.mode & 0o077:  # ours: close it to others, so nothing can be planted
+        os.fchmod(fd, 0o700)
+        info = folder_info(fd)
+    return ClaimFolder(path, fd, info, source)
+
+
+def _open_or_make(path: Path, source: str, create: bool) -> int:
+    try:
+        return open_folder(path)
+    except UnsafeEntry as exc:
+        raise _error(path, source, f"it is {exc.kind} (made by {_user(exc.owner_uid)}), not a directory",
+                     _fix(source)) from None
+    except FileNotFoundError:
+        if not create or source == "shared":
+            raise
+    except OSError as exc:
+        raise _error(path, source, f"cannot open it ({exc.strerror or exc})", _fix(source)) from None
+    mode = 0o1777 if os.geteuid() == 0 and source != "per-user" else 0o700
+    try:
+        if source != "per-user":
+            path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:  # made meanwhile: judged like any existing folder
+        pass
+    except OSError as exc:
+        raise _error(path, source, f"cannot create it ({exc.strerror or exc})", _fix(source)) from None
+    fd = _open_or_make(path, source, create=False)
+    if os.fstat(fd).st_uid == os.geteuid():
+        os.fchmod(fd, mode)  # after mkdir: the umask cannot narrow a shared folder's 1777
+    return fd
+
+
+def _user(uid: int | None) -> str:
+    from gpukit._util.safe_files import user_name
+
+    return user_name(uid)
+
+
+_NOTICE_GIVEN = False
+
+
+def private_notice(folder: ClaimFolder) -> str | None:
+    """What to tell the user when claims protect only their own jobs (``None`` when shared)."""
+    if folder.shared:
+        return None
+    return (f"GPU claims are kept in {printable(str(folder.path), max_chars=200)}, which only your own jobs use: "
+            "they keep your jobs apart, but another user's gpukit job could take a GPU you claimed before your "
+            f"job starts on it. An administrator can make a shared claim folder once: {_SETUP}")
+
+
+def notice_once(folder: ClaimFolder) -> None:
+    """Log :func:`private_notice` once per process (logger ``gpukit.devices``)."""
+    global _NOTICE_GIVEN
+    text = private_notice(folder)
+    if text is None or _NOTICE_GIVEN:
+        return
+    _NOTICE_GIVEN = True
+    from gpukit.devices._nvml import logger
+
+    logger.warning("gpukit: %s", text)

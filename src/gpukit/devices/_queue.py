@@ -1,0 +1,285 @@
+"""The fair queue: waiters take tickets, and a freed GPU goes to the oldest waiter it helps.
+
+**Tickets.** A waiter (``claim_gpus(wait=True)``, ``gpukit run --wait``) writes its request to a
+fresh ``O_EXCL`` file with an unpredictable name, takes ``flock`` on it, and only then renames it
+to ``ticket.<random>`` in the claim folder. So a visible ticket is locked for as long as its
+waiter lives, and the kernel unlocks it the moment the waiter dies (SIGKILL included): a dead
+waiter leaves the queue at once, whatever files it leaves behind (its own account's next waiter,
+or ``gpukit claims clean``, removes them). A ticket nobody holds locked is ignored.
+
+**Order.** Tickets are ordered by the inode's change time (``st_ctime``), which the kernel sets
+when the ticket is renamed into the folder and which no user can set back, then by name. Nobody
+can queue ahead of a waiter that was already there.
+
+**The rule.** Each waiter looks at the live tickets older than its own, oldest first. Each of them
+reserves, of the GPUs that are free now and that its request can use, as many as it wants (the
+best by its own order). A waiter -- and a claim that does not wait -- may take only GPUs that no
+older ticket reserved. So while someone waits, a freed GPU goes to the oldest waiter it helps;
+a younger waiter backfills only with GPUs no older waiter can use now (not among its GPUs, too
+little free memory, ...) or that are left once every older waiter has reserved all it asked
+for. Requests by count alone are served strictly first come, first served: a job waiting for 4
+GPUs starts as soon as the jobs running when it arrived have ended. A GPU that an older waiter
+cannot use *now* but could later (its memory is freed) may be taken by a younger one meanwhile.
+
+**Tampering.** A ticket is read like any file another user wrote: ``O_NOFOLLOW``, regular files
+only, 16 KiB at most, every field checked; a malformed ticket, one asking for more GPUs than it
+could ever get, or a symlink/FIFO named like a ticket is ignored. A live ticket whose reserved
+GPUs have sufficed for :func:`stall_after_s` without its waiter taking them is passed over, so a
+process that holds a ticket and never claims cannot hold up the queue for long.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpukit._util.safe_files import (
+    UnsafeEntry, create_entry, open_entry, read_bounded, try_flock, user_name,
+)
+from gpukit.devices._claim_dir import ClaimFolder
+from gpukit.devices._select import ORDERS, Criteria, failures, rank
+from gpukit.devices._snapshot import GpuSnapshot
+
+__all__ = ["Ticket", "QueuedTicket", "read_queue", "reserve", "stall_after_s", "MAX_ENTRIES"]
+
+_PREFIX = "ticket."
+_TICKET_MAX_BYTES = 16384
+_MAX_WITHIN = 1024
+#: A claim folder holding more entries than this is refused (flooded); `gpukit claims clean` empties it.
+MAX_ENTRIES = 100_000
+STALL_MIN_S = 10.0
+
+
+def stall_after_s(poll_s: float) -> float:
+    """How long a ticket may leave GPUs it could take untaken before others pass it over."""
+    return max(STALL_MIN_S, 10 * poll_s)
+
+
+@dataclass
+class QueuedTicket:
+    """A live ticket as read from the folder (every field checked)."""
+
+    name: str
+    uid: int
+    user: str
+    key: tuple[int, str]  # (ctime ns, name): queue order
+    count: int
+    within: frozenset[str] | None  # UUIDs it may use (None: any)
+    criteria: Criteria
+    order: str
+    poll_s: float
+    pid: int | None
+    run: str | None
+    since: float = field(default=0.0)  # ctime, seconds since the epoch
+
+    def accepts(self, unit: GpuSnapshot) -> bool:
+        return (unit.uuid is not None and (self.within is None or unit.uuid in self.within)
+                and not failures(unit, self.criteria, self.user))
+
+
+def request_of(count: int, within: set[str] | None, criteria: Criteria, order: str, poll_s: float,
+               run: str | None = None) -> dict[str, Any]:
+    """The JSON a ticket holds."""
+    return {"v": 1, "count": count, "within": None if within is None else sorted(within),
+            "min_free_bytes": criteria.min_free_memory_bytes, "max_util_pct": criteria.max_utilization_pct,
+            "max_procs": criteria.max_processes, "share": criteria.share, "order": order,
+            "poll_s": poll_s, "pid": os.getpid(), "host": socket.gethostname(), "run": run}
+
+
+class Ticket:
+    """This process's place in the queue, held until :meth:`close` (or until it exits)."""
+
+    def __init__(self, folder: ClaimFolder, request: dict[str, Any]) -> None:
+        import secrets
+
+        self.folder = folder
+        temp = f".tmp.{secrets.token_hex(16)}"
+        self.name = f"{_PREFIX}{secrets.token_hex(16)}"
+        self.fd = create_entry(folder.fd, temp, 0o644)
+        try:
+            try_flock(self.fd)  # a fresh file: nobody else can hold it
+            os.write(self.fd, json.dumps(request).encode())
+            os.rename(temp, self.name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
+        except BaseException:
+            os.close(self.fd)
+            try:
+                os.unlink(temp, dir_fd=folder.fd)
+            except OSError:
+                pass
+            raise
+        self.key = (os.fstat(self.fd).st_ctime_ns, self.name)
+
+    def close(self) -> None:
+        """Leave the queue: remove the ticket, then unlock it (so no live waiter's ticket is ever unlocked)."""
+        if self.fd < 0:
+            return
+        try:
+            os.unlink(self.name, dir_fd=self.folder.fd)
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = -1
+
+    def __enter__(self) -> Ticket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _number(value: Any, low: float, high: float) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError
+    if not low <= value <= high:
+        raise ValueError
+    return value
+
+
+def _parse(raw: bytes, units: int) -> dict[str, Any]:
+    data = json.loads(raw)
+    if not isinstance(data, dict) or data.get("v") != 1:
+        raise ValueError
+    count = data.get("count")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= max(units, 1):
+        raise ValueError  # more than this machine has: it could never start, so it reserves nothing
+    within = data.get("within")
+    if within is not None:
+        if not isinstance(within, list) or len(within) > _MAX_WITHIN or not all(
+                isinstance(u, str) and 0 < len(u) <= 100 for u in within) or len(set(within)) < count:
+            raise ValueError
+        within = frozenset(within)
+    optional = {key: None if data.get(key) is None else _number(data[key], 0, high)
+                for key, high in (("min_free_bytes", 1 << 60), ("max_util_pct", 100), ("max_procs", 1 << 20))}
+    if optional["max_procs"] is not None and not isinstance(data["max_procs"], int):
+        raise ValueError
+    share, order = data.get("share", False), data.get("order", "free-memory")
+    if not isinstance(share, bool) or order not in ORDERS:
+        raise ValueError
+    poll_s = _number(data.get("poll_s", 1.0), 0.0, 1e9) or 0.0
+    pid, run = data.get("pid"), data.get("run")
+    return {"count": count, "within": within, "order": order, "poll_s": min(max(poll_s, 0.01), 60.0),
+            "criteria": Criteria(None if optional["min_free_bytes"] is None else int(optional["min_free_bytes"]),
+                                 optional["max_util_pct"], None if optional["max_procs"] is None
+                                 else int(optional["max_procs"]), (), None, share),
+            "pid": pid if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 1 << 31 else None,
+            "run": run[:200] if isinstance(run, str) else None}
+
+
+def read_queue(folder: ClaimFolder, units: int) -> tuple[list[QueuedTicket], list[str]]:
+    """The live tickets, oldest first, and what was ignored and why (for ``gpukit ls``/doctor).
+
+    Dead tickets of this account are removed on the way. ``units``: how many GPUs (or MIG
+    devices) this machine has; a ticket asking for more is ignored.
+
+    Raises:
+        OverflowError: the folder holds more than :data:`MAX_ENTRIES` entries.
+    """
+    live: list[QueuedTicket] = []
+    ignored: list[str] = []
+    me = os.geteuid()
+    with os.scandir(folder.fd) as entries:
+        for seen, entry in enumerate(entries):
+            if seen >= MAX_ENTRIES:
+                raise OverflowError(f"the claim folder {folder.path} holds more than {MAX_ENTRIES} entries")
+            if entry.name.startswith(_PREFIX):
+                ticket = _read_one(folder, entry.name, units, me, ignored)
+                if ticket is not None:
+                    live.append(ticket)
+    live.sort(key=lambda t: t.key)
+    return live, ignored
+
+
+def _read_one(folder: ClaimFolder, name: str, units: int, me: int, ignored: list[str]) -> QueuedTicket | None:
+    try:
+        fd, info = open_entry(folder.fd, name)
+    except UnsafeEntry as exc:
+        ignored.append(f"{name}: {exc.kind} made by {user_name(exc.owner_uid)}")
+        return None
+    except OSError:
+        return None
+    try:
+        if try_flock(fd, exclusive=False):  # nobody holds it: its waiter is gone
+            if info.st_uid == me:
+                try:
+                    os.unlink(name, dir_fd=folder.fd)
+                except OSError:
+                    pass
+            return None
+        raw = read_bounded(fd, _TICKET_MAX_BYTES)
+    finally:
+        os.close(fd)
+    user = user_name(info.st_uid)
+    try:
+        if raw is None:
+            raise ValueError
+        fields = _parse(raw, units)
+    except (ValueError, RecursionError, TypeError):
+        ignored.append(f"{name}: a malformed or impossible ticket of {user}")
+        return None
+    return QueuedTicket(name, info.st_uid, user, (info.st_ctime_ns, name), since=info.st_ctime_ns / 1e9, **fields)
+
+
+def reserve(older: list[QueuedTicket], units: list[GpuSnapshot], free: set[str], stalls: dict[str, float],
+            now: float | None = None) -> dict[str, str]:
+    """UUID -> why it is reserved, for the GPUs ``older`` tickets (oldest first) hold back.
+
+    ``free``: UUIDs nobody holds now. ``stalls``: the caller's memory, between calls, of since when
+    each ticket could have taken its GPUs (see the module docstring).
+    """
+    now = time.monotonic() if now is None else now
+    available = set(free)
+    reserved: dict[str, str] = {}
+    for position, ticket in enumerate(older, 1):
+        usable = rank([u for u in units if u.uuid in available and ticket.accepts(u)], ticket.order)
+        mine = usable[:ticket.count]
+        if len(mine) == ticket.count:
+            first = stalls.setdefault(ticket.name, now)
+            if now - first > stall_after_s(ticket.poll_s):
+                continue  # could have started long ago and did not: passed over
+        else:
+            stalls.pop(ticket.name, None)
+        plural = "GPU" if ticket.count == 1 else "GPUs"
+        why = (f"reserved for an older waiter in the queue (#{position}: {ticket.user}, {ticket.count} {plural}, "
+               f"waiting {_age(ticket.since)})")
+        for unit in mine:
+            reserved[unit.uuid or ""] = why
+            available.discard(unit.uuid or "")
+    return reserved
+
+
+def _age(since: float) -> str:
+    seconds = max(0.0, time.time() - since)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def busy_units(folder: ClaimFolder, gpus: list[GpuSnapshot], mine: Ticket | None = None,
+               stalls: dict[str, float] | None = None) -> dict[str, str]:
+    """UUID -> why another job has it now: claimed (the kernel's lock), or reserved for a waiter
+    older than ``mine`` (``None``: every waiter is older, as for a claim that does not wait).
+
+    Raises:
+        DeviceError: the folder is flooded with entries (names the fix).
+    """
+    from gpukit.devices._claim_files import claim_owners, holder_text
+    from gpukit.devices._snapshot import selectable_units
+    from gpukit.errors import DeviceError
+
+    units = [u for u in selectable_units(gpus) if u.uuid is not None]
+    holders = claim_owners([u.uuid or "" for u in units], folder=folder)
+    busy = {uuid: holder_text(owner) for uuid, owner in holders.items()}
+    try:
+        tickets, _ignored = read_queue(folder, len(units))
+    except OverflowError as exc:
+        raise DeviceError(f"GPU claims: {exc}, more than any queue needs (another user flooding it?); an "
+                          "administrator can empty it with `sudo gpukit claims clean`.") from None
+    older = [t for t in tickets if mine is None or t.key < mine.key]
+    free = {u.uuid or "" for u in units if u.uuid not in holders}
+    busy.update(reserve(older, units, free, {} if stalls is None else stalls))
+    return busy
