@@ -67,14 +67,18 @@ def test_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str
 
 def test_claims_are_shown(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from gpukit.devices import claim_gpus
+    from gpukit.devices._select import current_user
 
     _spec(monkeypatch, "shared-4gpu")
-    with claim_gpus(gpus=[1]) as claim:
+    with claim_gpus(gpus=[1], share=True) as claim:
         main(["ls", "--json"])
         data = json.loads(capsys.readouterr().out)
-        assert data["claims"] == [{"uuid": claim.gpus[0].uuid, "pid": os.getpid()}]
+        [shown] = data["claims"]
+        assert {k: shown[k] for k in ("uuid", "pid", "user")} == {
+            "uuid": claim.gpus[0].uuid, "pid": os.getpid(), "user": current_user()}  # the kernel's holder
+        assert abs(shown["since"] - time.time()) < 60
         main(["ls"])
-        assert f"pid {os.getpid()}" in capsys.readouterr().out
+        assert f"pid {os.getpid()} ({current_user()})" in capsys.readouterr().out
 
 
 def test_no_driver_is_friendly(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -124,7 +128,7 @@ def test_watch_refreshes_until_ctrl_c(live: bool) -> None:
 def test_ls_and_select_do_not_import_torch() -> None:
     script = (
         "import sys\nfrom gpukit.cli import main\n"
-        "main(['ls']); main(['ls', '--json']); main(['select', '-n', '2'])\n"
+        "main(['ls']); main(['ls', '--json']); main(['select', '-n', '2', '--share'])\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     env = {**os.environ, "GPUKIT_FAKE_GPUS": str(EXAMPLES / "shared-4gpu.json")}
@@ -155,12 +159,13 @@ def test_claims_show_the_run_and_rank(monkeypatch: pytest.MonkeyPatch, capsys: p
     _spec(monkeypatch, "shared-4gpu")
     from gpukit.devices import claim_gpus
 
-    with claim_gpus(gpus=[2, 1]) as claim:
+    with claim_gpus(gpus=[2, 1], share=True) as claim:
         DevicePlan(claim=claim).label_claim("gpukit-3f2a9c1b2c4d", nproc=2, node_rank=1)
         main(["ls", "--json"])
         claims = {c["uuid"]: c for c in json.loads(capsys.readouterr().out)["claims"]}
-        assert claims[claim.gpus[0].uuid] == {"uuid": claim.gpus[0].uuid, "pid": os.getpid(),
-                                              "run": "gpukit-3f2a9c1b2c4d", "rank": 2}
+        shown = claims[claim.gpus[0].uuid]
+        assert {k: shown.get(k) for k in ("uuid", "pid", "run", "rank")} == {
+            "uuid": claim.gpus[0].uuid, "pid": os.getpid(), "run": "gpukit-3f2a9c1b2c4d", "rank": 2}
         assert claims[claim.gpus[1].uuid]["rank"] == 3
         main(["ls"])
         assert f"3f2a9c rank 2 · pid {os.getpid()}" in capsys.readouterr().out

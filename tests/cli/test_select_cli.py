@@ -35,12 +35,12 @@ def _select(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     ("args", "stdout"),
     [
         ([], "2\n"),
-        (["-n", "2"], "2,1\n"),
-        (["--count", "2", "--format", "env"], "CUDA_VISIBLE_DEVICES=2,1\n"),
+        (["-n", "2", "--share"], "2,1\n"),
+        (["--count", "2", "--format", "env", "--share"], "CUDA_VISIBLE_DEVICES=2,1\n"),
         (["-n", "1", "--format", "uuids"], "GPU-7c1d2e5a-3b4f-4a8c-8d9e-2f3a4b5c6d7e\n"),
-        (["-n", "2", "--exclude", "2, GPU-6b0c"], "0,3\n"),
-        (["-n", "2", "--min-free", "7000MiB"], "2,1\n"),
-        (["-n", "2", "--max-util", "40", "--order", "index"], "1,2\n"),
+        (["-n", "2", "--exclude", "2, GPU-6b0c", "--share"], "0,3\n"),
+        (["-n", "2", "--min-free", "7000MiB", "--share"], "2,1\n"),
+        (["-n", "2", "--max-util", "40", "--order", "index", "--share"], "1,2\n"),
         (["--max-procs", "0", "--wait"], "2\n"),  # --wait alone: met at once, no waiting
     ],
 )
@@ -78,7 +78,14 @@ def test_bad_arguments(args: list[str], message: str, capsys: pytest.CaptureFixt
 
 def test_skips_claimed_gpus(capsys: pytest.CaptureFixture[str]) -> None:
     with claim_gpus(gpus=[2]):
-        assert _select(["-n", "2"], capsys)[:2] == (0, "1,0\n")
+        assert _select(["-n", "2", "--share"], capsys)[:2] == (0, "1,0\n")
+
+
+def test_other_users_gpus_are_busy_unless_shared(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _select(["-n", "2"], capsys)
+    assert (code, out) == (2, "")
+    assert "GPU 1 (NVIDIA TITAN X (Pascal)): in use by bob's pid 51002 (jupyter-lab)" in err
+    assert _select(["-n", "2", "--share"], capsys)[:2] == (0, "2,1\n")
 
 
 def test_no_driver(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,5 +98,5 @@ def test_no_driver(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixtur
 
 def test_mig_devices_by_uuid(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("GPUKIT_FAKE_GPUS", str(EXAMPLES / "mig-a100.json"))
-    code, out, _ = _select(["-n", "2", "--format", "env"], capsys)
+    code, out, _ = _select(["-n", "2", "--format", "env", "--share"], capsys)
     assert (code, out) == (0, "CUDA_VISIBLE_DEVICES=1,MIG-aa11bb22-cc33-5d44-9e55-ff6677889900\n")

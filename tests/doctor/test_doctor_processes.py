@@ -1,20 +1,17 @@
-"""GPUs held by defunct, orphaned or vanished processes, and stale gpukit claims (real pids, fake NVML)."""
+"""GPUs held by defunct, orphaned or vanished processes (real pids, fake NVML)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Iterator
 
 import psutil
 import pytest
 
-from gpukit.devices import claim_gpus
-from gpukit.doctor._processes import ProcessState, _launcher_alive, check_claims, check_gpu_processes, inspect_pid
+from gpukit.doctor._processes import ProcessState, _launcher_alive, check_gpu_processes, inspect_pid
 
 _GPU = {"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-aaaaaaaa-1111-4222-8333-444444444444",
         "memory_total_mib": 40960, "memory_used_mib": 9000}
@@ -101,39 +98,6 @@ def test_no_processes_is_ok(use_spec, make_ctx):
     use_spec(_spec())
     [finding] = check_gpu_processes(make_ctx())
     assert finding.status == "ok" and "no process" in finding.message
-
-
-def test_claims_held_stale_and_orphaned(use_spec, make_ctx, tmp_path: Path):
-    use_spec(_spec())
-    claim_dir = Path(os.environ["GPUKIT_CLAIM_DIR"])
-    [finding] = check_claims(make_ctx())
-    assert finding.status == "ok"
-    with claim_gpus(1):
-        [finding] = check_claims(make_ctx())
-        assert finding.status == "info" and f"pid {os.getpid()}" in finding.message
-        # the owner note names a pid that is gone while the lock is still held: a holder we cannot see
-        gone = subprocess.Popen([sys.executable, "-c", "pass"])
-        gone.wait()
-        (claim_dir / f"{_GPU['uuid']}.owner").write_text(json.dumps({"pid": gone.pid}))
-        [finding] = check_claims(make_ctx())
-        assert finding.status == "warn" and "fuser -v" in finding.fix
-    # released, but a note left behind (as by a SIGKILLed owner)
-    (claim_dir / f"{_GPU['uuid']}.owner").write_text(json.dumps({"pid": gone.pid}))
-    [finding] = check_claims(make_ctx())
-    assert finding.status == "info" and "stale claim note" in finding.message
-    assert finding.fix == f"rm {claim_dir / (_GPU['uuid'] + '.owner')}"
-
-
-def test_a_claim_dir_that_is_a_file_fails_as_gpukit_run_would(tmp_path, make_ctx):
-    from gpukit.devices._claims import _ensure_dir
-    from gpukit.errors import DeviceError
-
-    path = tmp_path / "claims-file"
-    path.write_text("not a directory")
-    [finding] = check_claims(make_ctx({"GPUKIT_CLAIM_DIR": str(path)}))
-    assert finding.status == "fail" and "GPUKIT_CLAIM_DIR" in finding.message and "not a directory" in finding.message
-    with pytest.raises(DeviceError, match="not a directory"):  # what the finding promises
-        _ensure_dir(path)
 
 
 def test_a_launcher_pid_taken_by_a_younger_process_is_an_orphan():

@@ -149,8 +149,15 @@ def open_entry(folder_fd: int, name: str) -> tuple[int, os.stat_result]:
 
 
 def create_entry(folder_fd: int, name: str, mode: int = 0o644) -> int:
-    """Create ``name`` in the folder, failing if anything by that name exists (``O_EXCL``)."""
-    return os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, mode, dir_fd=folder_fd)
+    """Create ``name`` in the folder with exactly ``mode`` (whatever the umask), failing if anything
+    by that name exists (``O_EXCL``)."""
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, mode, dir_fd=folder_fd)
+    try:
+        os.fchmod(fd, mode)  # a fresh file of ours: others must be able to read (and so lock) it
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def read_bounded(fd: int, limit_bytes: int) -> bytes | None:

@@ -11,10 +11,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
+from gpukit._util.text import printable
 from gpukit._util.units import format_bytes
 from gpukit.devices import GpuSnapshot
 
-__all__ = ["GpuHistory", "render_gpus", "gpu_table", "process_table", "sparkline"]
+__all__ = ["GpuHistory", "render_gpus", "gpu_table", "process_table", "sparkline", "claims_footer"]
 
 _GAP = 2  # characters between two columns (one of padding, one of divider)
 _BLOCKS = "▁▂▃▄▅▆▇█"
@@ -88,7 +89,7 @@ def _free(num_bytes: int | None) -> str:
 
 
 def _claim(gpu: GpuSnapshot, claims: Mapping[str, Claim]) -> str:
-    """``pid 4242``, or under ``gpukit run`` the run and rank: ``3f2a9c rank 1 · pid 4242``."""
+    """``pid 4242 (alice)``, or under ``gpukit run`` the run and rank: ``3f2a9c rank 1 · pid 4242 (alice)``."""
     if gpu.uuid is None or gpu.uuid not in claims:
         return ""
     owner = claims[gpu.uuid]
@@ -96,7 +97,11 @@ def _claim(gpu: GpuSnapshot, claims: Mapping[str, Claim]) -> str:
         return "yes"
     if not isinstance(owner, Mapping):
         return f"pid {owner}"
-    text = f"pid {owner.get('pid')}"
+    if owner.get("blocked"):
+        return f"blocked by {owner.get('user') or 'another user'}"
+    if owner.get("pid") is None:
+        return "yes"
+    text = f"pid {owner.get('pid')}" + (f" ({owner['user']})" if owner.get("user") else "")
     if owner.get("rank") is not None:
         text = f"rank {owner['rank']} · {text}"
     if owner.get("run"):
@@ -115,6 +120,13 @@ class _Column:
     name: str
     justify: str = "right"
     cells: list[tuple[str, str]] = field(default_factory=list)  # (plain text, style)
+
+    def __post_init__(self) -> None:
+        self.cells = [(printable(text), style) for text, style in self.cells]
+
+    def add(self, text: str, style: str = "") -> None:
+        """A cell; what another user wrote (a command, a run id) reaches the terminal escaped."""
+        self.cells.append((printable(text), style))
 
     @property
     def width(self) -> int:
@@ -264,24 +276,57 @@ def process_table(gpus: list[GpuSnapshot], *, width: int = 200) -> Any:
                                    ("User", (proc.user or "n/a", "" if proc.user else "dim")),
                                    ("Command", (proc.command or "n/a", "" if proc.command else "dim")),
                                    ("GPU memory", (format_bytes(proc.used_memory_bytes), ""))):
-                    columns[name].cells.append(cell)
+                    columns[name].add(*cell)
     if not columns["GPU"].cells:
         return Text("No processes are using the GPUs.", style="dim")
     others = sum(c.width + _GAP for n, c in columns.items() if n != "Command")
     return _table(list(columns.values()), name_width=max(12, width - others))
 
 
+def claims_footer(state: Any) -> list[Any]:
+    """The lines under the tables: the queue (user, GPUs wanted, waiting since), then what is wrong
+    with the claims (stale or planted claims, blocked lock files), then the private-folder notice."""
+    import time
+
+    from rich.text import Text
+
+    if state is None:
+        return []
+    out: list[Any] = []
+    if state.queue:
+        out.append(Text("Waiting for GPUs (first come, first served):", style="bold"))
+        for position, ticket in enumerate(state.queue, 1):
+            wanted = f"{ticket.count} GPU{'s' if ticket.count != 1 else ''}"
+            since = time.strftime("%H:%M:%S", time.localtime(ticket.since))
+            pid = f" · pid {ticket.pid}" if ticket.pid else ""
+            run = f" · run {ticket.run}" if ticket.run else ""
+            out.append(Text(printable(f"  {position}. {ticket.user} wants {wanted}, waiting since {since}{pid}{run}",
+                                      max_chars=200), no_wrap=True, overflow="ellipsis"))
+    for problem in state.problems:
+        fix = f" -> {problem.fix}" if problem.fix else ""
+        style = "yellow" if problem.severity == "warn" else "dim"
+        out.append(Text(printable(f"! {problem.what}{fix}", max_chars=400), style=style))
+    for line in (state.error, state.notice):
+        if line:
+            out.append(Text(printable(f"note: {line}", max_chars=600), style="dim"))
+    return [Text(""), *out] if out else []
+
+
 def render_gpus(gpus: list[GpuSnapshot], claims: Mapping[str, Claim], header: str, *, width: int,
-                history: GpuHistory | None = None, hint: str = "") -> Any:
-    """Header line, GPU table, process table, as one renderable (for print or rich Live).
+                history: GpuHistory | None = None, hint: str = "", claim_state: Any = None) -> Any:
+    """Header line, GPU table, process table, then the queue and claim problems, as one renderable
+    (for print or rich Live).
 
     With ``history`` (``ls --watch``) the GPU table adds utilization and memory sparklines.
     ``hint`` (``" · Ctrl-C to stop"``) ends the header line whole: the header is shortened first.
+    ``claim_state``: a :class:`gpukit.devices._claims_admin.ClaimState` for the lines at the end.
     """
     from rich.console import Group
     from rich.text import Text
 
     room = width - len(hint)
+    header = printable(header)
     line = header if len(header) <= room else header[: max(0, room - 1)] + "…"
     return Group(Text(line + hint, style="bold", overflow="ellipsis", no_wrap=True), Text(""),
-                 gpu_table(gpus, claims, width=width, history=history), Text(""), process_table(gpus, width=width))
+                 gpu_table(gpus, claims, width=width, history=history), Text(""), process_table(gpus, width=width),
+                 *claims_footer(claim_state))

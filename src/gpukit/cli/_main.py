@@ -18,6 +18,7 @@ _COMMANDS: dict[str, str] = {
     "ckpt": "gpukit.cli.ckpt:ckpt",
     "plan": "gpukit.cli.plan:plan",
     "doctor": "gpukit.cli.doctor:doctor",
+    "claims": "gpukit.cli.claims:claims",
     "report": "gpukit.cli.report:report",
 }
 
@@ -50,6 +51,12 @@ def cli() -> None:
     """gpukit: see, pick and claim GPUs, and train PyTorch on them well."""
 
 
+def _shown(message: str) -> str:
+    from gpukit._util.text import printable
+
+    return printable(message, keep_newlines=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: gpukit errors become one clear line and exit code 2."""
     try:
@@ -64,13 +71,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.UsageError as exc:  # bad option or value: one line, like every gpukit error
         command = exc.ctx.command_path if exc.ctx is not None else "gpukit"
-        click.echo(f"gpukit: error: {exc.format_message()} See '{command} --help'.", err=True)
+        click.echo(f"gpukit: error: {_shown(exc.format_message())} See '{command} --help'.", err=True)
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        click.echo(f"gpukit: error: {exc.format_message()}", err=True)
+        click.echo(f"gpukit: error: {_shown(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
-    except GpukitError as exc:
-        click.echo(f"gpukit: error: {exc}", err=True)
+    except GpukitError as exc:  # may quote what another user wrote (a note, a process): no escapes reach the terminal
+        click.echo(f"gpukit: error: {_shown(str(exc))}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)

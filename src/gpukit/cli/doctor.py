@@ -13,10 +13,12 @@ _LABELS = {"ok": ("ok", "green"), "info": ("info", "blue"), "warn": ("WARN", "ye
 
 
 def _line(finding: Any) -> str:
+    from gpukit._util.text import printable  # findings quote what others wrote (commands, notes, names)
+
     label, color = _LABELS[finding.status]
     head = click.style(f"{label:<4}", fg=color, bold=finding.status in ("warn", "fail"))
-    fix = f"  -> fix: {finding.fix}" if finding.fix else ""
-    return f"{head} {finding.name}: {finding.message}{fix}"
+    fix = f"  -> fix: {printable(finding.fix)}" if finding.fix else ""
+    return f"{head} {finding.name}: {printable(finding.message)}{fix}"
 
 
 def _value(value: Any) -> str:
@@ -73,6 +75,7 @@ def doctor(as_json: bool, shm_path: str | None, active: bool) -> int:
 
     Exit status: 0 when no check failed (warnings allowed), 1 when one failed, 2 on bad input.
     """
+    from gpukit._util.text import printable
     from gpukit.devices import _nvml
     from gpukit.doctor import run_checks
     from gpukit.doctor._finding import worst
@@ -94,5 +97,5 @@ def doctor(as_json: bool, shm_path: str | None, active: bool) -> int:
     click.echo(f"\n{counts['fail']} failed, {counts['warn']} warning(s)" if status in ("fail", "warn")
                else "\nno problem found")
     click.echo("\n--- report (paste into a bug report) ---")
-    click.echo(format_report(result.report))
+    click.echo(printable(format_report(result.report), keep_newlines=True))
     return result.exit_code

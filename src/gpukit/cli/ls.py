@@ -15,15 +15,17 @@ import click
 
 from gpukit.cli._common import FiniteFloatRange
 from gpukit.devices import _nvml
-from gpukit.devices import claim_owners, driver_version, list_gpus, selectable_units, unavailable_reason
+from gpukit.devices import driver_version, list_gpus, selectable_units, unavailable_reason
 
 __all__ = ["ls"]
 
 
 def _collect() -> dict[str, Any]:
+    from gpukit.devices._claims_admin import ClaimState, look
+
     gpus = list_gpus()
-    uuids = [u.uuid for g in gpus for u in (g, *g.mig_devices) if u.uuid]
-    return {"gpus": gpus, "claims": claim_owners(uuids) if uuids else {}}
+    state = look(gpus) if gpus else ClaimState()
+    return {"gpus": gpus, "claims": state.owners, "claim_state": state}
 
 
 def _header(state: dict[str, Any]) -> str:
@@ -35,13 +37,20 @@ def _header(state: dict[str, Any]) -> str:
 
 
 def _as_json(state: dict[str, Any]) -> str:
+    claims = state["claim_state"]
+    keys = ("pid", "user", "since", "run", "rank", "host", "blocked")
     return json.dumps({
         "driver_version": driver_version(),
         "notice": unavailable_reason(),
         "gpus": [g.to_dict() for g in state["gpus"]],
-        "claims": [{"uuid": u, "pid": None if owner is None else owner["pid"],
-                    **{k: owner[k] for k in ("run", "rank") if owner is not None and k in owner}}
+        "claims": [{"uuid": u, "pid": None if owner is None else owner.get("pid"),
+                    **{k: owner[k] for k in keys[1:] if owner is not None and owner.get(k) is not None}}
                    for u, owner in state["claims"].items()],
+        "queue": [{"position": i, "user": t.user, "gpus_wanted": t.count, "waiting_since": t.since,
+                   "pid": t.pid, "run": t.run} for i, t in enumerate(claims.queue, 1)],
+        "claim_folder": {"path": claims.folder, "shared": claims.shared, "notice": claims.notice,
+                         "error": claims.error},
+        "claim_problems": [{"what": p.what, "fix": p.fix, "severity": p.severity} for p in claims.problems],
         "selectable": [u.uuid for u in selectable_units(state["gpus"]) if u.usable],
     })
 
@@ -67,7 +76,8 @@ def _no_gpu_message() -> str:
 @click.option("--watch", type=FiniteFloatRange(min=0.1, max=86400), is_flag=False, flag_value=2.0, default=None,
               metavar="[SECONDS]", help="Refresh in place every SECONDS (default 2) until Ctrl-C.")
 def ls(as_json: bool, watch: float | None) -> None:
-    """Show the GPUs (memory, utilization, temperature, power, claims) and the processes on them.
+    """Show the GPUs (memory, utilization, temperature, power, claims), the processes on them, and
+    the queue of jobs waiting for GPUs.
 
     GPUs are numbered like nvidia-smi (PCI bus order). Set GPUKIT_FAKE_GPUS=spec.json to
     show fake GPUs from a spec (see examples/fake-gpus/).
@@ -97,7 +107,8 @@ def _show_once(as_json: bool) -> None:
     from gpukit.cli._gpu_table import render_gpus
 
     console = Console()
-    console.print(render_gpus(state["gpus"], state["claims"], _header(state), width=console.width))
+    console.print(render_gpus(state["gpus"], state["claims"], _header(state), width=console.width,
+                              claim_state=state["claim_state"]))
 
 
 def _quiet_stdout() -> None:
@@ -153,7 +164,7 @@ def _watch(as_json: bool, interval_s: float) -> None:
         console.width = _terminal_width()  # rich fixes its width at start; follow the terminal
         stop = " · Ctrl-C to stop" if console.is_terminal else ""
         return render_gpus(state["gpus"], state["claims"], _header(state), width=console.width,
-                           history=history, hint=stop)
+                           history=history, hint=stop, claim_state=state["claim_state"])
 
     def wait() -> None:
         deadline = time.monotonic() + interval_s

@@ -1,6 +1,7 @@
 """``gpukit select``: print the best GPUs for a job, in a form the shell can use.
 
-``select`` only selects (skipping GPUs that other processes have claimed); it does not claim,
+``select`` only selects (skipping GPUs that other processes have claimed, GPUs reserved for jobs
+waiting in the queue, and GPUs other users' processes use unless ``--share``); it does not claim,
 because a claim held by this short-lived command would end the moment it exits. To hold GPUs
 for a job's lifetime, use ``gpukit run`` or ``gpukit.devices.claim_gpus`` in the job itself.
 """
@@ -31,10 +32,12 @@ _FORMATS = ("indices", "uuids", "env")
               show_default=True, help="Ranking; ties go to lower utilization, fewer processes, lower index.")
 @click.option("--wait", "wait", metavar="[TIMEOUT]", is_flag=False, flag_value=WAIT_NO_LIMIT, default=None,
               help="Wait until enough GPUs qualify; TIMEOUT in seconds (no value: no limit).")
+@click.option("--share", is_flag=True,
+              help="Also choose GPUs other users' processes are using (by default such a GPU is busy).")
 @click.option("--format", "fmt", type=click.Choice(_FORMATS), default="indices", show_default=True,
               help="indices: 3,0   uuids: GPU-…,GPU-…   env: CUDA_VISIBLE_DEVICES=3,0")
 def select(count: int, min_free: str | None, max_util: float | None, max_procs: int | None, exclude: str,
-           order: str, wait: str | None, fmt: str) -> None:
+           order: str, wait: str | None, share: bool, fmt: str) -> None:
     """Choose GPUs for a job and print them, best first.
 
     Indices are nvidia-smi's (PCI bus order). Only the choice goes to stdout, so it composes:
@@ -55,6 +58,7 @@ def select(count: int, min_free: str | None, max_util: float | None, max_procs: 
         max_processes=max_procs,
         exclude=[item.strip() for item in exclude.split(",") if item.strip()],
         order=order,
+        share=share,
         wait=wait is not None,
         timeout_s=None if timeout is None or math.isinf(timeout) else timeout,
     )

@@ -195,11 +195,16 @@ def _user(uid: int | None) -> str:
 _NOTICE_GIVEN = False
 
 
-def private_notice(folder: ClaimFolder) -> str | None:
-    """What to tell the user when claims protect only their own jobs (``None`` when shared)."""
-    if folder.shared:
+def private_notice(folder: ClaimFolder | Path) -> str | None:
+    """What to tell the user when claims protect only their own jobs (``None`` when shared).
+
+    ``folder``: an open folder, or the path of one not made yet (then private unless root's shared one).
+    """
+    path = folder if isinstance(folder, Path) else folder.path
+    shared = folder.shared if isinstance(folder, ClaimFolder) else folder == SYSTEM_CLAIM_DIR
+    if shared:
         return None
-    return (f"GPU claims are kept in {printable(str(folder.path), max_chars=200)}, which only your own jobs use: "
+    return (f"GPU claims are kept in {printable(str(path), max_chars=200)}, which only your own jobs use: "
             "they keep your jobs apart, but another user's gpukit job could take a GPU you claimed before your "
             f"job starts on it. An administrator can make a shared claim folder once: {_SETUP}")
 

@@ -4,8 +4,11 @@ A claim is ``flock`` on ``<claim folder>/<GPU UUID>.lock``, taken without blocki
 processes racing for a GPU exactly one wins, and the OS drops it when its owner exits however it
 exits (SIGKILL included). Lock files are opened read-only (``flock`` needs no more), without
 following symlinks, regular files only (:mod:`gpukit._util.safe_files`), and a lock whose file was
-removed or replaced while it was being taken is taken again. ``sudo gpukit claims setup`` makes a
-root-owned lock file per GPU, so no user can remove one another user holds.
+removed or replaced while it was being taken is taken again. Only lock files owned by the folder's
+owner are used, and only the folder's owner makes them: ``sudo gpukit claims setup`` makes a
+root-owned one per GPU in the shared folder, so no user can remove a lock another user holds
+(a user's lock file there could be removed by that user while someone else holds it, and the
+next claimer would get the GPU); in a user's own folder, that user makes them as needed.
 
 Who holds a lock comes from the kernel (``/proc/locks``: the pid that took it), not from a file
 anyone could write. The holder's note ``<uuid>.<pid>.owner`` (host, since, command, and under
@@ -37,6 +40,7 @@ __all__ = ["CLAIM_DIR_ENV", "claim_holders", "claim_owners", "default_claim_dir"
 _CONTENTION_GRACE_S = 0.05
 _NOTE_MAX_BYTES = 8192
 _PROC_LOCKS_MAX_BYTES = 16 << 20
+_SETUP = "sudo gpukit claims setup"
 
 
 def _stem(uuid: str) -> str:
@@ -53,7 +57,7 @@ def note_name(uuid: str, pid: int) -> str:
 
 def acquire(folder: ClaimFolder, uuid: str) -> int | None:
     """``flock`` the GPU's lock file: its descriptor (held until closed), or ``None`` when another
-    process holds it or the entry cannot be used (another user's symlink, FIFO, unreadable file).
+    process holds it or the entry cannot be used (see :func:`usable_lock`).
 
     Raises:
         DeviceError: the folder refuses files (read-only file system, permissions).
@@ -63,7 +67,12 @@ def acquire(folder: ClaimFolder, uuid: str) -> int | None:
     while True:
         try:
             fd, info = open_entry(folder.fd, name)
+            if info.st_uid != folder.info.owner_uid:
+                os.close(fd)
+                return None
         except FileNotFoundError:
+            if folder.info.owner_uid != os.geteuid():
+                return None  # only the folder's owner makes lock files (`gpukit claims setup` in a shared one)
             try:
                 fd = create_entry(folder.fd, name, 0o644)
             except FileExistsError:
@@ -102,13 +111,13 @@ def remove_owner(folder: ClaimFolder, uuid: str) -> None:
         pass
 
 
-def flock_holders() -> dict[tuple[int, int], int]:
+def flock_holders() -> dict[tuple[int, int], int] | None:
     """``(st_dev, st_ino)`` -> pid of the process that holds an exclusive ``flock`` on it, from
-    ``/proc/locks`` (empty where there is none; a pid outside this pid namespace is left out)."""
+    ``/proc/locks`` (``None`` where there is no such file; a pid outside this pid namespace is left out)."""
     try:
         fd = os.open("/proc/locks", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        return {}
+        return None
     try:
         data = b""
         while len(data) < _PROC_LOCKS_MAX_BYTES:
@@ -200,10 +209,15 @@ def _describe_unusable(folder: ClaimFolder, uuid: str, exc: OSError) -> dict[str
 def _holders_in(folder: ClaimFolder, uuids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
     held: dict[str, dict[str, Any] | None] = {}
     kernel: dict[tuple[int, int], int] | None = None
+    looked = False
     for uuid in uuids:
         try:
             fd, info = open_entry(folder.fd, lock_name(uuid))
         except FileNotFoundError:
+            if folder.info.owner_uid != os.geteuid():
+                held[uuid] = {"pid": None, "uid": None, "user": None, "missing": True,
+                              "blocked": f"the shared claim folder has no lock file for it (`{_SETUP}` makes one "
+                                         "per GPU: run it again after adding GPUs or changing MIG devices)"}
             continue
         except (UnsafeEntry, PermissionError) as exc:
             held[uuid] = _describe_unusable(folder, uuid, exc)
@@ -211,14 +225,22 @@ def _holders_in(folder: ClaimFolder, uuids: Iterable[str]) -> dict[str, dict[str
         except OSError:
             held[uuid] = None
             continue
+        if info.st_uid != folder.info.owner_uid:
+            os.close(fd)
+            owner = user_name(info.st_uid)
+            held[uuid] = {"pid": None, "uid": info.st_uid, "user": owner,
+                          "blocked": f"its lock file {lock_name(uuid)} was made by {owner}, not by the folder's owner "
+                                     f"({user_name(folder.info.owner_uid)}), so {owner} could remove it while "
+                                     "someone holds it"}
+            continue
         try:
             if try_flock(fd, exclusive=False):
                 continue  # nobody holds it
         finally:
             os.close(fd)
-        if kernel is None:
-            kernel = flock_holders()
-        pid = kernel.get((info.st_dev, info.st_ino))
+        if not looked:
+            kernel, looked = flock_holders(), True
+        pid = None if kernel is None else kernel.get((info.st_dev, info.st_ino))
         if pid is None:
             held[uuid] = None
             continue

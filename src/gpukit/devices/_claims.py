@@ -29,6 +29,7 @@ __all__ = ["CLAIM_DIR_ENV", "GpuClaim", "claim_gpus", "claim_holders", "claim_ow
 # Claims alive in this process: the contract is "until release or exit", whether or not the
 # GpuClaim object is still referenced.
 _LIVE: set[GpuClaim] = set()
+_AT_EXIT = False
 
 
 class GpuClaim:
@@ -47,6 +48,12 @@ class GpuClaim:
         self._folder = folder
         self._locks = locks
         if locks:
+            global _AT_EXIT
+            if not _AT_EXIT:
+                import atexit
+
+                atexit.register(_release_all)  # the notes go with the process (the kernel drops the locks)
+                _AT_EXIT = True
             _LIVE.add(self)
 
     @property
@@ -89,6 +96,11 @@ class GpuClaim:
     def __repr__(self) -> str:
         state = "released" if self.released else "held"
         return f"GpuClaim([{', '.join(g.label for g in self.gpus)}], {state})"
+
+
+def _release_all() -> None:
+    for claim in list(_LIVE):
+        claim.release()
 
 
 def _resolve_targets(targets: Sequence[int | str | GpuSnapshot], gpus: list[GpuSnapshot]) -> list[GpuSnapshot]:

@@ -1,4 +1,4 @@
-"""GPUs held by processes left over from earlier runs, and gpukit claims nobody releases.
+"""GPUs held by processes left over from earlier runs (gpukit claims: :mod:`gpukit.doctor._claims`).
 
 A process on a GPU (as NVML lists it) is suspect when:
 
@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from gpukit._util.units import format_bytes
-from gpukit.devices import CLAIM_DIR_ENV, GpuProcess, GpuSnapshot, _nvml, claim_holders, default_claim_dir
-from gpukit.devices._claim_files import _read_owner
+from gpukit.devices import GpuProcess, GpuSnapshot, _nvml
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
 from gpukit.errors import GpukitError
 from gpukit.worker import WorkerEnv
 
-__all__ = ["ProcessState", "inspect_pid", "check_gpu_processes", "check_claims"]
+__all__ = ["ProcessState", "inspect_pid", "check_gpu_processes"]
 
 Kind = Literal["running", "missing", "zombie", "orphaned"]
 
@@ -173,58 +172,3 @@ def check_gpu_processes(ctx: DoctorContext, inspect: Callable[[int], ProcessStat
     message = (f"{len(units)} process(es) on the GPUs, all alive ({', '.join(users) or 'users n/a'})"
                if units else "no process on any GPU")
     return [Finding("gpu.processes", "ok", message, None, {"count": len(units)})]
-
-
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    import psutil
-
-    return psutil.pid_exists(pid)
-
-
-def check_claims(ctx: DoctorContext) -> list[Finding]:
-    """gpukit claims (``GPUKIT_CLAIM_DIR``): held by processes gone from here, or notes left behind."""
-    name = "gpu.claims"
-    chosen = ctx.env.get(CLAIM_DIR_ENV) or None
-    directory = default_claim_dir(chosen)
-    source = f"{CLAIM_DIR_ENV}={str(directory)!r}" if chosen else f"the default claim directory {directory}"
-    if directory.exists() and not directory.is_dir():
-        return [Finding(name, "fail", f"{source} is not a directory: `gpukit run` and claim_gpus refuse it, so no "
-                        "GPU can be claimed", f"set {CLAIM_DIR_ENV} to a directory shared by every job on this "
-                        "machine (or unset it)", {"claim_dir": str(directory)})]
-    if directory.is_dir() and not os.access(directory, os.W_OK | os.X_OK):
-        return [Finding(name, "fail", f"{source} is not writable by this user, so no GPU can be claimed",
-                        f"make it writable (chmod 1777 {directory}) or set {CLAIM_DIR_ENV} to a writable "
-                        "directory shared by every job", {"claim_dir": str(directory)})]
-    locks = sorted(directory.glob("*.lock")) if directory.is_dir() else []
-    notes = sorted(directory.glob("*.owner")) if directory.is_dir() else []
-    stems = sorted({p.name[: -len(".lock")] for p in locks})
-    held = claim_holders(stems, directory) if stems else {}
-    labels = {u.uuid: u.label for g in ctx.gpus for u in (g, *g.mig_devices) if u.uuid}
-    findings = []
-    for stem, owner in held.items():
-        label = labels.get(stem, stem)
-        details = {"uuid": stem, "owner_pid": owner, "claim_dir": str(directory)}
-        if _alive(owner):
-            findings.append(Finding(name, "info", f"{label} is claimed by pid {owner}", None, details))
-        else:
-            who = "an unknown process" if owner is None else f"pid {owner}, which is not running here"
-            findings.append(Finding(
-                name, "warn", f"{label} is claimed (its lock is held) by {who}: a process in another container "
-                f"sharing {directory}, or a reused pid",
-                f"find the holder with `fuser -v {directory / (stem + '.lock')}` and end it to free the GPU",
-                details))
-    for note in notes:
-        stem = note.name[: -len(".owner")]
-        if stem in held:
-            continue
-        owner = _read_owner(directory, stem)
-        findings.append(Finding(
-            name, "info", f"stale claim note for {labels.get(stem, stem)} from pid {owner}, which exited without "
-            "releasing; the OS dropped its lock, so the GPU is free",
-            f"rm {note}", {"uuid": stem, "owner_pid": owner, "claim_dir": str(directory)}))
-    if not findings:
-        findings.append(Finding(name, "ok", f"no gpukit claim is held ({directory})", None,
-                                {"claim_dir": str(directory)}))
-    return findings
