@@ -144,6 +144,9 @@ def open_claim_folder(claim_dir: str | os.PathLike[str] | None = None, *, create
         path, source = _per_user(), "per-user"
     fd = _open_or_make(path, source, create)
     info = folder_info(fd)
+    if source == "per-user" and info.owner_uid == os.geteuid() and info.mode & 0o077:
+        os.fchmod(fd, 0o700)  # ours: close it to others, so nothing can be planted in it
+        info = folder_info(fd)
     if not info.trusted:
         os.close(fd)
         raise _error(path, source, f"not safe for claims: {info.problem}", _fix(source))
@@ -154,9 +157,6 @@ def open_claim_folder(claim_dir: str | os.PathLike[str] | None = None, *, create
     if not os.access(path, os.W_OK | os.X_OK):
         os.close(fd)
         raise _error(path, source, "not writable by this user, so no GPU can be claimed", _fix(source))
-    if source == "per-user" and info.mode & 0o077:  # ours: close it to others, so nothing can be planted
-        os.fchmod(fd, 0o700)
-        info = folder_info(fd)
     return ClaimFolder(path, fd, info, source)
 
 

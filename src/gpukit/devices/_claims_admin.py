@@ -59,9 +59,11 @@ def _units(gpus: list[GpuSnapshot]) -> list[GpuSnapshot]:
     return [u for u in selectable_units(gpus) if u.uuid is not None]
 
 
-def stale_claims(folder: ClaimFolder, gpus: list[GpuSnapshot], older_than_s: float = STALE_AFTER_S,
+def stale_claims(folder: ClaimFolder, gpus: list[GpuSnapshot], older_than_s: float | None = None,
                  owners: dict[str, dict[str, Any] | None] | None = None) -> list[tuple[GpuSnapshot, dict[str, Any]]]:
-    """Held claims whose holder's account runs nothing on that GPU, held for ``older_than_s`` or more."""
+    """Held claims whose holder's account runs nothing on that GPU, held for ``older_than_s``
+    (default :data:`STALE_AFTER_S`) or more."""
+    older_than_s = STALE_AFTER_S if older_than_s is None else older_than_s
     owners = claim_owners([u.uuid or "" for u in _units(gpus)], folder=folder) if owners is None else owners
     out = []
     now = time.time()
@@ -118,7 +120,7 @@ def survey(folder: ClaimFolder, gpus: list[GpuSnapshot], owners: dict[str, dict[
 
 
 def _replace_lock(folder: ClaimFolder, name: str) -> None:
-    """Put a fresh root-owned (0644) lock file at ``name``, atomically (rename over what is there)."""
+    """Put a fresh lock file (0644, this process's) at ``name``, atomically (rename over what is there)."""
     import secrets
 
     temp = f".tmp.{secrets.token_hex(16)}"
@@ -144,7 +146,12 @@ def _remove_entry(folder: ClaimFolder, name: str) -> None:
 
 
 def _fix_lock(folder: ClaimFolder, uuid: str, actions: list[str], force_held: bool = False) -> None:
-    """As root: make ``uuid``'s lock entry a root-owned regular file, unless someone holds it."""
+    """As the folder's owner: make ``uuid``'s lock entry a regular file of the owner's.
+
+    A lock file of anyone else's is replaced whatever its state: gpukit never claims through one,
+    so nobody's claim hangs on it. The owner's own is replaced only with ``force_held`` (a stale
+    or planted claim being freed).
+    """
     name = lock_name(uuid)
     try:
         fd, info = open_entry(folder.fd, name)
@@ -157,18 +164,18 @@ def _fix_lock(folder: ClaimFolder, uuid: str, actions: list[str], force_held: bo
         actions.append(f"removed {name}: it was {exc.kind} made by {user_name(exc.owner_uid)}")
         _fix_lock(folder, uuid, actions)
         return
-    try:
-        if info.st_uid == 0 and not force_held:
-            return
-        if not try_flock(fd):  # someone holds it: replacing it would give their GPU away
-            if not force_held:
-                actions.append(f"left {name}: it belongs to {user_name(info.st_uid)} and is held now; run again later")
-                return
+    except PermissionError:  # another user's file this account cannot read
+        owner = os.stat(name, dir_fd=folder.fd, follow_symlinks=False).st_uid
         _replace_lock(folder, name)
-        actions.append(f"replaced {name} (it belonged to {user_name(info.st_uid)}) by a root-owned one"
-                       if not force_held else f"put a fresh lock file in place of {name}")
-    finally:
-        os.close(fd)
+        actions.append(f"replaced {name} (an unreadable file of {user_name(owner)}'s)")
+        return
+    os.close(fd)
+    if info.st_uid == folder.info.owner_uid and not force_held:
+        return
+    _replace_lock(folder, name)
+    actions.append(f"put a fresh lock file in place of {name}" if info.st_uid == folder.info.owner_uid
+                   else f"replaced {name} (it belonged to {user_name(info.st_uid)}) by one of "
+                        f"{user_name(folder.info.owner_uid)}'s")
 
 
 def setup_folder(path: os.PathLike[str] | str = SYSTEM_CLAIM_DIR, gpus: list[GpuSnapshot] | None = None) -> list[str]:
@@ -243,6 +250,16 @@ def clean_folder(folder: ClaimFolder, gpus: list[GpuSnapshot], *, older_than_s: 
                 actions.append(f"could not remove {name}: {exc.strerror or exc}")
                 continue
         actions.append(f"removed {name} ({reason}, by {user_name(uid)})")
+    if folder.info.owner_uid == me:  # lock files others made (or none): the owner's own, unless held
+        for unit in _units(gpus):
+            fixes: list[str] = []
+            if dry_run:
+                continue
+            try:
+                _fix_lock(folder, unit.uuid or "", fixes)
+            except OSError as exc:
+                fixes.append(f"could not fix {lock_name(unit.uuid or '')}: {exc.strerror or exc}")
+            actions += [f for f in fixes if not f.startswith("made ")]
     return actions
 
 
