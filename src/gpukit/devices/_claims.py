@@ -199,9 +199,10 @@ def _claim(folder: ClaimFolder, count: int, criteria: Criteria, wanted: Sequence
 
     ticket: Ticket | None = None
     stalls: dict[str, float] = {}
+    ahead = 0  # live waiters older than this one
 
     def attempt() -> tuple[GpuClaim | None, Callable[[float | None], GpuSelectionError]]:
-        nonlocal ticket
+        nonlocal ticket, ahead
         snapshot = list_gpus()
         if not snapshot:
             raise selection_error(count, snapshot, [], criteria)
@@ -212,7 +213,8 @@ def _claim(folder: ClaimFolder, count: int, criteria: Criteria, wanted: Sequence
         if wait and ticket is None:  # in the queue from the first look on
             within = allowed_units(snapshot, criteria) if targets is None else {u.uuid or "" for u in targets}
             ticket = Ticket(folder, request_of(count, within, criteria, order, poll_interval_s, run))
-        evaluations = evaluate(snapshot, criteria, busy_units(folder, snapshot, ticket, stalls))
+        busy, ahead = busy_units(folder, snapshot, ticket, stalls)
+        evaluations = evaluate(snapshot, criteria, busy)
         if targets is not None:
             evaluations = [(u, why) for u, why in evaluations if u in targets]
             evaluations.sort(key=lambda item: targets.index(item[0]))
@@ -239,8 +241,11 @@ def _claim(folder: ClaimFolder, count: int, criteria: Criteria, wanted: Sequence
 
     plural = "GPU" if count == 1 else "GPUs"
     try:
+        # far back in the queue, GPUs come later: look less often (at most 5x), so that many
+        # waiters do not keep the machine busy; the first few look every poll_interval_s
         return poll(attempt, wait=wait, timeout_s=timeout_s, poll_interval_s=poll_interval_s,
-                    what=f"{count} {plural}{criteria.describe()}")
+                    what=f"{count} {plural}{criteria.describe()}",
+                    interval=lambda: poll_interval_s * (1 + min(ahead, 16) / 4))
     finally:
         if ticket is not None:
             ticket.close()

@@ -8,8 +8,10 @@ waiter leaves the queue at once, whatever files it leaves behind (its own accoun
 or ``gpukit claims clean``, removes them). A ticket nobody holds locked is ignored.
 
 **Order.** Tickets are ordered by the inode's change time (``st_ctime``), which the kernel sets
-when the ticket is renamed into the folder and which no user can set back, then by name. Nobody
-can queue ahead of a waiter that was already there.
+when the ticket is renamed into the folder and which no user can set back: nobody can queue ahead
+of a waiter that was already there. The kernel's clock for it ticks every few milliseconds, so
+tickets renamed within one tick are ordered by the time their waiters wrote into them (believed
+only within 50 ms of the change time), then by name.
 
 **The rule.** Each waiter looks at the live tickets older than its own, oldest first. Each of them
 reserves, of the GPUs that are free now and that its request can use, as many as it wants (the
@@ -67,7 +69,7 @@ class QueuedTicket:
     name: str
     uid: int
     user: str
-    key: tuple[int, str]  # (ctime ns, name): queue order
+    key: tuple[int, int, str]  # (ctime ns, the waiter's own time within a tick, name): queue order
     count: int
     within: frozenset[str] | None  # UUIDs it may use (None: any)
     criteria: Criteria
@@ -91,6 +93,15 @@ def request_of(count: int, within: set[str] | None, criteria: Criteria, order: s
             "poll_s": poll_s, "pid": os.getpid(), "host": socket.gethostname(), "run": run}
 
 
+_TIE_NS = 50_000_000  # how far a waiter's own time may stray from the kernel's ctime (a tie-break only)
+
+
+def _order_key(ctime_ns: int, written_ns: Any, name: str) -> tuple[int, int, str]:
+    if isinstance(written_ns, bool) or not isinstance(written_ns, int):
+        written_ns = ctime_ns
+    return ctime_ns, min(max(written_ns, ctime_ns - _TIE_NS), ctime_ns + _TIE_NS), name
+
+
 class Ticket:
     """This process's place in the queue, held until :meth:`close` (or until it exits)."""
 
@@ -103,7 +114,7 @@ class Ticket:
         self.fd = create_entry(folder.fd, temp, 0o644)
         try:
             try_flock(self.fd)  # a fresh file: nobody else can hold it
-            os.write(self.fd, json.dumps(request).encode())
+            os.write(self.fd, json.dumps({**request, "t_ns": time.time_ns()}).encode())
             os.rename(temp, self.name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
         except BaseException:
             os.close(self.fd)
@@ -112,7 +123,8 @@ class Ticket:
             except OSError:
                 pass
             raise
-        self.key = (os.fstat(self.fd).st_ctime_ns, self.name)
+        written = json.loads(os.pread(self.fd, _TICKET_MAX_BYTES, 0))["t_ns"]
+        self.key = _order_key(os.fstat(self.fd).st_ctime_ns, written, self.name)
 
     def close(self) -> None:
         """Leave the queue: remove the ticket, then unlock it (so no live waiter's ticket is ever unlocked)."""
@@ -162,7 +174,7 @@ def _parse(raw: bytes, units: int) -> dict[str, Any]:
         raise ValueError
     poll_s = _number(data.get("poll_s", 1.0), 0.0, 1e9) or 0.0
     pid, run = data.get("pid"), data.get("run")
-    return {"count": count, "within": within, "order": order, "poll_s": min(max(poll_s, 0.01), 60.0),
+    return {"written_ns": data.get("t_ns"), "count": count, "within": within, "order": order, "poll_s": min(max(poll_s, 0.01), 60.0),
             "criteria": Criteria(None if optional["min_free_bytes"] is None else int(optional["min_free_bytes"]),
                                  optional["max_util_pct"], None if optional["max_procs"] is None
                                  else int(optional["max_procs"]), (), None, share),
@@ -221,7 +233,8 @@ def _read_one(folder: ClaimFolder, name: str, units: int, me: int, ignored: list
     except (ValueError, RecursionError, TypeError):
         ignored.append(f"{name}: a malformed or impossible ticket of {user}")
         return None
-    return QueuedTicket(name, info.st_uid, user, (info.st_ctime_ns, name), since=info.st_ctime_ns / 1e9, **fields)
+    key = _order_key(info.st_ctime_ns, fields.pop("written_ns"), name)
+    return QueuedTicket(name, info.st_uid, user, key, since=info.st_ctime_ns / 1e9, **fields)
 
 
 def reserve(older: list[QueuedTicket], units: list[GpuSnapshot], free: set[str], stalls: dict[str, float],
@@ -260,9 +273,10 @@ def _age(since: float) -> str:
 
 
 def busy_units(folder: ClaimFolder, gpus: list[GpuSnapshot], mine: Ticket | None = None,
-               stalls: dict[str, float] | None = None) -> dict[str, str]:
+               stalls: dict[str, float] | None = None) -> tuple[dict[str, str], int]:
     """UUID -> why another job has it now: claimed (the kernel's lock), or reserved for a waiter
-    older than ``mine`` (``None``: every waiter is older, as for a claim that does not wait).
+    older than ``mine`` (``None``: every waiter is older, as for a claim that does not wait); and
+    how many live waiters are older than ``mine``.
 
     Raises:
         DeviceError: the folder is flooded with entries (names the fix).
@@ -282,4 +296,4 @@ def busy_units(folder: ClaimFolder, gpus: list[GpuSnapshot], mine: Ticket | None
     older = [t for t in tickets if mine is None or t.key < mine.key]
     free = {u.uuid or "" for u in units if u.uuid not in holders}
     busy.update(reserve(older, units, free, {} if stalls is None else stalls))
-    return busy
+    return busy, len(older)

@@ -274,11 +274,13 @@ def selection_error(count: int, gpus: list[GpuSnapshot], evaluations: list[tuple
 
 
 def poll(attempt: Callable[[], tuple[T | None, Callable[[float | None], GpuSelectionError]]], *, wait: bool,
-         timeout_s: float | None, poll_interval_s: float, what: str) -> T:
+         timeout_s: float | None, poll_interval_s: float, what: str,
+         interval: Callable[[], float] | None = None) -> T:
     """Run ``attempt`` until it returns a result; while waiting, show on stderr what it waits for.
 
     ``attempt`` returns ``(result, make_error)``; ``make_error(waited_s)`` builds the error to
-    raise when giving up (``waited_s`` is ``None`` when not waiting at all).
+    raise when giving up (``waited_s`` is ``None`` when not waiting at all). ``interval``, when
+    given, says how long to pause before the next attempt (default ``poll_interval_s``).
     """
     if timeout_s is not None and (isinstance(timeout_s, bool) or timeout_s < 0):
         raise ConfigurationError(f"timeout_s={timeout_s!r}: give seconds >= 0, or None to wait without limit.")
@@ -295,7 +297,8 @@ def poll(attempt: Callable[[], tuple[T | None, Callable[[float | None], GpuSelec
             if deadline is not None and now >= deadline:
                 raise make_error(now - start)
             status.update(str(make_error(None)).splitlines(), now - start)
-            pause = poll_interval_s if deadline is None else min(poll_interval_s, max(deadline - now, 0.0))
+            every = poll_interval_s if interval is None else interval()
+            pause = every if deadline is None else min(every, max(deadline - now, 0.0))
             time.sleep(pause)
 
 
@@ -402,4 +405,4 @@ def _busy(gpus: list[GpuSnapshot], claim_dir: str | os.PathLike[str] | None) -> 
     except FileNotFoundError:  # no claim was ever made here
         return {}
     with folder:
-        return busy_units(folder, gpus)
+        return busy_units(folder, gpus)[0]
