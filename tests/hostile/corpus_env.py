@@ -86,6 +86,14 @@ def _refused(proc: subprocess.CompletedProcess[str]) -> None:
     raise AssertionError(f"accepted (exit 0): {proc.stdout[-300:]}")
 
 
+def _says(*parts: str) -> Callable[[subprocess.CompletedProcess[str]], None]:
+    def check(proc: subprocess.CompletedProcess[str]) -> None:
+        text = " ".join(proc.stdout.split())
+        assert all(part in text for part in parts), (parts, proc.stdout[-500:])
+
+    return check
+
+
 def _cli(reader: str, argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 60
          ) -> Callable[[Path], Run]:
     def build(tmp: Path) -> Run:
@@ -154,6 +162,14 @@ PROBES: dict[str, Callable[[Path], Run]] = {
     "doctor_shm_path_missing": _doctor_path("GPUKIT_SHM_PATH", lambda tmp: tmp / "absent", "system.shm",
                                             "cannot measure"),
     "doctor_claim_dir_is_a_file": _doctor_path("GPUKIT_CLAIM_DIR", _file, "gpu.claims", "not a directory"),
+    "doctor_claim_dir_relative": _doctor({"GPUKIT_CLAIM_DIR": "-1"}, "gpu.claims", "fail", "GPUKIT_CLAIM_DIR '-1'",
+                                         "relative path"),
+    "doctor_claim_dir_fifo": _doctor_path("GPUKIT_CLAIM_DIR", _fifo, "gpu.claims", "FIFO"),
+    "run_claim_dir_relative": _cli("run", ["run", "--gpus", "1", "SCRIPT"], {"GPUKIT_CLAIM_DIR": "-1"}),
+    "select_claim_dir_relative": _cli("select", ["select"], {"GPUKIT_CLAIM_DIR": "-1"}),
+    # ls still shows the GPUs, and says what is wrong with the claim folder
+    "ls_claim_dir_dev_zero": lambda tmp: Run("ls", argv=["ls"], env={**FAKE, "GPUKIT_CLAIM_DIR": "/dev/zero"},
+                                             timeout_s=20, check=_says("GPU 3", "character device", "not a directory")),
     "doctor_cli_shm_path_missing": _cli("doctor (CLI)", ["doctor", "--shm-path", "/nonexistent-gpukit-probe"]),
     "doctor_cli_shm_path_file": _cli("doctor (CLI)", ["doctor", "--shm-path", "/etc/passwd"]),
     "doctor_cli_fake_spec_fifo": _spec("doctor (CLI)", _fifo),

@@ -64,24 +64,25 @@ class ClaimFolder:
         self.close()
 
 
-def _explicit(claim_dir: str | os.PathLike[str] | None) -> tuple[Path, str] | None:
+def _explicit(claim_dir: str | os.PathLike[str] | None, named: str = "claim_dir=") -> tuple[Path, str, str] | None:
+    """``(path, where it came from, the text as given)`` of an explicit claim folder, else ``None``."""
     if claim_dir is not None and str(claim_dir) != "":
-        return Path(claim_dir), "claim_dir="
+        return Path(claim_dir), named, os.fspath(claim_dir)
     value = os.environ.get(CLAIM_DIR_ENV)
     if value:
-        return Path(value), CLAIM_DIR_ENV
+        return Path(value), CLAIM_DIR_ENV, value
     return None
 
 
-def _check_explicit(path: Path, source: str) -> None:
-    shown = printable(str(path), max_chars=200)
+def _check_explicit(path: Path, source: str, given: str) -> None:
+    shown = printable(given, max_chars=200)
     fix = ("give an absolute path to a folder every job of this machine uses, or unset it to use the machine's "
            f"shared folder ({SYSTEM_CLAIM_DIR}, made once by `{_SETUP}`)")
     if source == CLAIM_DIR_ENV:
         fix = f"set {CLAIM_DIR_ENV} to an absolute path ({fix.removeprefix('give an absolute path ')})"
-    if any(not ch.isprintable() for ch in str(path)) or len(str(path)) > 4096:
+    if any(not ch.isprintable() for ch in given) or len(given) > 4096:
         raise ConfigurationError(f"{source} {shown!r} is not a usable folder name; {fix}.")
-    if not path.is_absolute():
+    if not os.path.isabs(given):
         raise ConfigurationError(
             f"{source} {shown!r} is a relative path: each job would claim in a different folder (relative to "
             f"its working directory), so claims would not meet; {fix}.")
@@ -111,8 +112,8 @@ def default_claim_dir(claim_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 def _error(path: Path, source: str, problem: str, fix: str) -> DeviceError:
-    where = f"{source} {printable(str(path), max_chars=200)!r}" if source in (CLAIM_DIR_ENV, "claim_dir=") \
-        else f"the {source} claim folder {printable(str(path), max_chars=200)}"
+    where = f"the {source} claim folder {printable(str(path), max_chars=200)}" if source in ("shared", "per-user") \
+        else f"{source} {printable(str(path), max_chars=200)!r}"
     return DeviceError(f"GPU claims: {where}: {problem}; {fix}.")
 
 
@@ -125,8 +126,11 @@ def _fix(source: str) -> str:
     return f"use a folder that root or you own (`{_SETUP}` makes the machine's shared one), or unset {source}"
 
 
-def open_claim_folder(claim_dir: str | os.PathLike[str] | None = None, *, create: bool = True) -> ClaimFolder:
+def open_claim_folder(claim_dir: str | os.PathLike[str] | None = None, *, create: bool = True,
+                      named: str = "claim_dir=") -> ClaimFolder:
     """Open (and with ``create``, make) the claim folder and check that it can be trusted.
+
+    ``named``: how messages call ``claim_dir`` (e.g. ``GPUKIT_CLAIM_DIR`` when it came from there).
 
     Raises:
         ConfigurationError: ``claim_dir`` / ``GPUKIT_CLAIM_DIR`` is relative or not a path.
@@ -134,10 +138,10 @@ def open_claim_folder(claim_dir: str | os.PathLike[str] | None = None, *, create
             others may write in it, or cannot be made; the message names the owner and the fix.
         FileNotFoundError: it does not exist and ``create`` is false.
     """
-    explicit = _explicit(claim_dir)
+    explicit = _explicit(claim_dir, named)
     if explicit is not None:
-        path, source = explicit
-        _check_explicit(path, source)
+        path, source, given = explicit
+        _check_explicit(path, source, given)
     elif os.path.lexists(SYSTEM_CLAIM_DIR):
         path, source = SYSTEM_CLAIM_DIR, "shared"
     else:

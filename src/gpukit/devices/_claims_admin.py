@@ -331,15 +331,17 @@ class ClaimState:
     error: str | None = None
 
 
-def look(gpus: list[GpuSnapshot], claim_dir: str | os.PathLike[str] | None = None) -> ClaimState:
-    """Read the claim folder for a report; never raises for what is in it (see :class:`ClaimState`)."""
+def look(gpus: list[GpuSnapshot], claim_dir: str | os.PathLike[str] | None = None,
+         named: str = "claim_dir=") -> ClaimState:
+    """Read the claim folder for a report; never raises for what is in it (see :class:`ClaimState`).
+    ``named``: how messages call ``claim_dir``."""
     from gpukit.devices._claim_dir import _per_user as _per_user_dir
     from gpukit.devices._claim_dir import default_claim_dir, open_claim_folder, private_notice
     from gpukit.errors import GpukitError
 
     state = ClaimState()
     try:
-        folder = open_claim_folder(claim_dir, create=False)
+        folder = open_claim_folder(claim_dir, create=False, named=named)
     except FileNotFoundError:
         path = default_claim_dir(claim_dir)
         made_by_root = os.geteuid() == 0 and path != _per_user_dir()  # root makes a named folder shared (1777)

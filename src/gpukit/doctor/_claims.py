@@ -38,7 +38,7 @@ def check_claims(ctx: DoctorContext) -> list[Finding]:
     from gpukit.devices._claims_admin import look
 
     chosen = ctx.env.get(CLAIM_DIR_ENV) or None
-    state = look(ctx.gpus, chosen)
+    state = look(ctx.gpus, chosen, named=CLAIM_DIR_ENV)
     details = {"claim_dir": state.folder, "shared": state.shared}
     if state.error is not None:
         fix = state.error.rsplit("; ", 1)[-1].rstrip(".") if "; " in state.error else None
