@@ -169,7 +169,7 @@ PROBES: dict[str, Callable[[Path], Run]] = {
     "select_claim_dir_relative": _cli("select", ["select"], {"GPUKIT_CLAIM_DIR": "-1"}),
     # ls still shows the GPUs, and says what is wrong with the claim folder
     "ls_claim_dir_dev_zero": lambda tmp: Run("ls", argv=["ls"], env={**FAKE, "GPUKIT_CLAIM_DIR": "/dev/zero"},
-                                             timeout_s=20, check=_says("GPU 3", "character device", "not a directory")),
+                                             timeout_s=20, check=_says("TITAN X", "character device", "not a directory")),
     "doctor_cli_shm_path_missing": _cli("doctor (CLI)", ["doctor", "--shm-path", "/nonexistent-gpukit-probe"]),
     "doctor_cli_shm_path_file": _cli("doctor (CLI)", ["doctor", "--shm-path", "/etc/passwd"]),
     "doctor_cli_fake_spec_fifo": _spec("doctor (CLI)", _fifo),
