@@ -126,3 +126,27 @@ def test_convert_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert code == 2 and "int3" in err
     code, _, err = _gpukit(capsys, "ckpt", "convert", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--select", "x")
     assert code == 2 and "no key 'x'" in err and "available: w" in err
+
+
+def test_convert_never_replaces_a_device_or_fifo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+    import stat
+
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.ones(2)}, good)
+    fifo = tmp_path / "out.pt"
+    os.mkfifo(fifo)
+    targets = [fifo] + ([Path("/dev/null")] if os.geteuid() == 0 else [])  # as root the rename would succeed
+    for target in targets:
+        before = os.stat(target)
+        code, out, err = _gpukit(capsys, "ckpt", "convert", str(good), str(target))
+        assert code == 2 and f"Refused to write {target}" in err and out == ""
+        after = os.stat(target)
+        assert (after.st_ino, stat.S_IFMT(after.st_mode)) == (before.st_ino, stat.S_IFMT(before.st_mode))
+
+
+def test_inspect_escapes_tensor_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "names.pt"
+    torch.save({"evil\x1b]0;owned\x07\x1b[2J": torch.ones(1)}, path)
+    code, out, _ = _gpukit(capsys, "ckpt", "inspect", str(path))
+    assert code == 0 and "\x1b" not in out and "evil\\x1b]0;owned\\x07\\x1b[2J" in out

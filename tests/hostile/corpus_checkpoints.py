@@ -339,7 +339,118 @@ def _distcp_file(reader: str) -> Callable[[Path], Run]:
     return build
 
 
+def _safetensors_raw(header: bytes, data_bytes: int, name: str) -> Callable[[Path], Path]:
+    def make(tmp: Path) -> Path:
+        raw = header + b" " * (-len(header) % 8)
+        path = tmp / name
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw)
+            f.truncate(8 + len(raw) + data_bytes)
+        return path
+
+    return make
+
+
+def _million_tensors(tmp: Path) -> Path:
+    """An 81 MB safetensors file of 10**6 one-byte tensors (issue 26: 315 s, 1.6 GB in inspect)."""
+    n = 1_000_000
+    body = b",".join(b'"t%d":{"dtype":"U8","shape":[1],"data_offsets":[%d,%d]}' % (i, i, i + 1) for i in range(n))
+    return _safetensors_raw(b"{" + body + b"}", n, "million.safetensors")(tmp)
+
+
+_NESTED = _safetensors_raw(b'{"a":' * 100_000 + b"1" + b"}" * 100_000, 0, "nested.safetensors")
+_DUPLICATE = _safetensors_raw(b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+                              b'"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', 8, "duplicate.safetensors")
+
+
+def _st_reader(make: Callable[[Path], Path], reader: str, timeout_s: float = 60) -> Callable[[Path], Run]:
+    def build(tmp: Path) -> Run:
+        path = make(tmp)
+        run = {"inspect": _inspect, "load": _load}[reader](path, check=_must_fail) if reader != "convert" else \
+            _convert(path, tmp, check=_must_fail)
+        run.timeout_s = timeout_s
+        return run
+
+    return build
+
+
+def _shard_replaced(make: Callable[[Path, Path], None]) -> Callable[[Path], Run]:
+    """A shard file of the FSDP template's newest step replaced by ``make(shard, tmp)``; convert it."""
+    def build(tmp: Path) -> Run:
+        root = _copy("fsdp", tmp)
+        step = root / STEP2
+        shard = step / "__0_0.distcp"
+        make(shard, tmp)
+        _refresh_marker(step)
+        return _convert(step, tmp, check=_must_fail, timeout_s=60)
+
+    return build
+
+
+def _garbage_shard(shard: Path, tmp: Path) -> None:
+    shard.write_bytes(b"not a torch file " * (shard.stat().st_size // 17 + 1))
+
+
+def _shard_link_outside(shard: Path, tmp: Path) -> None:
+    outside = tmp / "outside.distcp"
+    outside.write_bytes(b"\x80\x02not a torch file" * 4096)
+    shard.unlink()
+    shard.symlink_to(outside)
+
+
+def _index_edit(edit: Callable[[object], None]) -> Callable[[Path], Run]:
+    """The FSDP template's newest .metadata (a real one) edited by ``edit``; convert it."""
+    def build(tmp: Path) -> Run:
+        root = _copy("fsdp", tmp)
+        step = root / STEP2
+        metadata = pickle.loads((step / ".metadata").read_bytes())  # our own template: trusted
+        edit(metadata)
+        (step / ".metadata").write_bytes(pickle.dumps(metadata))
+        _refresh_marker(step)
+        return _convert(step, tmp, check=_must_fail, timeout_s=60)
+
+    return build
+
+
+def _five_million_chunks(metadata: object) -> None:
+    """One tensor's chunk list made 5e6 references to one chunk: a ~10 MB pickle (issue 26: 200 s, 4.65 GB)."""
+    entry = metadata.state_dict_metadata["model.0.weight"]  # type: ignore[attr-defined]
+    entry.chunks = [entry.chunks[0]] * 5_000_000
+
+
+def _numel_overflow(metadata: object) -> None:
+    """A tensor of 2**80 elements: torch.Size.numel() wraps around to 0."""
+    import torch
+
+    entry = metadata.state_dict_metadata["model.0.weight"]  # type: ignore[attr-defined]
+    entry.size = torch.Size([2**40, 2**40])
+    entry.chunks[0].sizes = torch.Size([2**40, 2**40])
+
+
+def _convert_to_special(make: Callable[[Path], Path]) -> Callable[[Path], Run]:
+    """``ckpt convert good.pt OUT`` where OUT is a device or a FIFO: refused, OUT left as it is."""
+    def build(tmp: Path) -> Run:
+        import torch
+
+        good = tmp / "good.pt"
+        torch.save({"w": torch.ones(2)}, good)
+        return Run("ckpt convert", argv=["ckpt", "convert", str(good), str(make(tmp))], check=_must_fail)
+
+    return build
+
+
 PROBES: dict[str, Callable[[Path], Run]] = {
+    "safetensors-nested-header-inspect": _st_reader(_NESTED, "inspect"),
+    "safetensors-nested-header-convert": _st_reader(_NESTED, "convert"),
+    "safetensors-duplicate-names-inspect": _st_reader(_DUPLICATE, "inspect"),
+    "safetensors-duplicate-names-load": _st_reader(_DUPLICATE, "load"),
+    "safetensors-million-tensors-inspect": _st_reader(_million_tensors, "inspect", timeout_s=30),
+    "shard-not-torch-convert": _shard_replaced(_garbage_shard),
+    "shard-symlink-outside-convert": _shard_replaced(_shard_link_outside),
+    "metadata-5e6-chunks-convert": _index_edit(_five_million_chunks),
+    "metadata-numel-overflow-convert": _index_edit(_numel_overflow),
+    "convert-to-fifo": _convert_to_special(lambda tmp: (os.mkfifo(tmp / "out.pt"), tmp / "out.pt")[1]),
+    "convert-to-dev-null": _convert_to_special(lambda tmp: Path("/dev/null")),
     **{f"metadata-pickle-{kind}-{reader}": _planted_metadata(kind, reader)
        for kind in ("single", "ddp", "fsdp") for reader in READERS},
     "shard-bytes-pickle-fsdp-resume": _planted_shard_bytes,

@@ -20,7 +20,9 @@ from corpus_checkpoints import PROBES
 
 QUICK = {"metadata-pickle-single-inspect", "metadata-pickle-single-convert", "metadata-pickle-single-resume",
          "state-pickle-resume", "one-byte-inspect", "one-byte-load", "marker-fifo-resume",
-         "step-symlink-loop-resume", "safetensors-overlap-inspect", "marker-world-size-text-resume"}
+         "step-symlink-loop-resume", "safetensors-overlap-inspect", "marker-world-size-text-resume",
+         "safetensors-nested-header-inspect", "safetensors-duplicate-names-inspect", "convert-to-dev-null",
+         "safetensors-million-tensors-inspect"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in QUICK else pytest.mark.slow) for n in sorted(PROBES)])

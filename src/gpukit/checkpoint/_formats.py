@@ -36,6 +36,8 @@ __all__ = [
     "read_metadata",
     "check_readable_file",
     "read_safetensors_header",
+    "header_metadata",
+    "MAX_SAFETENSORS_TENSORS",
     "pickled_globals",
     "SAFETENSORS_DTYPES",
     "MARKER_NAME",
@@ -46,6 +48,10 @@ TORCH_ZIP = "torch-zip"
 TORCH_LEGACY = "torch-legacy"
 SAFETENSORS = "safetensors"
 _META_RECORD = ".gpukit/meta.json"
+#: the safetensors library refuses larger headers too
+MAX_SAFETENSORS_HEADER_BYTES = 100_000_000
+#: tensors gpukit reads from one safetensors file (models with more are saved in shards)
+MAX_SAFETENSORS_TENSORS = 200_000
 #: file that marks a CheckpointManager step directory as complete; written last
 MARKER_NAME = "complete.json"
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -170,6 +176,14 @@ def append_zip_metadata(handle: BinaryIO, metadata: dict[str, Any]) -> None:
         archive.writestr(f"{root}/{_META_RECORD}", json.dumps(metadata, sort_keys=True))
 
 
+def header_metadata(header: dict[str, Any]) -> dict[str, str] | None:
+    """gpukit's metadata from a parsed safetensors header (``None``: not saved by gpukit)."""
+    meta = header.get("__metadata__") or {}
+    if isinstance(meta, dict) and "gpukit_version" in meta:
+        return {k: v for k, v in meta.items() if k in ("gpukit_version", "torch_version", "saved_at")}
+    return None
+
+
 def read_metadata(path: Path, format: str) -> dict[str, str] | None:
     """gpukit's metadata of a file it saved; ``None`` for files saved by something else."""
     try:
@@ -179,9 +193,7 @@ def read_metadata(path: Path, format: str) -> dict[str, str] | None:
                     if name.endswith("/" + _META_RECORD):
                         return dict(json.loads(archive.read(name)))
         elif format == SAFETENSORS:
-            meta = read_safetensors_header(path, os.stat(path).st_size).get("__metadata__") or {}
-            if "gpukit_version" in meta:
-                return {k: v for k, v in meta.items() if k in ("gpukit_version", "torch_version", "saved_at")}
+            return header_metadata(read_safetensors_header(path, os.stat(path).st_size))
     except (OSError, ValueError, zipfile.BadZipFile, CheckpointError):
         return None
     return None
@@ -208,11 +220,23 @@ def read_safetensors_header(path: Path, size: int) -> dict[str, Any]:
         header_bytes = int.from_bytes(handle.read(8), "little")
         if size < 8 or header_bytes + 8 > size:
             raise damaged(f"its header claims {header_bytes} bytes but the file has {size}")
+        if header_bytes > MAX_SAFETENSORS_HEADER_BYTES:  # the safetensors library's own limit
+            raise damaged(f"its header claims {header_bytes:,} bytes, more than the "
+                          f"{MAX_SAFETENSORS_HEADER_BYTES:,} safetensors allows")
         raw = handle.read(header_bytes)
+    # Counted before parsing, so a header of a million tiny tensors costs a scan, not minutes.
+    entries = raw.count(b'"data_offsets"')
+    if entries > MAX_SAFETENSORS_TENSORS:
+        raise damaged(f"its header lists {entries:,} tensors, more than the {MAX_SAFETENSORS_TENSORS:,} gpukit "
+                      "reads from one file (split it into shards)")
     try:
-        header = json.loads(raw)
+        header = json.loads(raw, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise damaged("its header is nested too deeply to be a safetensors header") from None
+    except _Duplicate as exc:
+        raise damaged(f"its header names {str(exc)!r} twice (which one is meant cannot be told)") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise damaged(f"its header is not valid JSON ({exc})") from None
+        raise damaged(f"its header is not valid JSON ({str(exc)[:120]})") from None
     if not isinstance(header, dict):
         raise damaged(f"its header is a JSON {type(header).__name__}, not an object")
     data_bytes = size - 8 - header_bytes
@@ -235,6 +259,22 @@ def read_safetensors_header(path: Path, size: int) -> dict[str, Any]:
         ranges.append((begin, end, name))
     _check_tiling(sorted(ranges), data_bytes, damaged)
     return header
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (``json`` would silently keep the last)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Duplicate(key[:200])
+            seen.add(key)
+    return out
 
 
 def _check_tiling(ranges: list[tuple[int, int, str]], data_bytes: int, damaged: Any) -> None:

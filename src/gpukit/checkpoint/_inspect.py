@@ -23,6 +23,7 @@ from gpukit.checkpoint._formats import (
     SAFETENSORS_DTYPES,
     TORCH_ZIP,
     check_readable_file,
+    header_metadata,
     pickled_globals,
     read_metadata,
     read_safetensors_header,
@@ -35,6 +36,7 @@ from gpukit.checkpoint._merge import describe_sharded, merge_sharded
 from gpukit.checkpoint._prefixes import detect_prefixes, strip_wrapper_prefixes
 from gpukit.checkpoint._resume_checks import check_step_files, read_marker
 from gpukit.checkpoint._sharded import is_sharded_checkpoint, sharded_names
+from gpukit.checkpoint._untrusted import check_output
 from gpukit.errors import CheckpointError, ConfigurationError, UnsafeCheckpointError
 
 __all__ = ["inspect_checkpoint", "convert_checkpoint", "DTYPES"]
@@ -108,15 +110,15 @@ def _inspect_file(path: Path) -> tuple[dict[str, Any], Any]:
     """(report, loaded state or None) for one file."""
     size = check_readable_file(path)
     fmt = sniff_format(path, size)
-    meta = read_metadata(path, fmt) or {}
+    header = read_safetensors_header(path, size) if fmt == SAFETENSORS else None  # parsed once
+    meta = (header_metadata(header) if header is not None else read_metadata(path, fmt)) or {}
     info: dict[str, Any] = {
         "path": str(path), "format": fmt, "size_bytes": size,
         "torch_version": meta.get("torch_version", "unknown"),
         "gpukit_version": meta.get("gpukit_version"), "saved_at": meta.get("saved_at"), "unsafe": None,
     }
     locations: dict[int, str] = {}
-    if fmt == SAFETENSORS:  # the (validated) header says it all; no tensor is read
-        header = read_safetensors_header(path, size)
+    if header is not None:  # the (validated) header says it all; no tensor is read
         rows = [(k, list(v["shape"]), SAFETENSORS_DTYPES[v["dtype"]][0], "not stored")
                 for k, v in sorted(header.items()) if k != "__metadata__"]
         state: Any = None
@@ -272,6 +274,7 @@ def convert_checkpoint(
         ConfigurationError: an unknown dtype, format or ``select`` path.
     """
     src = Path(source)
+    check_output(Path(target))
     if dtype is not None and dtype not in DTYPES:
         raise ConfigurationError(f"Unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
     if src.is_dir() and not os.path.lexists(src / MARKER_NAME):  # a CheckpointManager directory: its latest step

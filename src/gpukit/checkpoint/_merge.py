@@ -25,7 +25,8 @@ from gpukit.checkpoint._atomic import atomic_write
 from gpukit.checkpoint._formats import SAFETENSORS_DTYPES, safetensors_metadata
 from gpukit.checkpoint._io import save
 from gpukit.checkpoint._sharded import METADATA_FILE, read_metadata
-from gpukit.errors import ConfigurationError
+from gpukit.checkpoint._untrusted import check_output
+from gpukit.errors import CheckpointError, ConfigurationError
 
 __all__ = ["describe_sharded", "merge_sharded", "DEFAULT_BUDGET_BYTES"]
 
@@ -101,9 +102,20 @@ def _load(source: Path, metadata: Any, prefix: str, chosen: dict[str, Any], keys
     from gpukit.checkpoint._shard_index import SafeReader
 
     wanted = {f"{prefix}{k}": torch.empty(chosen[k].size, dtype=chosen[k].properties.dtype) for k in keys}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(wanted, storage_reader=SafeReader(source, metadata), no_dist=True)
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(wanted, storage_reader=SafeReader(source, metadata), no_dist=True)
+    except CheckpointError:
+        raise
+    except (dcp.CheckpointException, Exception) as exc:  # a shard that is not what its index says
+        from gpukit.checkpoint._sharded import _failures
+
+        shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
+        raise CheckpointError(f"Cannot read the tensors {shown} from the shards of {source}: "
+                              f"{_failures(exc).split('. ')[0][:300]}. A shard file is damaged or is not a shard; "
+                              "use an older "
+                              "checkpoint.") from None
     return {k: wanted[f"{prefix}{k}"] for k in keys}
 
 
@@ -129,10 +141,11 @@ def merge_sharded(
         ConfigurationError: ``select`` names nothing sharded, or several objects and none chosen.
         CheckpointError: a shard or the index cannot be read, or ``target`` cannot be written.
     """
+    out = Path(target)
+    check_output(out)
     metadata = read_metadata(source, trust)
     name, chosen = _chosen(metadata, select, source)
     prefix = f"{name}."
-    out = Path(target)
     fmt = format or ("safetensors" if out.suffix == ".safetensors" else "torch")
     cast = (lambda t: t.to(dtype) if dtype is not None and t.is_floating_point() else t)
     if fmt == "torch":

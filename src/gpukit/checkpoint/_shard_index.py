@@ -21,6 +21,8 @@ where DCP's default planner uses full unpickling.
 from __future__ import annotations
 
 import io
+import math
+import os
 import pickle
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
@@ -40,6 +42,10 @@ INDEX_FILE = ".metadata"
 #: a shard index lists every chunk of every tensor: tens of MB for very large jobs
 MAX_INDEX_BYTES = 1 * 2**30
 _MAX_ENTRIES = 10_000_000
+#: a real chunk costs far more in the pickle (its offsets and sizes, its shard location)
+_MIN_BYTES_PER_CHUNK = 16
+_MAX_CHUNKS_PER_TENSOR = 1 << 16
+_MAX_NUMEL = 1 << 48
 
 _METADATA_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
                      "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
@@ -119,8 +125,15 @@ def _size(value: Any, ndim: int | None = None) -> bool:
             and (ndim is None or len(value) == ndim))
 
 
-def _check(metadata: Any, directory: Path, path: Path) -> None:
-    """Types, bounds and shard files of an unpickled index; CheckpointError on the first fault."""
+def _check(metadata: Any, directory: Path, path: Path, index_bytes: int) -> None:
+    """Types, bounds and shard files of an unpickled index; CheckpointError on the first fault.
+
+    Work is bounded by the index's size: a pickle can name one object a million times in a few
+    bytes each, so an index may list at most one chunk or shard location per
+    :data:`_MIN_BYTES_PER_CHUNK` of its bytes (a real chunk takes far more), at most
+    :data:`_MAX_CHUNKS_PER_TENSOR` chunks per tensor, and a tensor's chunks must hold each of its
+    elements exactly once (so a chunk listed twice is refused).
+    """
     def bad(why: str) -> CheckpointError:
         return CheckpointError(f"The shard index {path} is damaged: {why}. Use an older checkpoint.")
 
@@ -129,9 +142,11 @@ def _check(metadata: Any, directory: Path, path: Path) -> None:
     entries, storage = metadata.state_dict_metadata, metadata.storage_data
     if not isinstance(entries, dict) or not isinstance(storage, dict):
         raise bad("its tensor list or its storage map is not a mapping")
-    if len(entries) > _MAX_ENTRIES or len(storage) > _MAX_ENTRIES:
-        raise bad(f"it lists {max(len(entries), len(storage)):,} entries")
-    claimed_bytes = 0
+    most = min(_MAX_ENTRIES, max(64, index_bytes // _MIN_BYTES_PER_CHUNK))
+    if len(entries) > most or len(storage) > most:
+        raise bad(f"it lists {max(len(entries), len(storage)):,} entries in {index_bytes:,} bytes, more than "
+                  "such an index can hold")
+    claimed_bytes = chunk_count = 0
     for key, entry in entries.items():
         if not isinstance(key, str):
             raise bad(f"a key is a {type(key).__name__}")
@@ -142,12 +157,24 @@ def _check(metadata: Any, directory: Path, path: Path) -> None:
             raise bad(f"{key!r} is neither a tensor nor bytes entry")
         if not _size(entry.size) or not isinstance(entry.chunks, list):
             raise bad(f"{key!r} has no valid size or chunk list")
+        numel = math.prod(int(d) for d in entry.size)  # Python ints: torch.Size.numel() wraps around
+        if numel > _MAX_NUMEL:
+            raise bad(f"{key!r} has shape {list(entry.size)}: {numel:,} elements, more than any tensor can hold")
+        chunk_count += len(entry.chunks)
+        if len(entry.chunks) > _MAX_CHUNKS_PER_TENSOR or chunk_count > most:
+            raise bad(f"{key!r} is split into {len(entry.chunks):,} chunks ({chunk_count:,} so far), more than "
+                      "such an index can hold")
+        covered = 0
         for chunk in entry.chunks:
             if not (isinstance(chunk, dcp_md.ChunkStorageMetadata) and _size(chunk.offsets, len(entry.size))
                     and _size(chunk.sizes, len(entry.size))
                     and all(o + s <= d for o, s, d in zip(chunk.offsets, chunk.sizes, entry.size))):
                 raise bad(f"a chunk of {key!r} lies outside its tensor of shape {list(entry.size)}")
-        claimed_bytes += entry.size.numel() * entry.properties.dtype.itemsize
+            covered += math.prod(int(d) for d in chunk.sizes)
+        if covered != numel:
+            raise bad(f"the chunks of {key!r} hold {covered:,} elements, but its shape {list(entry.size)} has "
+                      f"{numel:,} (chunks missing or listed twice)")
+        claimed_bytes += numel * entry.properties.dtype.itemsize
     shard_bytes: dict[str, int] = {}
     for index, info in storage.items():
         if not isinstance(index, dcp_md.MetadataIndex) or not isinstance(info, dcp_fs._StorageInfo):
@@ -156,6 +183,7 @@ def _check(metadata: Any, directory: Path, path: Path) -> None:
         if not is_plain_name(name):
             raise bad(f"a shard is named {str(name)[:80]!r}: shards are files in the step directory itself")
         if name not in shard_bytes:
+            _inside(directory, name, bad)
             shard_bytes[name] = regular_file_size(directory / name, "shard file")
         if not (isinstance(info.offset, int) and isinstance(info.length, int) and 0 <= info.offset
                 and 0 <= info.length and info.offset + info.length <= shard_bytes[name]):
@@ -163,6 +191,15 @@ def _check(metadata: Any, directory: Path, path: Path) -> None:
                       f"{shard_bytes[name]:,} bytes")
     if claimed_bytes > sum(shard_bytes.values()):
         raise bad(f"its tensors claim {claimed_bytes:,} bytes but the shard files hold {sum(shard_bytes.values()):,}")
+
+
+def _inside(directory: Path, name: str, bad: Any) -> None:
+    """A shard that is a symlink must stay inside the step directory."""
+    shard = directory / name
+    if os.path.islink(shard):
+        target = os.path.realpath(shard)
+        if os.path.dirname(target) != os.path.realpath(directory):
+            raise bad(f"the shard {name} is a symlink to {target[:200]}, outside the step directory")
 
 
 def read_shard_index(directory: Path, trust: bool = False) -> Any:
@@ -186,7 +223,7 @@ def read_shard_index(directory: Path, trust: bool = False) -> Any:
             raise CheckpointError(f"The shard index {path} is damaged: {type(exc).__name__}: {exc}.") from None
     else:
         metadata = _unpickle(path, data)
-    _check(metadata, directory, path)
+    _check(metadata, directory, path, len(data))
     return metadata
 
 

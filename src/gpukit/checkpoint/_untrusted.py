@@ -22,7 +22,7 @@ from typing import Any
 
 from gpukit.errors import CheckpointError
 
-__all__ = ["regular_file_size", "read_bytes", "read_json", "is_plain_name", "MAX_JSON_BYTES"]
+__all__ = ["regular_file_size", "read_bytes", "read_json", "is_plain_name", "check_output", "MAX_JSON_BYTES"]
 
 #: complete.json and similar records: a step with a million files stays far below this
 MAX_JSON_BYTES = 16 * 2**20
@@ -144,3 +144,21 @@ def is_plain_name(name: object) -> bool:
     """Whether ``name`` is a file name inside its directory (no path separators, not ``.``/``..``)."""
     return (isinstance(name, str) and 0 < len(name) <= 255 and name not in (".", "..")
             and "/" not in name and "\\" not in name and "\0" not in name)
+
+
+def check_output(path: Path) -> None:
+    """Refuse to write a checkpoint over anything but a regular file (or into a directory).
+
+    A file is written to a temporary name and renamed over ``path``: over ``/dev/null`` (as
+    root) that would replace the device node with a regular file.
+
+    Raises:
+        CheckpointError: ``path`` (or what its symlink names) is a device, FIFO or socket.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # missing (or a dangling symlink): a new file is made
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise CheckpointError(f"Refused to write {path}: it is {_kind(mode)}, and writing replaces the file at that "
+                              "path (a temporary file renamed over it). Give the path of a regular file to write.")

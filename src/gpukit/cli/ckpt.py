@@ -16,48 +16,52 @@ def ckpt() -> None:
 
 
 def _print_report(info: dict[str, Any]) -> None:
+    from gpukit._util.text import printable
     from gpukit._util.units import format_bytes
 
-    click.echo(f"{info['path']}")
-    click.echo(f"  format:         {info['format']}")
-    click.echo(f"  size:           {format_bytes(info['size_bytes'])}")
+    def echo(line: str) -> None:  # tensor names and contents come from the file: no escape reaches the terminal
+        click.echo(printable(line))
+
+    echo(f"{info['path']}")
+    echo(f"  format:         {info['format']}")
+    echo(f"  size:           {format_bytes(info['size_bytes'])}")
     saved_by = info["torch_version"]
     if info.get("gpukit_version"):
         saved_by += f" (gpukit {info['gpukit_version']}, {info.get('saved_at') or 'time unknown'})"
-    click.echo(f"  saved by torch: {saved_by}")
+    echo(f"  saved by torch: {saved_by}")
     if "checkpoint" in info:
         meta = info["checkpoint"]
-        click.echo(f"  step:           {meta['step']} (world size {meta['world_size']})")
+        echo(f"  step:           {meta['step']} (world size {meta['world_size']})")
         if meta.get("extra"):
-            click.echo(f"  extra:          {meta['extra']}")
+            echo(f"  extra:          {meta['extra']}")
     if info.get("sharded"):
         shards = info["sharded"]
-        click.echo(f"  sharded:        {shards['shard_files']} shard file(s) from world size {shards['world_size']}, "
+        echo(f"  sharded:        {shards['shard_files']} shard file(s) from world size {shards['world_size']}, "
                    f"{format_bytes(shards['shard_bytes'])} ({shards['format']}; merge: gpukit ckpt convert DIR OUT)")
     if info.get("unsafe"):
-        click.echo(f"  contents:       NOT LOADED - {info['unsafe']}")
+        echo(f"  contents:       NOT LOADED - {info['unsafe']}")
         if info.get("pickled_globals"):
-            click.echo(f"  pickled globals: {', '.join(info['pickled_globals'])}")
-        click.echo(f"  if you trust its source, convert it to plain tensors: "
+            echo(f"  pickled globals: {', '.join(info['pickled_globals'])}")
+        echo(f"  if you trust its source, convert it to plain tensors: "
                    f"gpukit ckpt convert --trust {info['path']} OUT.pt")
         return
     tensors = info["tensors"]
     dtypes = ", ".join(f"{k} x{v}" for k, v in tensors["dtypes"].items()) or "-"
     devices = ", ".join(f"{k} x{v}" for k, v in tensors["devices"].items()) or "-"
-    click.echo(f"  tensors:        {tensors['count']} ({tensors['numel']:,} elements); dtypes: {dtypes}; "
+    echo(f"  tensors:        {tensors['count']} ({tensors['numel']:,} elements); dtypes: {dtypes}; "
                f"devices: {devices}")
-    click.echo(f"  prefixes:       {'; '.join(info['prefixes']) or 'none'}")
+    echo(f"  prefixes:       {'; '.join(info['prefixes']) or 'none'}")
     if info.get("contents"):
-        click.echo("  contents:")
+        echo("  contents:")
         for key, text in info["contents"].items():
-            click.echo(f"    {key + ': ' if key else ''}{text}")
+            echo(f"    {key + ': ' if key else ''}{text}")
     if info["keys"]:
-        click.echo("  keys:")
+        echo("  keys:")
         for entry in info["keys"]:
             count = f" x{entry['count']}" if entry["count"] > 1 else ""
-            click.echo(f"    {entry['key']}{count}  {entry['shape']}  {entry['dtype']}  {entry['device']}")
+            echo(f"    {entry['key']}{count}  {entry['shape']}  {entry['dtype']}  {entry['device']}")
         if info["keys_not_shown"]:
-            click.echo(f"    ... and {info['keys_not_shown']} more tensor(s)")
+            echo(f"    ... and {info['keys_not_shown']} more tensor(s)")
 
 
 @ckpt.command()
