@@ -96,14 +96,14 @@ def _read_cache(key: str) -> tuple[LoaderSettings, float | None] | None:
 
 def _write_cache(key: str, settings: LoaderSettings | None, batches_per_s: float | None = None) -> None:
     """Store ``settings`` (measured at ``batches_per_s``) under ``key`` (``None``: remove it)."""
-    from filelock import FileLock
-
+    from gpukit._util.safe_files import exclusive_lock
     from gpukit.checkpoint._atomic import atomic_write
 
     path = cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(path) + ".lock", timeout=10):
+        # never follows a planted symlink, never truncates or chmods (GPUKIT_CACHE_DIR may be shared)
+        with exclusive_lock(path.with_name(path.name + ".lock"), timeout_s=10):
             try:
                 entries = json.loads(path.read_text())
             except (OSError, ValueError):
