@@ -28,7 +28,7 @@ def _job(name: str, count: int, hold_s: float, log: str) -> None:
     from gpukit.devices import claim_gpus
 
     asked = time.time()
-    with claim_gpus(count, wait=True, timeout_s=600, poll_interval_s=0.05) as claim:  # noqa: SIM117
+    with claim_gpus(count, wait=True, timeout_s=600, poll_interval_s=0.05):
         started = time.time()
         time.sleep(hold_s)  # the job's work
         ended = time.time()

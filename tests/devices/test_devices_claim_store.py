@@ -17,7 +17,6 @@ import pytest
 from gpukit._util.safe_files import folder_info, open_folder, read_bounded, write_note
 from gpukit._util.text import printable
 from gpukit.devices import _claim_dir, claim_gpus, claim_owners
-from gpukit.devices._claim_dir import open_claim_folder
 from gpukit.devices._claim_files import flock_holders, lock_name, note_name
 from gpukit.errors import ConfigurationError, DeviceError, GpuSelectionError
 

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import pytest
 
 from gpukit.devices import claim_gpus, select_gpus
-from gpukit.devices._select import poll
+from gpukit.devices._wait import poll
 from gpukit.errors import ClaimTimeoutError, ConfigurationError, GpuSelectionError
 
 GIB = 2**30

@@ -62,9 +62,11 @@ def select(count: int, min_free: str | None, max_util: float | None, max_procs: 
         wait=wait is not None,
         timeout_s=None if timeout is None or math.isinf(timeout) else timeout,
     )
+    from gpukit._util.text import printable  # a UUID comes from the driver (or a fake spec): never an escape
+
     if fmt == "uuids":
-        click.echo(",".join(g.uuid or "" for g in chosen))
+        click.echo(printable(",".join(g.uuid or "" for g in chosen)))
         return
     # MIG devices have no index of their own: CUDA_VISIBLE_DEVICES names them by MIG UUID.
-    ids = ",".join(g.uuid or "" if g.is_mig else str(g.index) for g in chosen)
+    ids = printable(",".join(g.uuid or "" if g.is_mig else str(g.index) for g in chosen))
     click.echo(f"CUDA_VISIBLE_DEVICES={ids}" if fmt == "env" else ids)

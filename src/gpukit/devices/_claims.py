@@ -11,16 +11,16 @@ waiting in turn: :mod:`._queue`; which GPUs qualify: :mod:`._select`.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from gpukit.devices._claim_dir import CLAIM_DIR_ENV, ClaimFolder, default_claim_dir, notice_once, open_claim_folder
 from gpukit.devices._claim_files import acquire, claim_holders, claim_owners, remove_owner, write_owner
 from gpukit.devices._select import (
-    Criteria, allowed_units, check_count, check_exclude, check_order, evaluate, make_criteria, poll, selection_error,
+    Criteria, allowed_units, check_count, check_exclude, check_order, evaluate, make_criteria, selection_error,
 )
 from gpukit.devices._select import rank as rank_gpus
 from gpukit.devices._snapshot import GpuSnapshot, list_gpus, selectable_units
+from gpukit.devices._wait import poll
 from gpukit.errors import ConfigurationError, DeviceError, GpuSelectionError
 
 __all__ = ["CLAIM_DIR_ENV", "GpuClaim", "claim_gpus", "claim_holders", "claim_owners", "default_claim_dir"]
