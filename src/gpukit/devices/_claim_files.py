@@ -30,7 +30,9 @@ from typing import Any, Iterable
 from gpukit._util.safe_files import (
     UnsafeEntry, create_entry, open_entry, read_bounded, same_file, try_flock, user_name, write_note,
 )
-from gpukit.devices._claim_dir import CLAIM_DIR_ENV, ClaimFolder, default_claim_dir, open_claim_folder
+from gpukit.devices._claim_dir import (
+    CLAIM_DIR_ENV, SYSTEM_CLAIM_DIR, ClaimFolder, default_claim_dir, open_claim_folder,
+)
 from gpukit.errors import DeviceError
 
 __all__ = ["CLAIM_DIR_ENV", "claim_holders", "claim_owners", "default_claim_dir"]
@@ -215,8 +217,9 @@ def _holders_in(folder: ClaimFolder, uuids: Iterable[str]) -> dict[str, dict[str
             fd, info = open_entry(folder.fd, lock_name(uuid))
         except FileNotFoundError:
             if folder.info.owner_uid != os.geteuid():
+                setup = _SETUP if folder.path == SYSTEM_CLAIM_DIR else f"{_SETUP} --dir {folder.path}"
                 held[uuid] = {"pid": None, "uid": None, "user": None, "missing": True,
-                              "blocked": f"the shared claim folder has no lock file for it (`{_SETUP}` makes one "
+                              "blocked": f"the shared claim folder has no lock file for it (`{setup}` makes one "
                                          "per GPU: run it again after adding GPUs or changing MIG devices)"}
             continue
         except (UnsafeEntry, PermissionError) as exc:
