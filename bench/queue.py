@@ -77,12 +77,18 @@ def main() -> int:
             for r in sorted(rows, key=lambda r: r["start"]):
                 print(f"{r['name']:>8} asked {r['asked'] - big_asked:+.2f} started {r['start'] - big_asked:+.2f}")
         big = next(r for r in rows if r["name"] == "big")
-        overtook = sum(1 for r in rows if r["name"].startswith("late") and r["start"] < big["start"])
+        # "later" by the time each job asked (on a loaded machine a job forked later may ask first);
+        # overtakers are listed with how much later they asked
+        ahead = sorted(r["asked"] - big["asked"] for r in rows
+                       if r["asked"] > big["asked"] and r["start"] < big["start"])
+        overtook = len(ahead)
+        later = sum(1 for r in rows if r["asked"] > big["asked"])
         older = max(r["end"] for r in rows if r["asked"] < big["asked"])  # the jobs that came before it
         print(f"gpukit from {args.src}")
         print(f"4-GPU job waited {big['start'] - big['asked']:.2f} s, {big['start'] - older:.2f} s after the jobs "
-              f"that came before it had ended (one job is {args.job_s:g} s); {overtook} of {args.stream} later "
-              f"1-GPU jobs started before it; load average {os.getloadavg()[0]:.1f}")
+              f"that came before it had ended (one job is {args.job_s:g} s); {overtook} of {later} later "
+              f"1-GPU jobs started before it{' (asked ' + ', '.join(f'{d:+.2f}' for d in ahead[:6]) + ' s after it)' if ahead else ''}; "
+              f"load average {os.getloadavg()[0]:.1f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
