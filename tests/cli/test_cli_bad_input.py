@@ -105,19 +105,21 @@ def test_plan_error_prints_no_torch_traceback(tmp_path: Path, monkeypatch: pytes
 def test_claim_dir_that_is_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "afile").write_text("")
-    for claim_dir, problem in ((tmp_path / "afile", "exists but is not a directory"),
-                               (tmp_path / "afile" / "sub", "cannot create it")):
+    for claim_dir, problem in ((tmp_path / "afile", "it is a regular file (made by "),
+                               (tmp_path / "afile" / "sub", "cannot open it (Not a directory)")):
         monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(claim_dir))
         err = one_line_error(capsys, "run", "--gpus", "1", "x.py")
-        assert problem in err and "Set GPUKIT_CLAIM_DIR to a writable directory" in err
+        assert problem in err and f"GPUKIT_CLAIM_DIR '{claim_dir}'" in err and "unset GPUKIT_CLAIM_DIR" in err
 
 
 def test_claim_lock_path_that_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     claims = tmp_path / "claims"
     for uuid in FOUR_GPUS:
         (claims / f"{uuid}.lock").mkdir(parents=True)
-    err = one_line_error(capsys, "run", "--gpus", "1", "x.py")
-    assert ".lock: Is a directory (remove that directory)" in err
+    code, _, err = run_gpukit(capsys, "run", "--gpus", "1", "x.py")
+    assert code == 2 and err.startswith("gpukit: error: Need 1 GPU") and "Traceback" not in err
+    assert f"GPU 2 (NVIDIA TITAN X (Pascal)): blocked: its lock file {FOUR_GPUS[2]}.lock is a directory made by" in err
+    assert "gpukit claims clean" in err  # how to remove what blocks them
 
 
 def test_claim_dir_not_writable(tmp_path: Path) -> None:
@@ -152,7 +154,8 @@ def test_claim_dir_not_writable(tmp_path: Path) -> None:
             if "Permission denied" in result.stderr and "gpukit: error" not in result.stderr:
                 pytest.skip(f"the unprivileged user cannot run this checkout: {result.stderr[-200:]}")
             assert result.returncode == 2, result.stderr
-            assert result.stderr.startswith("gpukit: error: GPU claim directory") and problem in result.stderr
+            assert result.stderr.startswith(f"gpukit: error: GPU claims: GPUKIT_CLAIM_DIR '{claim_dir}'")
+            assert problem in result.stderr
             assert result.stderr.count("\n") == 1 and "ran" not in result.stdout
     finally:
         os.chmod(base, 0o755)

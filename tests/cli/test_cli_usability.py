@@ -53,7 +53,7 @@ def test_ls_fits_the_terminal_and_never_wraps_names(monkeypatch: pytest.MonkeyPa
 def test_ls_shows_claims_at_80_columns(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("GPUKIT_FAKE_GPUS", str(EXAMPLES / "shared-4gpu.json"))
     monkeypatch.setenv("COLUMNS", "80")
-    with claim_gpus(gpus=[1]):
+    with claim_gpus(gpus=[1], share=True):
         _, out, _ = _gpukit(capsys, "ls")
     assert "Claimed by" in out and f"pid {os.getpid()}" in out
 

@@ -262,6 +262,9 @@ def selection_error(count: int, gpus: list[GpuSnapshot], evaluations: list[tuple
         )
     lines = [f"Need {count} {plural}{criteria.describe()}; {ok} of {len(evaluations)} qualify:"]
     lines += [f"  {unit.label}: {'; '.join(why) if why else 'ok'}" for unit, why in evaluations]
+    if any(reason.startswith("blocked: ") for _, why in evaluations for reason in why):
+        lines.append("What blocks a GPU's lock file is removed by `gpukit claims clean` (with sudo when another "
+                     "user made it).")
     if waited_s is not None:
         lines.append(f"Gave up after waiting {waited_s:.1f} s. Wait longer (timeout_s / --wait SECONDS), "
                      "or lower the requirements.")
