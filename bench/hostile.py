@@ -11,6 +11,7 @@ into bench/RESULTS.md with the machine it ran on.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import tempfile
 import time
@@ -37,16 +38,21 @@ def main(argv: list[str]) -> int:
             table[run.reader][result.outcome] += 1
             if result.outcome not in ("clean error", "correct"):
                 bad.append(f"{area}/{name}: {result.outcome}")
-    print("| reader | probes | " + " | ".join(OUTCOMES) + " |")
-    print("|---|---:|" + "---:|" * len(OUTCOMES))
-    for reader in sorted(table):
-        counts = table[reader]
-        print(f"| {reader} | {sum(counts.values())} | " + " | ".join(str(counts[o]) for o in OUTCOMES) + " |")
-    total = Counter()
-    for counts in table.values():
+    return print_outcomes("reader", {reader: table[reader] for reader in sorted(table)}, OUTCOMES, started, bad)
+
+
+def print_outcomes(row: str, table: dict[str, Counter[str]], outcomes: tuple[str, ...], started: float,
+                   bad: list[str]) -> int:
+    """The markdown table of outcome counts per row (and all rows), the time taken, what was not safe;
+    returns the exit status (1 when something was not safe)."""
+    print(f"| {row} | probes | " + " | ".join(outcomes) + " |")
+    print("|---|---:|" + "---:|" * len(outcomes))
+    total: Counter[str] = Counter()
+    for name, counts in table.items():
         total.update(counts)
-    print(f"| **all** | {sum(total.values())} | " + " | ".join(str(total[o]) for o in OUTCOMES) + " |")
-    print(f"\n{time.monotonic() - started:.0f} s")
+        print(f"| {name} | {sum(counts.values())} | " + " | ".join(str(counts[o]) for o in outcomes) + " |")
+    print(f"| **all** | {sum(total.values())} | " + " | ".join(str(total[o]) for o in outcomes) + " |")
+    print(f"\n{time.monotonic() - started:.1f} s, load average {os.getloadavg()[0]:.1f}")
     for line in bad:
         print("NOT SAFE:", line)
     return 1 if bad else 0

@@ -10,7 +10,6 @@ the table into bench/RESULTS.md with the machine and load it ran on.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections import Counter
@@ -23,6 +22,9 @@ sys.path.insert(0, str(TESTS / "devices"))
 from claims_attacks import OUTCOMES, PROBES, SAFE, run_probe  # noqa: E402
 from other_users import unprivileged_users  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hostile import print_outcomes  # noqa: E402
+
 
 def main(argv: list[str]) -> int:
     users = unprivileged_users()
@@ -31,23 +33,14 @@ def main(argv: list[str]) -> int:
         return 2
     alice, bob = users
     names = argv or sorted(PROBES)
-    total: Counter[str] = Counter()
+    table: dict[str, Counter[str]] = {}
     bad: list[str] = []
     started = time.monotonic()
-    print("| attack | probes | " + " | ".join(OUTCOMES) + " |")
-    print("|---|---:|" + "---:|" * len(OUTCOMES))
     for name in names:
         results = run_probe(name, alice, bob)
-        counts = Counter(outcome for _, outcome in results)
-        total.update(counts)
+        table[name.replace("_", " ")] = Counter(outcome for _, outcome in results)
         bad += [f"{name} / {reader}: {outcome}" for reader, outcome in results if outcome not in SAFE]
-        print(f"| {name.replace('_', ' ')} | {len(results)} | " + " | ".join(str(counts[o]) for o in OUTCOMES) + " |")
-    print(f"| **all** | {sum(total.values())} | " + " | ".join(str(total[o]) for o in OUTCOMES) + " |")
-    print(f"\n{time.monotonic() - started:.1f} s, load average {os.getloadavg()[0]:.1f}")
-    for line in bad:
-        print("NOT SAFE:", line)
-    return 1 if bad else 0
-
+    return print_outcomes("attack", table, OUTCOMES, started, bad)
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
