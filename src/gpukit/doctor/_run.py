@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from gpukit._util.envvars import FAKE_GPUS_ENV
+from gpukit.doctor._claims import check_claims
 from gpukit.doctor._cluster import check_cluster
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._cuda import check_cuda_initialized, check_device_order, check_visible_devices
 from gpukit.doctor._driver import check_driver
 from gpukit.doctor._finding import Finding, worst
 from gpukit.doctor._network import check_interface, check_master, check_port
-from gpukit.doctor._claims import check_claims
 from gpukit.doctor._processes import check_gpu_processes
 from gpukit.doctor._shm import check_shm
 from gpukit.doctor._system import check_cpus, check_mig, check_persistence, check_versions, versions
