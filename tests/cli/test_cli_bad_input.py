@@ -316,3 +316,22 @@ def test_a_master_address_that_does_not_resolve_is_an_error_at_once(capsys: pyte
                          "x.py")
     assert "--master-addr 'gpukit-test.invalid' does not resolve" in err and "port" not in err.split("resolve")[1]
     assert time.monotonic() - started < RESOLVE_TIMEOUT_S + 3
+
+
+def test_launcher_settings_and_scripts_that_are_not_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26.6: a negative GPUKIT_MAX_NPROC is no cap, a FIFO is no script, a relative claim folder is refused."""
+    script = tmp_path / "x.py"
+    script.write_text("print('ran')\n")
+    monkeypatch.setenv("GPUKIT_MAX_NPROC", "-1")
+    err = one_line_error(capsys, "run", "--cpu", "--nproc", "2", str(script))
+    assert "GPUKIT_MAX_NPROC='-1': give the most worker processes per node, a whole number >= 1" in err
+    monkeypatch.delenv("GPUKIT_MAX_NPROC")
+    fifo = tmp_path / "pipe.py"
+    os.mkfifo(fifo)
+    err = one_line_error(capsys, "run", "--cpu", str(fifo))
+    assert "is not a regular file (a FIFO, socket or device)" in err and "not found" not in err
+    monkeypatch.setenv("GPUKIT_CLAIM_DIR", "-1")
+    monkeypatch.chdir(tmp_path)
+    err = one_line_error(capsys, "run", "--gpus", "1", str(script))
+    assert "GPUKIT_CLAIM_DIR '-1' is a relative path" in err and not (tmp_path / "-1").exists()

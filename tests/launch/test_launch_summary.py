@@ -40,6 +40,9 @@ def test_exit_codes_for_signals_and_preemption():
     ("2", GpuRequest(count=2)), ("all", GpuRequest(every=True)), ("ALL", GpuRequest(every=True)),
     ("1,3", GpuRequest(ids=(1, 3))), ("3,", GpuRequest(ids=(3,))),
     ("GPU-abc,1", GpuRequest(ids=("GPU-abc", 1))), (" 0 , 2 ", GpuRequest(ids=(0, 2))),
+    # one GPU by its full UUID needs no trailing comma (issue 26.6)
+    ("GPU-7c1d2e5a-3b4f-4a8c-8d9e-2f3a4b5c6d7e", GpuRequest(ids=("GPU-7c1d2e5a-3b4f-4a8c-8d9e-2f3a4b5c6d7e",))),
+    ("MIG-bb22cc33", GpuRequest(ids=("MIG-bb22cc33",))),
 ])
 def test_parse_gpu_request(text, expected):
     assert GpuRequest.parse(text) == expected

@@ -108,10 +108,11 @@ def _check_master_resolves(topology: Any, given: str | None) -> None:
     short_help="Run a script on the best free GPUs (or the CPU), like torchrun.",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
-@click.option("--gpus", metavar="N|all|LIST", help="How many GPUs (best free first), 'all', or which: 1,3 (one by index: 3,).")
+@click.option("--gpus", metavar="N|all|LIST", help="How many GPUs (best free first), 'all', or which: 1,3 (one by index: 3,; by UUID: GPU-1a2b...).")
 @click.option("--min-free", "min_free", metavar="SIZE", help="Only GPUs with this much free memory, e.g. 8GiB.")
 @click.option("--max-util", "max_util", type=FiniteFloatRange(0, 100, unit="percent"), metavar="PCT", help="Only GPUs at most this busy (%).")
-@click.option("--wait", "wait", metavar="[TIMEOUT]", help="Wait (up to TIMEOUT seconds) for GPUs to become free.")
+@click.option("--wait", "wait", metavar="[TIMEOUT]", help="Wait in the fair queue (up to TIMEOUT seconds) for GPUs to become free.")
+@click.option("--share", is_flag=True, help="Also take GPUs other users' processes are using (by default such a GPU is busy).")
 @click.option("--nproc", type=click.IntRange(1, MAX_NPROC), help="Worker processes on this node [default: number of GPUs, or 1].")
 @click.option("--cpu", is_flag=True, help="Run on the CPU with gloo (how DDP is tried without GPUs).")
 @click.option("--max-restarts", type=click.IntRange(0, 10_000), default=0, show_default=True, help="Restart the workers after a failure.")
@@ -142,6 +143,7 @@ def run(
     min_free: str | None,
     max_util: float | None,
     wait: str | None,
+    share: bool,
     nproc: int | None,
     cpu: bool,
     max_restarts: int,
@@ -202,6 +204,7 @@ def run(
         max_utilization=max_util,
         wait=waiting,
         wait_timeout_s=wait_timeout_s,
+        share_gpus=share,
         max_restarts=max_restarts,
         grace_s=grace,
         topology=topology,

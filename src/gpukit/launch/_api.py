@@ -62,6 +62,11 @@ def _check_target(target: str, module: bool) -> None:
                 "Give an importable module after -m, or a script path without -m."
             )
     elif not os.path.isfile(target):
+        if os.path.exists(target):  # a folder, a FIFO, a device: there is something, but no script
+            kind = "a directory" if os.path.isdir(target) else "not a regular file (a FIFO, socket or device)"
+            raise ConfigurationError(
+                f"Script {target!r} is {kind}. Give the path of a Python file, or -m package.module to run a module."
+            )
         raise ConfigurationError(
             f"Script {target!r} not found (relative to {os.getcwd()}). Give the path of a Python "
             "file, or -m package.module to run a module."
@@ -110,9 +115,15 @@ def _process_env(plan: DevicePlan, nproc: int) -> dict[str, str]:
     return env
 
 
-def _plan(spec: LaunchSpec) -> DevicePlan:
+def _plan(spec: LaunchSpec, run_id: str) -> DevicePlan:
     return plan_devices(spec.gpus, cpu=spec.cpu, nproc=spec.nproc, min_free_memory=spec.min_free_memory,
-                        max_utilization=spec.max_utilization, wait=spec.wait, wait_timeout_s=spec.wait_timeout_s)
+                        max_utilization=spec.max_utilization, wait=spec.wait, wait_timeout_s=spec.wait_timeout_s,
+                        share=spec.share_gpus, run=run_id)
+
+
+def _run_id(topology: Topology) -> str:
+    """The run's id: random on one machine; the rendezvous port on several (every node must agree)."""
+    return f"gpukit-{uuid.uuid4().hex[:12]}" if topology.single_machine else f"gpukit-{topology.master_port}"
 
 
 def _announce(echo: Echo | None, plan: DevicePlan, nproc: int, topology: Topology) -> None:
@@ -166,12 +177,12 @@ def launch_function(
         _check_picklable(fn, args)
     topology = Topology()  # this machine
     spec = dataclasses.replace(spec, topology=topology)
-    plan = _plan(spec)
+    run_id = _run_id(topology)
+    plan = _plan(spec, run_id)
     try:
         if fork:
             check_fork(f"launch_function({getattr(fn, '__qualname__', fn)!r})", uses_gpus=plan.gpu_count > 0)
         _announce(echo, plan, nproc, topology)
-        run_id = f"gpukit-{uuid.uuid4().hex[:12]}"
         plan.label_claim(run_id, nproc, topology.node_rank)
         values = run_workers(
             run_forked_function if fork else run_function, (fn, *args), spec, nproc=nproc,
@@ -263,12 +274,12 @@ def _requeue_if_preempted(exc: RunInterruptedError, spec: LaunchSpec, cluster: C
 def _launch_script_workers(target: str, script_args: Sequence[str], spec: LaunchSpec, *, module: bool,
                            echo: Echo | None) -> None:
     topology = cast(Topology, spec.topology)  # launch_script decided it
+    run_id = _run_id(topology)
     with held_signals_raise() if spec.wait else nullcontext():  # a stop while waiting for GPUs ends the wait
-        plan = _plan(spec)
+        plan = _plan(spec, run_id)
     try:
         workers = spec.nproc or max(1, plan.gpu_count)
         _announce(echo, plan, workers, topology)
-        run_id = f"gpukit-{uuid.uuid4().hex[:12]}" if topology.single_machine else f"gpukit-{topology.master_port}"
         plan.label_claim(run_id, workers, topology.node_rank)
         command = ("-u", "-m", "gpukit.worker._bootstrap", *(("-m",) if module else ()), target, *script_args)
         run_workers(sys.executable, command, spec, nproc=workers, env=_process_env(plan, workers),

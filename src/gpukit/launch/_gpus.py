@@ -17,7 +17,7 @@ __all__ = ["GpuRequest", "DevicePlan", "plan_devices"]
 
 _GPU_FORMS = (
     "a count (--gpus 2), 'all', or a comma-separated list of GPU indices or UUIDs as "
-    "`gpukit ls` shows them (--gpus 1,3; one GPU by index: --gpus 3,)"
+    "`gpukit ls` shows them (--gpus 1,3; one GPU by index: --gpus 3,; by UUID: --gpus GPU-1a2b...)"
 )
 _MAX_DIGITS = 9  # int() of 5,000 digits raises; no machine has a billion GPUs
 
@@ -52,7 +52,7 @@ class GpuRequest:
 
     @classmethod
     def parse(cls, text: str) -> GpuRequest:
-        """Parse ``--gpus``: ``"2"``, ``"all"``, ``"1,3"``, ``"3,"`` (GPU 3), ``"GPU-<uuid>,1"``.
+        """Parse ``--gpus``: ``"2"``, ``"all"``, ``"1,3"``, ``"3,"`` (GPU 3), ``"GPU-<uuid>"``, ``"GPU-<uuid>,1"``.
 
         Raises:
             ConfigurationError: for anything else (zero GPUs included), naming the accepted forms.
@@ -67,6 +67,8 @@ class GpuRequest:
                                      f"{_MAX_DIGITS} digits (--gpus 2, --gpus 1,3, or --gpus all).")
         if value.isdigit():
             return cls._count(int(value), f"--gpus {text!r}")
+        if value.upper().startswith(("GPU-", "MIG-")) and "," not in value:
+            return cls(ids=(value,))  # one GPU by UUID (a count needs no comma; a UUID is no count)
         if "," not in value or not any(items):
             raise ConfigurationError(f"Invalid --gpus {shown!r}: expected {_GPU_FORMS}.")
         parsed: list[int | str] = []
@@ -150,6 +152,8 @@ def plan_devices(
     max_utilization: float | None = None,
     wait: bool = False,
     wait_timeout_s: float | None = None,
+    share: bool = False,
+    run: str | None = None,
 ) -> DevicePlan:
     """Choose and claim the run's devices.
 
@@ -160,7 +164,9 @@ def plan_devices(
         cpu: Run on the CPU (gloo); GPUs are hidden from the workers.
         nproc: Worker processes per node, when the user gave it.
         min_free_memory, max_utilization: Selection criteria (see ``gpukit.devices.select_gpus``).
-        wait, wait_timeout_s: Wait for GPUs to become free instead of failing.
+        wait, wait_timeout_s: Wait in the fair queue for GPUs to become free instead of failing.
+        share: Also take GPUs other users' processes are using.
+        run: The run's id, shown in the queue (``gpukit ls``) while it waits.
 
     Returns:
         A :class:`DevicePlan`; call ``release()`` when the run is over.
@@ -185,6 +191,8 @@ def plan_devices(
         "max_utilization": max_utilization,
         "wait": wait,
         "timeout_s": wait_timeout_s,
+        "share": share,
+        "run": run,
     }
     if gpus.count is not None:
         present = len(devices.list_gpus())

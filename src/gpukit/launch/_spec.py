@@ -16,6 +16,7 @@ from typing import Any
 
 from gpukit._util.envvars import MAX_NPROC_ENV
 from gpukit._util.timeouts import parse_timeout_s
+from gpukit._util.units import whole_number
 from gpukit.cluster import check_max_requeues
 from gpukit.errors import ConfigurationError
 from gpukit.launch._gpus import GpuRequest
@@ -36,11 +37,12 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 def _check_nproc_cap(nproc: int) -> None:
     """Refuse a worker count no machine runs well (``--nproc 100000`` would fork until the OS gives out)."""
     cores = os.cpu_count() or 1
-    try:
-        cap = int(os.environ.get(MAX_NPROC_ENV) or max(8, 4 * cores))
-    except ValueError:
-        raise ConfigurationError(f"{MAX_NPROC_ENV}={os.environ[MAX_NPROC_ENV]!r}: give a whole number of "
-                                 "worker processes.") from None
+    given = os.environ.get(MAX_NPROC_ENV)
+    cap = max(8, 4 * cores) if not given else whole_number(given)
+    if cap is None or cap < 1:
+        shown = given if given is None or len(given) <= 40 else given[:40] + "..."
+        raise ConfigurationError(f"{MAX_NPROC_ENV}={shown!r}: give the most worker processes per node, a whole "
+                                 "number >= 1 (or unset it for the default: 4 per CPU core, at least 8).")
     if nproc > cap:
         raise ConfigurationError(
             f"nproc (--nproc) {nproc} is more worker processes than this machine runs well: it has {cores} "
@@ -59,7 +61,9 @@ class LaunchSpec:
         gpus: Which GPUs (given as a :class:`GpuRequest`, a count, ``"all"``, ``--gpus`` text or
             GPU indices/UUIDs; kept as a :class:`GpuRequest`). Claimed for the launch's duration.
         min_free_memory, max_utilization, wait, wait_timeout_s: GPU selection (see
-            ``gpukit.devices.claim_gpus``).
+            ``gpukit.devices.claim_gpus``); waiting is in the fair queue.
+        share_gpus: Also take GPUs other users' processes are using (``--share``); by default
+            such a GPU is busy.
         max_restarts: Restart the whole group this many times after a failure.
         grace_s: Seconds between SIGTERM and SIGKILL when workers are stopped.
         topology: Nodes and rendezvous; ``None``: from SLURM/Kubernetes, else this machine only.
@@ -85,6 +89,7 @@ class LaunchSpec:
     max_utilization: float | None = None
     wait: bool = False
     wait_timeout_s: float | None = None
+    share_gpus: bool = False
     max_restarts: int = 0
     grace_s: float = DEFAULT_GRACE_S
     topology: Topology | None = None
@@ -99,6 +104,8 @@ class LaunchSpec:
             _check_int("nproc (--nproc)", self.nproc, 1)
             _check_nproc_cap(self.nproc)
         _check_int("max_restarts (--max-restarts)", self.max_restarts, 0)
+        if not isinstance(self.share_gpus, bool):
+            raise ConfigurationError(f"share_gpus (--share) must be True or False, got {self.share_gpus!r}.")
         grace_s = self.grace_s
         if not isinstance(grace_s, (int, float)) or isinstance(grace_s, bool) or not math.isfinite(grace_s) \
                 or grace_s < 0:
