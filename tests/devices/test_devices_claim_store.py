@@ -238,3 +238,38 @@ def test_ls_and_doctor_report_blocked_gpus_and_leftovers(use_spec, capsys) -> No
     assert f"removed {note_name(uuid, 999999)}" in cleaned
     with claim_gpus(2):
         pass
+
+
+@root_only
+def test_a_kernel_that_lets_anyone_hard_link_is_reported_for_a_shared_folder(use_spec, monkeypatch, tmp_path: Path,
+                                                                             capsys) -> None:
+    """The queue's order is each ticket's change time; a hard link made by another user would reset it."""
+    from gpukit.cli import main
+    from gpukit.devices import _claims_admin
+
+    use_spec(TWO)
+    shared = tmp_path / "system"
+    monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(shared))
+    setting = tmp_path / "protected_hardlinks"
+    monkeypatch.setattr(_claims_admin, "PROTECTED_HARDLINKS", str(setting))
+    setting.write_text("1\n")
+    main(["claims", "setup", "--dir", str(shared)])
+    assert "protected_hardlinks" not in capsys.readouterr().err
+    main(["ls"])
+    assert "protected_hardlinks" not in capsys.readouterr().out
+    setting.write_text("0\n")
+    main(["claims", "setup", "--dir", str(shared)])
+    assert "warning: the kernel lets any user hard-link files they cannot write (fs.protected_hardlinks = 0)" in \
+        capsys.readouterr().err
+    main(["ls"])
+    assert "fs.protected_hardlinks = 0" in " ".join(capsys.readouterr().out.split())
+    main(["doctor"])  # a warning: exit 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "WARN gpu.claims: the kernel lets any user hard-link" in out and "sysctl -w fs.protected_hardlinks=1" in out
+    own = tmp_path / "own"  # a folder nobody else can write in: the setting does not matter there
+    own.mkdir(mode=0o700)
+    monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(own))
+    with claim_gpus(1):
+        pass
+    main(["doctor"])
+    assert "protected_hardlinks" not in capsys.readouterr().out

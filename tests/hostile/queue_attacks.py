@@ -98,8 +98,8 @@ def _hold_valid_ticket(folder: str) -> None:
 
 
 def bob_tampers_with_alices_ticket(world: World) -> Result:
-    """Alice waits (bob holds every GPU); bob tries to remove her ticket and to queue ahead of her with
-    a back-dated one; when bob frees a GPU, alice gets it."""
+    """Alice waits (bob holds every GPU); bob tries to remove or hard-link her ticket and to queue ahead
+    of her with a back-dated one; when bob frees a GPU, alice gets it."""
     setup_shared(world)
     hog = Holder(world.bob, {"count": 4}, env=dict(world.env))
     hog.wait_claimed()
@@ -134,10 +134,13 @@ def _tamper_tickets(folder: str, victim: int) -> str:
     for entry in os.scandir(folder):
         if entry.name.startswith("ticket.") and entry.stat(follow_symlinks=False).st_uid == victim:
             path = os.path.join(folder, entry.name)
-            for attempt in (lambda: os.unlink(path), lambda: os.rename(path, path + ".x")):
+            # a new hard link would reset the ticket's change time (the queue's order): the kernel's
+            # fs.protected_hardlinks refuses it (gpukit doctor warns where it is off)
+            for attempt in (lambda: os.unlink(path), lambda: os.rename(path, path + ".x"),
+                            lambda: os.link(path, os.path.join(folder, "ticket.bob-relink"))):
                 try:
                     attempt()
-                    return "removed"
+                    return "removed or relinked"
                 except PermissionError:
                     pass
     fd = os.open(os.path.join(folder, ".tmp.jump"), os.O_CREAT | os.O_RDWR, 0o644)

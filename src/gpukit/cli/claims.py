@@ -31,7 +31,7 @@ def setup(directory: str | None) -> None:
     from gpukit._util.text import printable
     from gpukit.devices import _nvml
     from gpukit.devices._claim_dir import SYSTEM_CLAIM_DIR
-    from gpukit.devices._claims_admin import setup_folder
+    from gpukit.devices._claims_admin import kernel_problem, setup_folder
 
     _nvml.silence_notice()
     path = directory or str(SYSTEM_CLAIM_DIR)
@@ -41,6 +41,9 @@ def setup(directory: str | None) -> None:
     click.echo(f"{printable(path)} is the shared claim folder" + ("" if actions else " (nothing to change)") + ".")
     if directory and directory != str(SYSTEM_CLAIM_DIR):
         click.echo(f"Every user must set GPUKIT_CLAIM_DIR={printable(path)} to use it.")
+    problem = kernel_problem()
+    if problem is not None:
+        click.echo(f"warning: {problem.what}. Fix: {problem.fix}.", err=True)
 
 
 @claims.command()

@@ -31,12 +31,14 @@ from gpukit.devices._queue import read_queue
 from gpukit.devices._snapshot import GpuSnapshot, selectable_units
 from gpukit.errors import DeviceError
 
-__all__ = ["Problem", "survey", "setup_folder", "clean_folder", "STALE_AFTER_S"]
+__all__ = ["Problem", "survey", "setup_folder", "clean_folder", "kernel_problem", "STALE_AFTER_S"]
 
 #: A claim whose holder's account has run nothing on its GPU for this long is reported as stale.
 STALE_AFTER_S = 600.0
 _NOTE = re.compile(r"^(?P<stem>[A-Za-z0-9._-]+)\.(?P<pid>[0-9]{1,10})\.owner$")
 _TEMP_AGE_S = 60.0
+#: The kernel setting that stops a user from hard-linking files they cannot write (the queue's order needs it).
+PROTECTED_HARDLINKS = "/proc/sys/fs/protected_hardlinks"
 
 
 @dataclass
@@ -81,6 +83,28 @@ def stale_claims(folder: ClaimFolder, gpus: list[GpuSnapshot], older_than_s: flo
     return out
 
 
+def kernel_problem() -> Problem | None:
+    """What is wrong with the kernel's protection of a shared folder (``None`` when nothing is).
+
+    The queue is ordered by each ticket's change time, which no user can set back -- but a new hard
+    link to a file also resets its change time, so where the kernel lets anyone hard-link files they
+    cannot write (``fs.protected_hardlinks = 0``) another user can send a waiter to the back of the
+    queue. Linux distributions turn the protection on by default (systemd's sysctl settings).
+    """
+    try:
+        with open(PROTECTED_HARDLINKS, "rb") as handle:
+            value = handle.read(16).strip()
+    except OSError:
+        return None  # not Linux, or no /proc: nothing known
+    if value != b"0":
+        return None
+    return Problem("the kernel lets any user hard-link files they cannot write (fs.protected_hardlinks = 0): "
+                   "another user can then send a waiter to the back of the shared queue (a new link resets the "
+                   "change time of its ticket, which orders the queue)",
+                   "sudo sysctl -w fs.protected_hardlinks=1, and keep it in /etc/sysctl.d/ (most distributions' "
+                   "default)", "warn", {"setting": "fs.protected_hardlinks", "value": 0})
+
+
 def survey(folder: ClaimFolder, gpus: list[GpuSnapshot], owners: dict[str, dict[str, Any] | None] | None = None,
            ignored: list[str] | None = None) -> list[Problem]:
     """What is wrong in ``folder`` now (see the module docstring); ``[]`` when nothing is.
@@ -89,6 +113,9 @@ def survey(folder: ClaimFolder, gpus: list[GpuSnapshot], owners: dict[str, dict[
     caller has them already.
     """
     problems: list[Problem] = []
+    kernel = kernel_problem() if folder.shared else None
+    if kernel is not None:
+        problems.append(kernel)
     units = _units(gpus)
     owners = claim_owners([u.uuid or "" for u in units], folder=folder) if owners is None else owners
     clean = "sudo gpukit claims clean" if folder.shared or folder.info.owner_uid == 0 else "gpukit claims clean"
