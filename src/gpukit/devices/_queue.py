@@ -10,9 +10,10 @@ or ``gpukit claims clean``, removes them). A ticket nobody holds locked is ignor
 **Order.** Tickets are ordered by the inode's change time (``st_ctime``), which the kernel sets
 when the ticket is renamed into the folder and which no user can set back: nobody can queue ahead
 of a waiter that was already there (another user's hard link would reset it, which the kernel's
-``fs.protected_hardlinks`` forbids; :func:`gpukit.devices._claims_admin.kernel_problem` warns where it is off). The kernel's clock for it ticks every few milliseconds, so
-tickets renamed within one tick are ordered by the time their waiters wrote into them (believed
-only within 50 ms of the change time), then by name.
+``fs.protected_hardlinks`` forbids; ``_claims_admin.kernel_problem`` warns where it is off). The
+kernel's clock for it ticks every few milliseconds, so tickets renamed within one tick are ordered
+by the time their waiters wrote into them (believed only within 50 ms of the change time), then
+by name.
 
 **The rule.** Each waiter looks at the live tickets older than its own, oldest first. Each of them
 reserves, of the GPUs that are free now and that its request can use, as many as it wants (the
