@@ -85,3 +85,20 @@ def use_spec(monkeypatch: pytest.MonkeyPatch, tmp_path):
         return path
 
     return use
+
+
+@pytest.fixture
+def ctrl_c_as_from_a_terminal():
+    """SIGINT reaches this test and the children it starts as Ctrl-C does from a terminal.
+
+    A shell without job control starts a background job (``make test &`` in a script, a job
+    runner) with SIGINT *ignored*, children inherit that, and Python then installs no
+    KeyboardInterrupt handler: a test that stops ``gpukit ls --watch`` with SIGINT would wait out
+    its timeout. Tests that send SIGINT use this fixture, so the suite passes however it was
+    started; the test process's own disposition comes back afterwards.
+    """
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # exec resets it to SIG_DFL
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -58,6 +58,7 @@ def test_ls_shows_claims_at_80_columns(monkeypatch: pytest.MonkeyPatch, capsys: 
     assert "Claimed by" in out and f"pid {os.getpid()}" in out
 
 
+@pytest.mark.usefixtures("ctrl_c_as_from_a_terminal")
 def test_ls_watch_piped_prints_one_table_after_another() -> None:
     env = {**os.environ, "GPUKIT_FAKE_GPUS": str(EXAMPLES / "shared-4gpu.json")}
     env.pop("TTY_COMPATIBLE", None)

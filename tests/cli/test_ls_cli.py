@@ -106,6 +106,7 @@ def _run(args: list[str], extra_env: dict[str, str]) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.usefixtures("ctrl_c_as_from_a_terminal")
 @pytest.mark.parametrize("live", [False, True], ids=["json-lines", "rich-live"])
 def test_watch_refreshes_until_ctrl_c(live: bool) -> None:
     # TTY_COMPATIBLE=1 makes rich treat the pipe as a terminal, so Live redraws in place
@@ -191,6 +192,7 @@ def _read_pty(fd: int, until: Callable[[str], bool], timeout_s: float = 60.0) ->
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ctrl_c_as_from_a_terminal")
 def test_watch_in_a_terminal_follows_a_resize_and_stops_on_ctrl_c() -> None:
     import fcntl
     import pty

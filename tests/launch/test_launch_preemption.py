@@ -33,6 +33,7 @@ def test_sigterm_sets_the_flag_and_uninstall_restores_the_old_handler():
     uninstall_preemption_handler()
     assert signal.getsignal(signal.SIGTERM) == before
 
+@pytest.mark.usefixtures("ctrl_c_as_from_a_terminal")  # the previous handler: Python's own
 def test_second_signal_falls_through_to_the_previous_handler():
     install_preemption_handler()
     os.kill(os.getpid(), signal.SIGINT)
