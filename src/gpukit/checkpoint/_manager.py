@@ -29,6 +29,7 @@ from typing import Any
 from torch import nn
 
 from gpukit.checkpoint._atomic import atomic_write, clean_temp_files, drop_cached_pages, fsync_directory
+from gpukit.checkpoint._ddp_buckets import record_ddp_buckets, replay_ddp_buckets
 from gpukit.checkpoint._dist import DistContext, current_dist
 from gpukit.checkpoint._formats import MARKER_NAME, metadata_entry
 from gpukit.checkpoint._io import load, load_lazy, save, to_saveable
@@ -183,6 +184,7 @@ class CheckpointManager:
         dist.check_all_arrived("save_checkpoint / CheckpointManager.save")  # before any collective
         local = set(per_rank)
         sharded = split_sharded(objects)  # FSDP models + their optimizers: DCP shards, every rank
+        buckets = record_ddp_buckets(objects, is_main=dist.is_main)  # collective: before any file
         objects = {n: o for n, o in objects.items() if n not in sharded}
         shared = {n: _state_of(n, o) for n, o in objects.items() if n not in local and not _is_per_rank(o)}
         rank_state = {
@@ -205,7 +207,7 @@ class CheckpointManager:
         if error is None:
             error = write_sharded(staging, sharded, dist)
         if error is None:
-            error = self._write_files(dist, staging, step, shared, rank_state, dict(extra or {}))
+            error = self._write_files(dist, staging, step, shared, rank_state, dict(extra or {}), buckets)
         if error is None and dist.is_main:
             error = self._finalise(dist, staging, final, step)
         error = dist.broadcast_from_main(error)
@@ -220,12 +222,12 @@ class CheckpointManager:
 
     def _write_files(
         self, dist: DistContext, staging: Path, step: int, shared: dict[str, Any],
-        rank_state: dict[str, Any], extra: dict[str, Any],
+        rank_state: dict[str, Any], extra: dict[str, Any], buckets: dict[str, Any],
     ) -> str | None:
         error: str | None = None
         try:
             if dist.is_main:
-                meta = {"step": step, "world_size": dist.world_size, "extra": extra}
+                meta = {"step": step, "world_size": dist.world_size, "extra": extra, "ddp_buckets": buckets}
                 save({"objects": shared, "gpukit": meta}, staging / SHARED_FILE, rank_zero_only=False)
             save(rank_state, staging / rank_file_name(dist.rank), rank_zero_only=False)
         except Exception as exc:  # reported to every rank, so none waits forever
@@ -354,7 +356,9 @@ class CheckpointManager:
                     obj.load_state_dict(shared_file.materialize(available[name]))
                 except CheckpointError as exc:  # e.g. a mid-epoch data position, other world size
                     raise CheckpointError(f"Cannot resume {name!r} from {directory}: {exc}") from exc
-        self.extra = dict(shared_file.materialize(shared_file.tree["gpukit"].get("extra")) or {})
+        meta = shared_file.tree["gpukit"]
+        self.extra = dict(shared_file.materialize(meta.get("extra")) or {})
+        replay_ddp_buckets(objects, meta.get("ddp_buckets"), str(directory))  # 3+ processes: exact
 
     def _open_step(
         self, directory: Path, dist: DistContext, trust: bool
