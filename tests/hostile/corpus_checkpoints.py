@@ -258,6 +258,18 @@ def _truncate_half(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
+def _ddp_buckets(value: object) -> Callable[[Path], None]:
+    """step 1's state.pt (our own template) whose recorded DDP gradient buckets are ``value``."""
+    def make(path: Path) -> None:
+        import torch
+
+        state = torch.load(path.parent.parent / STEP1 / "state.pt", weights_only=False)
+        state["gpukit"]["ddp_buckets"] = value
+        torch.save(state, path)
+
+    return make
+
+
 def _safetensors_overlap(reader: str) -> Callable[[Path], Run]:
     """Two tensors whose byte ranges overlap (each range inside the file and of the right size)."""
     def build(tmp: Path) -> Run:
@@ -473,6 +485,8 @@ PROBES: dict[str, Callable[[Path], Run]] = {
     "state-dangling-symlink-resume": _state_replaced(lambda p: os.symlink(p.parent / "nowhere", p)),
     "state-fifo-resume": _state_replaced(os.mkfifo),
     "state-dev-zero-resume": _state_replaced(lambda p: os.symlink("/dev/zero", p)),
+    "state-ddp-buckets-not-names-resume": _state_replaced(_ddp_buckets({"model": [["0.weight", {"a": 1}]]})),
+    "state-ddp-buckets-not-mapping-resume": _state_replaced(_ddp_buckets([["0.weight"]] * 1000)),
     "safetensors-overlap-inspect": _safetensors_overlap("inspect"),
     "safetensors-overlap-load": _safetensors_overlap("load"),
     "metadata-fifo-inspect": _sharded_metadata(lambda p, t: os.mkfifo(p), "inspect"),

@@ -32,11 +32,12 @@ from torch.nn.parallel import DistributedDataParallel
 from gpukit._util.warnings import warn_at_user_code
 from gpukit.errors import CheckpointError
 
-__all__ = ["record_ddp_buckets", "replay_ddp_buckets"]
+__all__ = ["check_ddp_buckets", "record_ddp_buckets", "replay_ddp_buckets"]
 
 #: the world sizes from which an all-reduce's result depends on the layout
 _LAYOUT_MATTERS_FROM = 3
 _MAX_NAME_CHARS = 4096
+_MAX_NAMES = 1 << 22
 _Layout = list[list[str]]
 
 
@@ -102,41 +103,51 @@ def _read_layout(ddp: DistributedDataParallel) -> _Layout:
     return layout
 
 
-def _check_layout(saved: Any, name: str, where: str) -> _Layout:
-    """``saved`` as a layout, or CheckpointError: it came from a file."""
-    ok = isinstance(saved, list) and all(
-        isinstance(bucket, list) and all(isinstance(n, str) and len(n) <= _MAX_NAME_CHARS for n in bucket)
-        for bucket in saved
-    )
-    if not ok:
+def check_ddp_buckets(saved: Any, where: str) -> None:
+    """Refuse recorded layouts that are not what :func:`record_ddp_buckets` writes.
+
+    Raises:
+        CheckpointError: ``saved`` is not ``None`` nor a mapping of names to lists of lists of
+            parameter names (bounded in count and length).
+    """
+    if saved is None:
+        return
+    problem = None
+    if not isinstance(saved, Mapping):
+        problem = f"are a {type(saved).__name__}, not a mapping of model names"
+    else:
+        for name, layout in saved.items():
+            names = [n for bucket in layout for n in bucket] if _is_list_of_lists(layout) else None
+            if not isinstance(name, str) or names is None or len(names) > _MAX_NAMES or not all(
+                isinstance(n, str) and len(n) <= _MAX_NAME_CHARS for n in names
+            ):
+                problem = f"for {str(name)[:80]!r} are not lists of parameter names"
+                break
+    if problem is not None:
         raise CheckpointError(
-            f"{where}: the recorded gradient buckets of {name!r} are not lists of parameter names "
-            f"(got {type(saved).__name__}); the file is damaged or was not written by gpukit."
+            f"{where}: its recorded gradient buckets (ddp_buckets) {problem}; the file is damaged "
+            "or was not written by gpukit."
         )
-    return saved
 
 
-def replay_ddp_buckets(objects: Mapping[str, Any], saved: Any, where: str) -> None:
+def _is_list_of_lists(value: Any) -> bool:
+    return isinstance(value, list) and len(value) <= _MAX_NAMES and all(isinstance(b, list) for b in value)
+
+
+def replay_ddp_buckets(objects: Mapping[str, Any], saved: Mapping[str, _Layout] | None, where: str) -> None:
     """Make the first reduction of each resumed DDP model use its recorded bucket layout.
 
     Args:
         objects: what is being resumed, by name.
-        saved: the checkpoint's recorded layouts by name (``None``: none recorded).
+        saved: the checkpoint's recorded layouts by name, checked by :func:`check_ddp_buckets`
+            (``None``: none recorded).
         where: the checkpoint, for messages.
-
-    Raises:
-        CheckpointError: ``saved`` is not what :func:`record_ddp_buckets` writes.
     """
-    if saved is None:
-        return
-    if not isinstance(saved, Mapping):
-        raise CheckpointError(f"{where}: the recorded gradient buckets are a {type(saved).__name__}, not a mapping.")
     for name, obj in objects.items():
         ddp = _ddp_of(obj)
-        if ddp is None or name not in saved or not _layout_matters(ddp):
+        if saved is None or ddp is None or name not in saved or not _layout_matters(ddp):
             continue
-        layout = _check_layout(saved[name], name, where)
-        problem = _replay(ddp, layout)
+        problem = _replay(ddp, saved[name])
         if problem is not None:
             warn_at_user_code(
                 f"Resuming {name!r} from {where}: {problem}, so its first step reduces the gradients in "

@@ -29,7 +29,7 @@ from typing import Any
 from torch import nn
 
 from gpukit.checkpoint._atomic import atomic_write, clean_temp_files, drop_cached_pages, fsync_directory
-from gpukit.checkpoint._ddp_buckets import record_ddp_buckets, replay_ddp_buckets
+from gpukit.checkpoint._ddp_buckets import check_ddp_buckets, record_ddp_buckets, replay_ddp_buckets
 from gpukit.checkpoint._dist import DistContext, current_dist
 from gpukit.checkpoint._formats import MARKER_NAME, metadata_entry
 from gpukit.checkpoint._io import load, load_lazy, save, to_saveable
@@ -376,6 +376,7 @@ class CheckpointManager:
         try:
             rank_file = load(directory / rank_file_name(rank), map_location="cpu", trust=trust)
             check_step_files(directory, shared_file.tree, rank_file)
+            check_ddp_buckets(shared_file.tree["gpukit"].get("ddp_buckets"), str(directory / SHARED_FILE))
             if is_sharded_checkpoint(directory):
                 read_metadata(directory, trust)  # the shard index, unpickled safely and checked
         except BaseException:
