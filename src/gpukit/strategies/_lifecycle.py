@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import sys
-import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -48,14 +47,17 @@ def leave_at_exit(strategy: Any) -> None:
     _registered = True
     if sys.excepthook is not _excepthook:
         sys.excepthook = _excepthook  # an uncaught exception: this rank is failing
-    atexit.register(_leave, weakref.ref(strategy))
+    # A strong reference: every rank must come to the barrier. A weak one died with the script's
+    # globals on the ranks whose Session had no reference cycle (runpy drops the script's module
+    # before the exit hooks run), so the others waited out the barrier's 60 s for them and gloo
+    # printed "Rank 1 failed to pass monitoredBarrier" at the end of successful runs.
+    atexit.register(_leave, strategy)
 
 
-def _leave(ref: weakref.ref[Any]) -> None:
+def _leave(strategy: Any) -> None:
     import torch.distributed as dist
 
-    strategy = ref()
-    if strategy is None or not getattr(strategy, "_owns_group", False) or not dist.is_initialized():
+    if not getattr(strategy, "_owns_group", False) or not dist.is_initialized():
         return
     try:
         if not _failing and dist.get_world_size() > 1 and dist.get_backend() == "gloo":
