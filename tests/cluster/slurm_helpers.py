@@ -19,6 +19,19 @@ from launch_helpers import MARKER_ENV, poll  # noqa: E402
 SCRIPT = HERE / "slurm_cluster.sh"
 TRAIN = HERE / "scripts" / "train.py"
 SRC = HERE.parent.parent / "src"
+EXAMPLE_JOB = HERE.parent.parent / "examples" / "slurm" / "train.sbatch"
+EXAMPLE_STEP = "srun --kill-on-bad-exit=1 gpukit run train.py"
+
+
+def job_script(command: str) -> str:
+    """The documented job script (examples/slurm/train.sbatch) running ``command`` in its srun
+    step instead of ``gpukit run train.py``; its ``#SBATCH`` lines go (callers give sbatch their
+    own options), everything that handles the warning stays as users have it."""
+    text = EXAMPLE_JOB.read_text()
+    assert text.count(EXAMPLE_STEP) == 1, f"{EXAMPLE_JOB} no longer runs `{EXAMPLE_STEP}` once"
+    lines = [line for line in text.replace(EXAMPLE_STEP, f"srun --kill-on-bad-exit=1 {command}").splitlines()
+             if not line.startswith("#SBATCH")]
+    return "\n".join(lines) + "\n"
 
 
 @dataclass

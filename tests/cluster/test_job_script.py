@@ -1,0 +1,92 @@
+"""The documented job script (examples/slurm/train.sbatch) at the first moments of a job, no SLURM
+needed: `srun` and `scontrol` are stand-ins (srun runs its command as one task of a one-node step,
+scontrol writes down what it was asked), the script itself runs as sbatch runs it, and SIGUSR2
+reaches it as `--signal=B:USR2` sends it: to the batch shell.
+
+Whatever the moment, the job is requeued exactly once: by `gpukit run` (it holds the signal from
+its first imports: exit 75) or, while nothing could take it (the interpreter still starting; under
+`srun python` torch still importing), by the script (the step died of the signal).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from launch_helpers import MARKER_ENV, assert_none_survive, catches, poll
+from slurm_helpers import EXAMPLE_JOB, SRC, TRAIN, job_script
+
+pytestmark = pytest.mark.slow
+
+STEP_ENV = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0",
+            "SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "localhost",
+            "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "localhost"}
+FALLBACK = "job script: SIGUSR2 came while gpukit could not take it"
+
+
+def _tool(path: Path, body: str) -> None:
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def _start_job(tmp_path: Path, command: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exports = " ".join(f"{k}={v}" for k, v in STEP_ENV.items())
+    _tool(bin_dir / "srun", f'while [[ $1 == --* ]]; do shift; done\nexport {exports}\nexec "$@"\n')
+    _tool(bin_dir / "scontrol", f'echo "$@" >> {tmp_path / "requeues"}\n')
+    (tmp_path / "job.sh").write_text(job_script(command))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GPUKIT_"))}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", PYTHONPATH=str(SRC), SLURM_JOB_ID="77",
+               **{MARKER_ENV: uuid.uuid4().hex})
+    return subprocess.Popen(["bash", str(tmp_path / "job.sh")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path), env
+
+
+def _signal_after(proc: subprocess.Popen[str], delay_ms: int) -> None:
+    poll(lambda: catches(proc.pid, signal.SIGUSR2), 30, "the job script to set its trap")  # its first line
+    time.sleep(delay_ms / 1000)  # the moment under test, counted from there
+    os.kill(proc.pid, signal.SIGUSR2)
+
+
+def test_example_job_script_is_bash_and_holds_the_warning() -> None:
+    subprocess.run(["bash", "-n", str(EXAMPLE_JOB)], check=True, timeout=30)
+    text = EXAMPLE_JOB.read_text()
+    assert "#SBATCH --signal=B:USR2@90" in text and "#SBATCH --requeue" in text
+    assert "trap " in text and "srun --kill-on-bad-exit=1 gpukit run train.py & pid=$!" in text
+
+
+@pytest.mark.parametrize("delay_ms", [0, 10, 50, 100, 200])
+def test_a_warning_while_gpukit_run_starts_requeues_once(tmp_path: Path, delay_ms: int) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    command = f"{sys.executable} -m gpukit run --cpu --nproc 1 {TRAIN} {out} --ckpt {tmp_path / 'ckpt'}"
+    proc, env = _start_job(tmp_path, command)
+    _signal_after(proc, delay_ms)
+    output = proc.communicate(timeout=240)[0]
+    requeues = (tmp_path / "requeues").read_text().splitlines() if (tmp_path / "requeues").exists() else []
+    assert requeues == ["requeue 77"], output  # exactly once, by gpukit run or by the script
+    took_it = "received while starting" in output
+    print(f"{delay_ms} ms: {'gpukit run took it' if took_it else 'the job script requeued'}")
+    assert (proc.returncode == 75 and took_it) or (proc.returncode == 128 + signal.SIGUSR2 and FALLBACK in output), \
+        (proc.returncode, output)
+    assert not (out / "result.json").exists()  # it stopped; it did not train on
+    assert_none_survive(env[MARKER_ENV])
+
+
+def test_a_warning_while_srun_python_imports_requeues_once(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    proc, env = _start_job(tmp_path, f"{sys.executable} {TRAIN} {out} --ckpt {tmp_path / 'ckpt'}")
+    _signal_after(proc, 100)  # python is importing torch: nothing in it can take the signal
+    output = proc.communicate(timeout=240)[0]
+    assert (tmp_path / "requeues").read_text().splitlines() == ["requeue 77"], output
+    assert proc.returncode == 128 + signal.SIGUSR2 and FALLBACK in output, output
+    assert_none_survive(env[MARKER_ENV])
