@@ -1,7 +1,7 @@
 """Preemption battery (issue 17): stops at random moments must never lose the run.
 
     PYTHONPATH=src python bench/preemption.py sigterm [--trials 20] [--modes hooks,python] [--load 2]
-    PYTHONPATH=src python bench/preemption.py slurm [--trials 20]
+    PYTHONPATH=src python bench/preemption.py slurm [--trials 20] [--ways "gpukit run,srun python"]
 
 ``sigterm``: SIGTERM to ``gpukit run --cpu --nproc 2`` of a training script with 2 loader
 workers per rank, at a random moment up to ``--max-delay`` s after start (``--in-training``:
@@ -11,12 +11,10 @@ started training or not). ``--modes`` interleaves how a worker that finished its
 (``GPUKIT_STOP_EXIT``: ``hooks`` the default, ``python`` the interpreter's own exit, ``now``)
 and prints the launcher's exit time for each, side by side.
 
-``slurm``: the real 2-node SLURM cluster (tests/cluster/slurm_cluster.sh); ``scancel
---signal=USR2 --batch`` at a random moment up to ``--max-delay`` s after the job starts RUNNING
-(``--in-training``: after every rank made its Session; 6 steps of 1 s follow)
-(start-up included) of ``exec srun gpukit run --cpu --nproc 2 train.py --ckpt``, ``--requeue``.
-A trial is lost unless the job is requeued and then completes with the weights of an
-uninterrupted run.
+``slurm``: the real 2-node SLURM cluster (tests/cluster/slurm_cluster.sh): ``--trials`` jobs per
+documented way, each warned (``scancel --signal=USR2 --batch``) at a moment drawn from start-up,
+worker start, training, save and teardown; a table of requeues, final state, bit-exact weights
+and processes left behind (bench/preemption_slurm.py).
 """
 
 from __future__ import annotations
@@ -116,15 +114,15 @@ def main() -> int:
     parser.add_argument("--load", type=int, default=2, help="busy processes beside the run (sigterm)")
     parser.add_argument("--max-delay", type=float, default=8.0, help="latest SIGTERM, seconds after start")
     parser.add_argument("--in-training", action="store_true",
-                        help="measure the delay from the first training step (sigterm: both ranks trained "
-                             "one; slurm: all 4 ranks have their Session)")
+                        help="sigterm: measure the delay from the first training step (both ranks trained one)")
+    parser.add_argument("--ways", default="gpukit run,srun python", help="slurm: the documented ways to try")
     args = parser.parse_args()
     print(f"# {args.battery}: {os.cpu_count()} CPU(s), load average {_load()} at start", flush=True)
     if args.battery == "sigterm":
         return run_sigterm(args.trials, args.modes.split(","), args.load, args.max_delay, args.in_training)
     from preemption_slurm import run_slurm  # noqa: PLC0415 - the cluster part is apart
 
-    return run_slurm(args.trials, args.max_delay, in_training=args.in_training)
+    return run_slurm(args.trials, args.ways.split(","))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ def _start_job(tmp_path: Path, command: str) -> tuple[subprocess.Popen[str], dic
     bin_dir.mkdir()
     exports = " ".join(f"{k}={v}" for k, v in STEP_ENV.items())
     _tool(bin_dir / "srun", f'while [[ $1 == --* ]]; do shift; done\nexport {exports}\nexec "$@"\n')
-    _tool(bin_dir / "scontrol", f'echo "$@" >> {tmp_path / "requeues"}\n')
+    # requeue is written down; listpids fails, as where SLURM does not track the job's processes
+    _tool(bin_dir / "scontrol", f'[[ $1 == requeue ]] || exit 1\necho "$@" >> {tmp_path / "requeues"}\n')
     (tmp_path / "job.sh").write_text(job_script(command))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GPUKIT_"))}
     env.update(PATH=f"{bin_dir}:{env['PATH']}", PYTHONPATH=str(SRC), SLURM_JOB_ID="77",

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from launch_helpers import assert_none_survive, catches, poll, processes_with_marker
-from slurm_helpers import SRC, TRAIN, SlurmCluster, steps_gone
+from slurm_helpers import SRC, TRAIN, SlurmCluster, job_script, steps_gone
 
 # The first test's set-up may install the slurm packages (apt-get) before the cluster starts.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -57,15 +57,15 @@ class Job:
 
 def _sbatch_gpukit_run(slurm_cluster: SlurmCluster, tmp_path: Path, nproc: int, *train_args: str,
                        options: tuple[str, ...] = ()) -> Job:
-    """sbatch -N2 of `exec srun gpukit run --cpu --nproc N train.py OUT ...` (no node flags)."""
+    """sbatch -N2 of the documented job script running `gpukit run --cpu --nproc N train.py OUT ...`
+    (no node flags)."""
     marker = uuid.uuid4().hex
     cluster = slurm_cluster.for_job(marker)
     out = tmp_path / "out"
     out.mkdir()
     script = tmp_path / "job.sbatch"
-    # `exec`: the batch shell becomes srun, which forwards --signal=B:USR2 to every gpukit run
-    script.write_text(f"#!/bin/bash\nexec srun {PYTHON} -m gpukit run --cpu --nproc {nproc} {TRAIN} {out} "
-                      f"{' '.join(train_args)}\n")
+    # the batch shell holds --signal=B:USR2 and passes it to srun, which forwards it to every gpukit run
+    script.write_text(job_script(f"{PYTHON} -m gpukit run --cpu --nproc {nproc} {TRAIN} {out} {' '.join(train_args)}"))
     log = tmp_path / "job.out"
     result = cluster.run("sbatch", "--parsable", "--export=ALL", "--open-mode=append", "-o", str(log), "-N2",
                          *options, str(script), check=False)
@@ -194,3 +194,41 @@ def test_preempted_while_starting_requeues_and_trains_from_scratch(
     assert [r["start_step"] for r in resumed] == [0, 0]
     _same_weights(json.loads((job.out / "result.json").read_text()), reference)
     assert_none_survive(job.marker)
+
+
+def _node_processes(marker: str, node: str) -> list[psutil.Process]:
+    """The job's task on ``node`` (its gpukit run), the step daemon above it and its workers."""
+    found = []
+    for proc in processes_with_marker(marker):
+        try:
+            if proc.environ().get("SLURMD_NODENAME") == node and proc.cmdline()[1:4] == ["-m", "gpukit", "run"]:
+                found += [proc, proc.parent(), *proc.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return [p for p in found if p is not None]
+
+
+def test_a_dead_node_ends_the_job_within_a_bound(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    # node2's slurmd, step daemon, launcher and worker die at once (a machine gone): node2 never
+    # reports its task's end, and srun -- even with --kill-on-bad-exit=1 -- waited for it until
+    # SLURM gave node2 up (SlurmdTimeout=300 s here): the job stayed RUNNING for minutes.
+    job = _sbatch_gpukit_run(slurm_cluster, tmp_path, 1, "--ckpt", str(tmp_path / "ckpt"), "--hold-at", "2")
+    job.wait_held()
+    doomed = _node_processes(job.marker, "node2")
+    assert len(doomed) >= 3, doomed  # launcher, its slurmstepd, its worker
+    slurmd = int((slurm_cluster.directory / "slurmd-node2.pid").read_text())
+    try:
+        for pid in [slurmd, *(p.pid for p in doomed)]:
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        poll(lambda: job.cluster.state(job.job_id) not in ("RUNNING", "UNKNOWN"), 150, "the job to leave RUNNING")
+        took_s = time.monotonic() - killed
+    finally:
+        slurm_cluster.run("slurmd", "-N", "node2")  # node2 comes back; the job's cleanup completes
+    output = job.log.read_text()
+    print(f"the job left RUNNING {took_s:.0f} s after node2 died")
+    assert took_s < 150, output
+    assert "gpukit: rank 1" in output or "no task of the step left on this node" in output, output
+    job.cluster.wait_gone(job.job_id, 240)
+    poll(lambda: "idle" in slurm_cluster.run("sinfo", "-h", "-n", "node2", "-o", "%T").stdout, 120, "node2 idle again")
+    assert_none_survive(job.marker, timeout_s=30)

@@ -1,6 +1,6 @@
 """The SLURM tests' job: DDP with a Session, resumable, stopping cleanly when asked.
 
-    python train.py OUT [--ckpt DIR] [--hold-at STEP] [--hold-start] [--step-s SECONDS]
+    python train.py OUT [--ckpt DIR] [--hold-at STEP] [--hold-start] [--step-s SECONDS] [--save-every N]
 
 Trains a small regression model for a fixed number of steps over a fixed global batch
 (split over however many processes run it), and rank 0 writes ``OUT/result.json`` with the
@@ -9,6 +9,9 @@ final weights. ``--hold-at STEP`` (first attempt of the job only): after STEP, w
 signal always arrives at a known step. ``--hold-start`` (first attempt only): before the Session
 exists, write ``OUT/starting-RANK`` and wait -- a worker still starting when the stop comes.
 ``--step-s``: each step takes at least this long (bench/preemption.py: stops land mid-training).
+``--save-every N``: a checkpoint every N steps, ``OUT/saving-RANK-STEP`` written as it begins.
+``OUT/begin-RANK-ATTEMPT`` is written first thing, before torch is imported (the trial harness
+tells a worker that starts from one still importing by it).
 """
 
 from __future__ import annotations
@@ -21,11 +24,15 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from torch import nn
+RANK = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))  # gpukit run, or an srun task
+ATTEMPT = os.environ.get("SLURM_RESTART_COUNT", "0")
+(Path(sys.argv[1]) / f"begin-{RANK}-{ATTEMPT}").write_text(str(os.getpid()))
 
-import gpukit
-from gpukit.cluster import environment
+import torch  # noqa: E402 - after the marker: importing takes seconds
+from torch import nn  # noqa: E402
+
+import gpukit  # noqa: E402
+from gpukit.cluster import environment  # noqa: E402
 
 STEPS = 6
 GLOBAL_BATCH = 8
@@ -37,10 +44,11 @@ parser.add_argument("--ckpt")
 parser.add_argument("--hold-at", type=int)
 parser.add_argument("--hold-start", action="store_true")
 parser.add_argument("--step-s", type=float, default=0.0)
+parser.add_argument("--save-every", type=int, default=0)
 args = parser.parse_args()
 out = Path(args.out)
-if args.hold_start and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
-    (out / f"starting-{os.environ['RANK']}").write_text(str(os.getpid()))
+if args.hold_start and ATTEMPT == "0":
+    (out / f"starting-{RANK}").write_text(str(os.getpid()))
     deadline = time.monotonic() + HOLD_TIMEOUT_S
     while time.monotonic() < deadline:  # the stop ends this process: there is nothing to save yet
         time.sleep(0.05)
@@ -74,8 +82,11 @@ for xb, yb in loader:
             if time.monotonic() > deadline:
                 sys.exit(f"no stop request within {HOLD_TIMEOUT_S} s")
             time.sleep(0.05)
-    if session.should_stop:
+    stop = session.should_stop
+    if stop or (args.save_every and step % args.save_every == 0):
+        (out / f"saving-{session.rank}-{step}").write_text(str(time.time()))
         session.save_checkpoint(args.ckpt, step, model=model, optimizer=optimizer, loader=loader)
+    if stop:
         (out / f"stopped-rank-{session.rank}").write_text(str(step))
         sys.exit(0)
 
