@@ -87,8 +87,10 @@ def _reached(moment: str, out: Path) -> bool:
 _SPREAD_S = {"start-up": 1.0, "worker start": 2.0, "training": 4.0, "save": 0.0, "teardown": 0.5}
 
 
-def _landed(output: str, out: Path) -> str:
-    """Where the warning landed, from what the job printed and left."""
+def _landed(output: str, after_training: bool) -> str:
+    """Where the warning landed, from what the job printed (and whether the weights were written)."""
+    if after_training:
+        return "after training"
     if "job script: SIGUSR2 came while gpukit could not take it" in output:
         return "nothing could take it"
     if "received while starting" in output:
@@ -97,7 +99,7 @@ def _landed(output: str, out: Path) -> str:
         return "workers starting"
     if "stopping at the next step boundary" in output:
         return "training"
-    return "after training" if (out / "result.json").exists() else "?"
+    return "?"
 
 
 SPREAD_S = _SPREAD_S
@@ -114,6 +116,7 @@ def trial(cluster: Cluster, way: str, moment: str, delay_s: float, reference: di
         time.sleep(0.02)
     reached = _reached(moment, out) and cluster.state(job) in ("RUNNING", "UNKNOWN", "COMPLETING")
     time.sleep(delay_s)
+    after_training = (out / "result.json").exists()
     cluster.run("scancel", "--signal=USR2", "--batch", job)
     released = False
     deadline = time.monotonic() + 900
@@ -134,7 +137,7 @@ def trial(cluster: Cluster, way: str, moment: str, delay_s: float, reference: di
     output = log.read_text(errors="replace") if log.exists() else ""
     return {"way": way, "moment": moment, "reached": reached, "delay_s": delay_s, "job": job,
             "requeues": int(shown.get("Restarts", "-1")), "state": f"{shown.get('JobState', '?')} {shown.get('ExitCode', '?')}",
-            "exact": exact, "left": left, "landed": _landed(output, out), "tail": output[-2000:]}
+            "exact": exact, "left": left, "landed": _landed(output, after_training), "tail": output[-2000:]}
 
 
 def reference(cluster: Cluster, way: str, workdir: Path) -> dict:
