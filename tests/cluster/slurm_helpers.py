@@ -20,17 +20,17 @@ SCRIPT = HERE / "slurm_cluster.sh"
 TRAIN = HERE / "scripts" / "train.py"
 SRC = HERE.parent.parent / "src"
 EXAMPLE_JOB = HERE.parent.parent / "examples" / "slurm" / "train.sbatch"
-EXAMPLE_STEP = "srun --kill-on-bad-exit=1 gpukit run train.py"
+EXAMPLE_STEP = "srun gpukit run train.py"
 
 
-def job_script(command: str) -> str:
-    """The documented job script (examples/slurm/train.sbatch) running ``command`` in its srun
-    step instead of ``gpukit run train.py``; its ``#SBATCH`` lines go (callers give sbatch their
-    own options), everything that handles the warning stays as users have it."""
+def job_script(step: str) -> str:
+    """The documented job script (examples/slurm/train.sbatch) with ``step`` for its srun line
+    (``srun gpukit run train.py``; the other documented way is ``srun --kill-on-bad-exit=1 python
+    train.py``); its ``#SBATCH`` lines go (callers give sbatch their own options), everything that
+    handles the warning stays as users have it."""
     text = EXAMPLE_JOB.read_text()
     assert text.count(EXAMPLE_STEP) == 1, f"{EXAMPLE_JOB} no longer runs `{EXAMPLE_STEP}` once"
-    lines = [line for line in text.replace(EXAMPLE_STEP, f"srun --kill-on-bad-exit=1 {command}").splitlines()
-             if not line.startswith("#SBATCH")]
+    lines = [line for line in text.replace(EXAMPLE_STEP, step).splitlines() if not line.startswith("#SBATCH")]
     return "\n".join(lines) + "\n"
 
 

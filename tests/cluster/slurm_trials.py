@@ -57,9 +57,10 @@ def _submit(cluster: Cluster, way: str, workdir: Path, marker: str) -> tuple[str
     out, ckpt = workdir / "out", workdir / "ckpt"
     out.mkdir(parents=True)
     args = f"{TRAIN} {out} --ckpt {ckpt} --step-s 1 --save-every 2"
-    command = f"{PYTHON} -m gpukit run --cpu --nproc 2 {args}" if way == "gpukit run" else f"{PYTHON} {args}"
+    step = (f"srun {PYTHON} -m gpukit run --cpu --nproc 2 {args}" if way == "gpukit run"
+            else f"srun --kill-on-bad-exit=1 {PYTHON} {args}")
     script = workdir / "job.sbatch"
-    script.write_text(job_script(command))
+    script.write_text(job_script(step))
     log = workdir / "job.out"
     env = {**cluster.env, "PYTHONPATH": str(SRC), "GPUKIT_TEST_MARKER": marker}
     submitted = subprocess.run(

@@ -36,14 +36,14 @@ def _tool(path: Path, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def _start_job(tmp_path: Path, command: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
+def _start_job(tmp_path: Path, step: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     exports = " ".join(f"{k}={v}" for k, v in STEP_ENV.items())
     _tool(bin_dir / "srun", f'while [[ $1 == --* ]]; do shift; done\nexport {exports}\nexec "$@"\n')
     # requeue is written down; listpids fails, as where SLURM does not track the job's processes
     _tool(bin_dir / "scontrol", f'[[ $1 == requeue ]] || exit 1\necho "$@" >> {tmp_path / "requeues"}\n')
-    (tmp_path / "job.sh").write_text(job_script(command))
+    (tmp_path / "job.sh").write_text(job_script(step))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GPUKIT_"))}
     env.update(PATH=f"{bin_dir}:{env['PATH']}", PYTHONPATH=str(SRC), SLURM_JOB_ID="77",
                **{MARKER_ENV: uuid.uuid4().hex})
@@ -61,14 +61,14 @@ def test_example_job_script_is_bash_and_holds_the_warning() -> None:
     subprocess.run(["bash", "-n", str(EXAMPLE_JOB)], check=True, timeout=30)
     text = EXAMPLE_JOB.read_text()
     assert "#SBATCH --signal=B:USR2@90" in text and "#SBATCH --requeue" in text
-    assert "trap " in text and "srun --kill-on-bad-exit=1 gpukit run train.py & pid=$!" in text
+    assert "trap " in text and "srun gpukit run train.py & pid=$!" in text
 
 
 @pytest.mark.parametrize("delay_ms", [0, 10, 50, 100, 200])
 def test_a_warning_while_gpukit_run_starts_requeues_once(tmp_path: Path, delay_ms: int) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    command = f"{sys.executable} -m gpukit run --cpu --nproc 1 {TRAIN} {out} --ckpt {tmp_path / 'ckpt'}"
+    command = f"srun {sys.executable} -m gpukit run --cpu --nproc 1 {TRAIN} {out} --ckpt {tmp_path / 'ckpt'}"
     proc, env = _start_job(tmp_path, command)
     _signal_after(proc, delay_ms)
     output = proc.communicate(timeout=240)[0]
@@ -85,7 +85,7 @@ def test_a_warning_while_gpukit_run_starts_requeues_once(tmp_path: Path, delay_m
 def test_a_warning_while_srun_python_imports_requeues_once(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    proc, env = _start_job(tmp_path, f"{sys.executable} {TRAIN} {out} --ckpt {tmp_path / 'ckpt'}")
+    proc, env = _start_job(tmp_path, f"srun --kill-on-bad-exit=1 {sys.executable} {TRAIN} {out} --ckpt {tmp_path / 'ckpt'}")
     _signal_after(proc, 100)  # python is importing torch: nothing in it can take the signal
     output = proc.communicate(timeout=240)[0]
     assert (tmp_path / "requeues").read_text().splitlines() == ["requeue 77"], output

@@ -65,7 +65,7 @@ def _sbatch_gpukit_run(slurm_cluster: SlurmCluster, tmp_path: Path, nproc: int, 
     out.mkdir()
     script = tmp_path / "job.sbatch"
     # the batch shell holds --signal=B:USR2 and passes it to srun, which forwards it to every gpukit run
-    script.write_text(job_script(f"{PYTHON} -m gpukit run --cpu --nproc {nproc} {TRAIN} {out} {' '.join(train_args)}"))
+    script.write_text(job_script(f"srun {PYTHON} -m gpukit run --cpu --nproc {nproc} {TRAIN} {out} {' '.join(train_args)}"))
     log = tmp_path / "job.out"
     result = cluster.run("sbatch", "--parsable", "--export=ALL", "--open-mode=append", "-o", str(log), "-N2",
                          *options, str(script), check=False)
@@ -210,7 +210,7 @@ def _node_processes(marker: str, node: str) -> list[psutil.Process]:
 
 def test_a_dead_node_ends_the_job_within_a_bound(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     # node2's slurmd, step daemon, launcher and worker die at once (a machine gone): node2 never
-    # reports its task's end, and srun -- even with --kill-on-bad-exit=1 -- waited for it until
+    # reports its task's end, and srun -- with --kill-on-bad-exit=1 too -- waited for it until
     # SLURM gave node2 up (SlurmdTimeout=300 s here): the job stayed RUNNING for minutes.
     job = _sbatch_gpukit_run(slurm_cluster, tmp_path, 1, "--ckpt", str(tmp_path / "ckpt"), "--hold-at", "2")
     job.wait_held()
