@@ -150,7 +150,7 @@ def test_preempted_job_saves_requeues_and_resumes_to_the_same_weights(
     job.cluster.run("scancel", "--signal=USR2", "--batch", job.job_id)  # what --signal=B:USR2@90 sends
     output = _requeued_then_finished(job)
     assert output.count("SIGUSR2 received, stopping at the next step boundary") == 2, output
-    assert "waiting for the other 1 node(s) to report their stop before requeuing" in output
+    assert "waiting for the other 1 node(s) to report their stop" in output
     assert [int((out / f"stopped-rank-{r}").read_text()) for r in (0, 1)] == [2, 2]  # saved at the next step
     assert (ckpt / "step_00000002").is_dir()
     resumed = [json.loads((out / f"rank-{r}-attempt-1").read_text()) for r in (0, 1)]

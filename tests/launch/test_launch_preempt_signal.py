@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from gpukit.launch import PREEMPTED_EXIT_CODE, install_preemption_handler, stop_
 from gpukit.worker import max_requeues_from_env, parse_preempt_signal, preempt_signal, requeue_after_preemption
 from gpukit.worker import session_stop_signals, stop_signal_name
 
-SESSION_STOP = str(Path(__file__).parent / "scripts" / "session_stop.py")
+SCRIPTS = Path(__file__).parent / "scripts"
+SESSION_STOP = str(SCRIPTS / "session_stop.py")
 SLURM_JOB = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
              "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "2",
              "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
@@ -149,23 +151,59 @@ def test_sigusr2_to_gpukit_run_stops_the_workers_cleanly(start_run) -> None:
     assert_none_survive(run.marker)
 
 
-@pytest.mark.parametrize(("sent", "requeued"), [("SIGUSR2", True), ("SIGTERM", False)])
-def test_srun_python_rank_0_requeues_as_it_exits(tmp_path: Path, sent: str, requeued: bool) -> None:
-    # What a Session does under `srun python train.py`, without torch: catch, arm, be signalled, exit.
-    import subprocess
-
+def _srun_python_task(tmp_path: Path, body: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    """What a Session does under `srun python train.py`, without torch: arm the exit, catch, then
+    ``body`` (the script's loop), then exit 0 as a script that saved and left does."""
     _fake_scontrol(tmp_path)
     code = (
-        "import os, signal, sys\n"
-        "from gpukit.worker import install_preemption_handler, requeue_at_exit, session_stop_signals\n"
-        "install_preemption_handler(session_stop_signals())\n"
+        "import atexit, os, signal, sys\n"
+        "from gpukit.worker import install_preemption_handler, mark_stop_agreed, requeue_at_exit, session_stop_signals\n"
+        # registered first, so it runs after gpukit's hook: what Python's finalization keeps (it sets a
+        # Python handler back to the default action, death by SIGUSR2; an ignored signal stays ignored)
+        "atexit.register(lambda: print('late warning:', 'ignored' if signal.getsignal(signal.SIGUSR2) == "
+        "signal.SIG_IGN else 'kills', file=sys.stderr))\n"
         "assert requeue_at_exit()\n"
-        f"os.kill(os.getpid(), signal.{sent})\n"
-        "sys.exit(0)  # the loop saved and left\n"
+        "install_preemption_handler(session_stop_signals())\n"
+        f"{body}\n"
+        "sys.exit(0)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("GPUKIT_LAUNCHER_PID", "TORCHELASTIC_RUN_ID")}
-    env.update(SLURM_JOB, PATH=f"{tmp_path}:{env['PATH']}", GPUKIT_MAX_REQUEUES="3")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    env.update(SLURM_JOB, PATH=f"{tmp_path}:{env['PATH']}", GPUKIT_MAX_REQUEUES="3", **env_extra)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+_AGREED = "mark_stop_agreed(0)  # should_stop was true: every rank saves and leaves the loop"
+
+
+@pytest.mark.parametrize(("sent", "body", "requeued"), [
+    ("SIGUSR2", _AGREED, True),
+    ("SIGTERM", _AGREED, False),  # scancel: stop for good
+    ("SIGUSR2", "pass  # the loop had ended: the warning came after the training", False),
+], ids=["warning", "sigterm", "warning-after-training"])
+def test_srun_python_rank_0_requeues_as_it_exits(tmp_path: Path, sent: str, body: str, requeued: bool) -> None:
+    result = _srun_python_task(tmp_path, f"os.kill(os.getpid(), signal.{sent})\n{body}")
     assert result.returncode == 0, result.stderr
+    assert "late warning: ignored" in result.stderr  # one while Python finalizes does not kill it (140)
     assert (tmp_path / "calls").exists() is requeued
     assert ("SLURM job 77 requeued (requeue 1 of at most 3)" in result.stderr) is requeued
+
+
+def test_srun_python_whose_requeues_are_used_up_does_not_end_as_success(tmp_path: Path) -> None:
+    result = _srun_python_task(tmp_path, f"os.kill(os.getpid(), signal.SIGUSR2)\n{_AGREED}", SLURM_RESTART_COUNT="3")
+    assert result.returncode == PREEMPTED_EXIT_CODE, result.stderr  # was 0: the job ended COMPLETED at step 6 of 60
+    assert "requeued 3 time(s)" in result.stderr and not (tmp_path / "calls").exists()
+
+
+@pytest.mark.slow
+def test_a_warning_after_the_training_ended_is_no_preemption(start_run) -> None:
+    # Both workers ended their scripts by themselves and are tearing down when SIGUSR2 comes:
+    # the run is finished (exit 0), not preempted (75, which under SLURM requeued the job, to start
+    # again only to find nothing left to do).
+    run = start_run("--cpu", "--nproc", "2", "--grace", "30", str(SCRIPTS / "finished_teardown.py"), "{out}")
+    run.files("teardown-0", "teardown-1")
+    run.proc.send_signal(signal.SIGUSR2)
+    assert run.wait(90) == 0, run.output()
+    assert "SIGUSR2 came after the training had ended (every worker completed): nothing to stop or requeue" \
+        in run.output()
+    assert "run preempted" not in run.output()
+    assert_none_survive(run.marker)

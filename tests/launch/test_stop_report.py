@@ -30,7 +30,7 @@ def test_node_0_waits_for_every_node_and_learns_their_signals() -> None:
     assert reports is not None and not reports.missing
     assert reports.reports == {0: {"signal": "", "clean": True}, 1: {"signal": "SIGUSR2", "clean": False}}
     assert reports.signals == {"SIGUSR2"}  # the warning reached node 1 only: node 0 still requeues
-    assert lines == ["gpukit: waiting for the other 1 node(s) to report their stop before requeuing"]
+    assert lines == ["gpukit: waiting for the other 1 node(s) to report their stop"]
 
 
 def test_a_node_that_never_reports_is_waited_for_then_named() -> None:

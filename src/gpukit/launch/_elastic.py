@@ -40,7 +40,7 @@ from gpukit.launch._signals import (
 )
 from gpukit.launch._spec import LaunchSpec
 from gpukit.launch._stall import Stall, StallMonitor, stall_threshold_s
-from gpukit.launch._stop_report import interrupted_outcome, report_stop
+from gpukit.launch._stop_report import interrupted_outcome, report_stop, training_completed
 from gpukit.launch._summary import WorkerFailedError, WorkerFailure
 from gpukit.launch._topology import Topology
 from gpukit.worker import PREEMPTED_EXIT_CODE, WorkerEnv, collective_timeout_s, stop_markers
@@ -274,6 +274,10 @@ def run_workers(
                 # Like torchrun: a stopped node leaves the rendezvous open for the others.
                 close_rendezvous = False
                 signum = exc.signum if isinstance(exc, StopSignal) else int(exc.sigval)
+                if isinstance(entrypoint, str) and training_completed(agent, run_dir, nproc):
+                    _stderr_line(f"gpukit: {signal.Signals(signum).name} came after the training had ended "
+                                 "(every worker completed): nothing to stop or requeue")
+                    return {}
                 interrupted = interrupted_outcome(signum, agent, run_dir, nproc, grace_s)
                 report_stop(interrupted, handler, topology, run_id, interrupted.signal_name, grace_s, _stderr_line)
                 raise interrupted from None

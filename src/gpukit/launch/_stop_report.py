@@ -21,9 +21,10 @@ from datetime import timedelta
 from typing import Any
 
 from gpukit.launch._signals import RunInterruptedError
-from gpukit.worker import BEFORE_START, PREEMPTED_EXIT_CODE, read_markers
+from gpukit.worker import BEFORE_START, COMPLETED, PREEMPTED_EXIT_CODE, read_markers
 
-__all__ = ["NodeReports", "exchange_stop_reports", "interrupted_outcome", "report_stop", "REPORT_WAIT_EXTRA_S"]
+__all__ = ["NodeReports", "exchange_stop_reports", "interrupted_outcome", "report_stop", "training_completed",
+           "REPORT_WAIT_EXTRA_S"]
 
 #: Node 0 waits for the other nodes' reports at most ``grace_s`` + this.
 REPORT_WAIT_EXTRA_S = 60.0
@@ -91,7 +92,8 @@ def exchange_stop_reports(
     pending = set(range(nnodes))
     started = time.monotonic()
     if echo is not None and nnodes > 1:
-        echo(f"gpukit: waiting for the other {nnodes - 1} node(s) to report their stop before requeuing")
+        # not "before requeuing": a stop without the preemption signal (scancel, a time limit) requeues nothing
+        echo(f"gpukit: waiting for the other {nnodes - 1} node(s) to report their stop")
     while pending and time.monotonic() - started < wait_s:
         for node in sorted(pending):
             try:
@@ -108,6 +110,15 @@ def exchange_stop_reports(
         echo(f"gpukit: node(s) {', '.join(map(str, found.missing))} did not report their stop within "
              f"{wait_s:g} s; going on without them")
     return found
+
+
+def training_completed(agent: Any, run_dir: str, nproc: int) -> bool:
+    """Every worker of this node had ended its script by itself, no stop asked for (``completed``
+    markers), and exited 0: a stop signal that came then came after the training -- the run is
+    finished, not preempted (a requeue would only start it again to find nothing to do)."""
+    markers = read_markers(run_dir)
+    return (len(markers) >= nproc and all(marker.state == COMPLETED for marker in markers.values())
+            and bool(agent.exit_codes) and all(code == 0 for code in agent.exit_codes.values()))
 
 
 def interrupted_outcome(signum: int, agent: Any, run_dir: str, nproc: int, grace_s: float) -> RunInterruptedError:

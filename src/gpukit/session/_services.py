@@ -2,7 +2,6 @@
 
 * stop signals become ``session.should_stop`` (:mod:`gpukit.worker`);
 * under ``gpukit run``, a heartbeat lets the launcher name a rank that stalls;
-* ``srun python`` jobs requeue themselves at exit when stopped by the scheduler's signal;
 * the cluster the job runs in is announced once (rank 0, when verbose);
 * the run record (``Session(record=DIR)`` or ``GPUKIT_RECORD_DIR``), when asked for;
 * the experiment trackers of ``Session(log_with=...)`` (rank 0; :mod:`gpukit.monitor._tracking`).
@@ -49,7 +48,7 @@ class SessionServices:
         settings: dict[str, Any] | None = None, accumulate_grad_batches: int = 1,
     ) -> None:
         from gpukit.monitor._record import start_recorder
-        from gpukit.worker import install_preemption_handler, is_kernel, requeue_at_exit, session_stop_signals
+        from gpukit.worker import install_preemption_handler, is_kernel, session_stop_signals
 
         if not is_kernel():  # a notebook kernel keeps its own SIGTERM (and its forked workers inherit none)
             install_preemption_handler(session_stop_signals())  # SIGTERM becomes `should_stop`
@@ -57,7 +56,6 @@ class SessionServices:
             from gpukit.worker import start_heartbeat
 
             start_heartbeat(strategy.rank, strategy.world_size)
-        requeue_at_exit()  # `srun python`: rank 0 requeues a job stopped by --signal, at exit
         if verbose:
             from gpukit.cluster import announce
 

@@ -50,7 +50,7 @@ from gpukit.session._steps import TrainingSteps
 from gpukit.strategies import Strategy, select_strategy
 from gpukit.strategies._checkpointing import configure_strategy
 from gpukit.strategies._compile import check_compile, compile_module, compile_request
-from gpukit.worker import WorkerEnv
+from gpukit.worker import WorkerEnv, requeue_at_exit
 
 __all__ = ["Session"]
 
@@ -149,9 +149,12 @@ class Session:
         self.timings = StepTimings(self.accelerator, rank=self.strategy.rank, report=verbose)
         if seed is not None:
             seed_everything(seed, self.accelerator)
+        # `srun python`: rank 0 requeues a job stopped by --signal, at exit -- after the process
+        # group is left, so armed before it exists (exit hooks run last-registered first)
+        requeue_at_exit()
         if self.strategy.launched:
             self.strategy.setup_environment()
-        self._services = SessionServices(  # stop signals, heartbeat, requeue, the run record
+        self._services = SessionServices(  # stop signals, heartbeat, the run record
             strategy=self.strategy, precision=self.precision, accelerator=self.accelerator,
             timings=self.timings, record=record, worker=worker, verbose=verbose, log_with=log_with,
             settings=self._config, accumulate_grad_batches=self._steps.accumulate_grad_batches,

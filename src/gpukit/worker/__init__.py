@@ -17,7 +17,15 @@ from gpukit.worker._forked import run_forked_function
 from gpukit.worker._heartbeat import start_heartbeat
 from gpukit.worker._orphans import die_with_launcher
 from gpukit.worker._requeue import max_requeues_from_env, requeue_after_preemption, requeue_at_exit
-from gpukit.worker._run_dir import BEFORE_START, StopMarker, read_heartbeats, read_markers, stack_path, stop_markers
+from gpukit.worker._run_dir import (
+    BEFORE_START,
+    COMPLETED,
+    StopMarker,
+    read_heartbeats,
+    read_markers,
+    stack_path,
+    stop_markers,
+)
 from gpukit.worker._stop import (
     PREEMPTED_EXIT_CODE,
     clear_stop_request,
@@ -60,6 +68,7 @@ __all__ = [
     "stop_markers",
     "StopMarker",
     "BEFORE_START",
+    "COMPLETED",
     "read_heartbeats",
     "stack_path",
 ]

@@ -24,9 +24,16 @@ from typing import Any, NoReturn
 
 from gpukit._util.envvars import STOP_EXIT_ENV
 from gpukit._util.units import whole_number
-from gpukit.worker._orphans import die_with_launcher
-from gpukit.worker._stop import PREEMPTED_EXIT_CODE, finish_agreed_stop, flush_stdio, install_startup_stop
 from gpukit.worker._env import WorkerEnv
+from gpukit.worker._orphans import die_with_launcher
+from gpukit.worker._stop import (
+    PREEMPTED_EXIT_CODE,
+    finish_agreed_stop,
+    flush_open_files,
+    flush_stdio,
+    install_startup_stop,
+    mark_completed,
+)
 from gpukit.worker._stop_signals import preempt_signal
 from gpukit.worker._warnings import show_warnings_once_per_run
 
@@ -99,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except SystemExit as exc:
         if exc.code not in (None, 0, PREEMPTED_EXIT_CODE):
             _note_failure()
-        elif finish_agreed_stop() or _leaves_a_group():
+        elif _ended_by_itself(exc.code or 0) or _leaves_a_group():
             _leave_after_stop(exc.code or 0)
         raise
     except Exception as exc:
@@ -110,9 +117,19 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BaseException as exc:  # KeyboardInterrupt & co: keep Python's own exit behaviour
         record_exception(exc)
         raise
-    if finish_agreed_stop() or _leaves_a_group():
+    if _ended_by_itself(0) or _leaves_a_group():
         _leave_after_stop(0)
     raise SystemExit(0)
+
+
+def _ended_by_itself(code: int) -> bool:
+    """The script ended (exit 0/75): finish its agreed stop (``True``), or, with no stop asked
+    for and exit 0, mark its training over (``completed``: a warning now requeues nothing)."""
+    if finish_agreed_stop():
+        return True
+    if code == 0:
+        mark_completed()
+    return False
 
 
 def _leaves_a_group() -> bool:
@@ -146,26 +163,9 @@ def _leave_after_stop(code: int) -> None:
             atexit._run_exitfuncs()
         except BaseException:  # noqa: BLE001 - the stop is complete; leaving matters more
             pass
-    _flush_open_files()  # what the interpreter's teardown would have written out
+    flush_open_files()  # what the interpreter's teardown would have written out
     flush_stdio()
     os._exit(code if isinstance(code, int) else 0)
-
-
-def _flush_open_files() -> None:
-    """Flush every open buffered file the script left open: ``os._exit`` skips the teardown
-    that would have flushed them, and a line the script wrote must not be lost."""
-    import gc
-    import io
-
-    files = (io.BufferedIOBase, io.TextIOBase)
-    for obj in gc.get_objects():
-        try:
-            # type(obj), not isinstance: the ABC check reads obj.__class__, and some objects warn when
-            # touched (torch.distributed.reduce_op: a FutureWarning per worker at every exit)
-            if issubclass(type(obj), files) and not obj.closed and obj.writable():
-                obj.flush()
-        except Exception:  # noqa: BLE001 - a file that cannot be flushed now could not be later
-            pass
 
 
 def _note_failure() -> None:

@@ -5,7 +5,8 @@ its next step and exits. Then one process requeues the job (``scontrol requeue``
 :func:`gpukit.cluster.requeue_job`):
 
 * under ``srun gpukit run``: the ``gpukit run`` of node 0, once its workers stopped cleanly;
-* under ``srun python train.py`` (no launcher): rank 0, as it exits (:func:`requeue_at_exit`).
+* under ``srun python train.py`` (no launcher): rank 0, as it exits, if its ranks agreed to stop
+  (:func:`requeue_at_exit`).
 
 Only a stop caused by the preemption signal requeues: Ctrl-C or ``scancel`` (SIGTERM) ends
 the job for good.
@@ -14,13 +15,14 @@ the job for good.
 from __future__ import annotations
 
 import atexit
+import os
 import signal
 import sys
 from collections.abc import Callable
 
 from gpukit.cluster import DEFAULT_MAX_REQUEUES, ClusterEnvironment, RequeueOutcome, environment, requeue_job
 from gpukit.worker._env import WorkerEnv
-from gpukit.worker._stop import stop_requested, stop_signal_name
+from gpukit.worker._stop import PREEMPTED_EXIT_CODE, flush_open_files, flush_stdio, stop_agreed, stop_signal_name
 from gpukit.worker._stop_signals import preempt_signal
 
 __all__ = ["requeue_after_preemption", "requeue_at_exit", "max_requeues_from_env"]
@@ -75,16 +77,32 @@ _armed = False
 
 
 def requeue_at_exit(env: ClusterEnvironment | None = None) -> bool:
-    """Under ``srun python`` (no launcher), rank 0 requeues the job as it exits after a
-    preemption. Returns whether the exit hook was armed (once per process)."""
+    """Under ``srun python`` (no launcher): arm what happens at this task's exit. Returns whether
+    armed (once per process, SLURM tasks only).
+
+    Arm it before the process group exists: its exit hook then runs after the Session's (which
+    leaves the group), last of all. There, on every rank, a later warning is ignored -- the run
+    is over, and Python would restore SIGUSR2's default action (death, 140, the job FAILED) while
+    it finalizes. Rank 0 requeues the job if its ranks agreed to stop on the preemption signal
+    (never for a warning that came after the training); a requeue that does not happen (the
+    bound used up, ``scontrol`` refused) ends rank 0 with exit 75, as ``gpukit run`` does, so
+    that the job does not end COMPLETED with its training unfinished.
+    """
     global _armed
     env = env if env is not None else environment()
-    if _armed or WorkerEnv.from_env().launcher_pid is not None or env.kind != "slurm" or not env.in_step or env.rank != 0:
+    if _armed or WorkerEnv.from_env().launcher_pid is not None or env.kind != "slurm" or not env.in_step:
         return False
-    preempt = preempt_signal()
-    limit = max_requeues_from_env()
-    atexit.register(
-        lambda: stop_requested() and requeue_after_preemption(stop_signal_name(), preempt, max_requeues=limit, env=env)
-    )
+    atexit.register(_at_exit, env, preempt_signal(), max_requeues_from_env())
     _armed = True
     return True
+
+
+def _at_exit(env: ClusterEnvironment, preempt: signal.Signals, limit: int) -> None:
+    signal.signal(preempt, signal.SIG_IGN)  # kept as it is through the interpreter's finalization
+    if env.rank != 0 or not stop_agreed():
+        return
+    outcome = requeue_after_preemption(stop_signal_name(), preempt, max_requeues=limit, env=env)
+    if outcome is not None and not outcome.requeued:
+        flush_open_files()
+        flush_stdio()
+        os._exit(PREEMPTED_EXIT_CODE)  # the last hook: the process group is left already

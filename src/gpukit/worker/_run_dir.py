@@ -8,10 +8,13 @@ their readers -- every file name of the directory is here.
 
   - ``agreed`` -- its Session's ranks agreed to stop (``session.should_stop`` was true);
   - ``finished`` -- then the script ended by itself (exit 0 or 75): it saved what it wanted to;
-  - ``before-start`` -- the signal came before the worker's Session existed: nothing to save.
+  - ``before-start`` -- the signal came before the worker's Session existed: nothing to save;
+  - ``completed`` -- no stop: the script ended by itself before any was asked for (its training
+    is over; a warning that reaches the launcher after every rank completed requeues nothing).
 
-  The launcher counts a worker whose marker is ``finished`` or ``before-start`` as a clean
-  stop whatever happens to it afterwards -- a slow teardown SIGKILLed at ``--grace`` included.
+  The launcher counts a worker whose marker is ``finished``, ``before-start`` or ``completed`` as
+  a clean stop whatever happens to it afterwards -- a slow teardown SIGKILLed at ``--grace``
+  included.
 * ``hb-rank{R}.json`` -- its heartbeat (see :mod:`gpukit.worker._heartbeat`), read by the
   launcher's stall monitor;
 * ``stack-rank{R}.txt`` -- every thread's stack, dumped there on SIGQUIT.
@@ -28,14 +31,17 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "AGREED", "FINISHED", "BEFORE_START", "StopMarker", "write_marker", "read_markers", "stop_markers",
+    "AGREED", "FINISHED", "BEFORE_START", "COMPLETED", "StopMarker", "write_marker", "read_markers",
+    "stop_markers",
     "heartbeat_path", "stack_path", "read_heartbeats",
 ]
 
 AGREED = "agreed"
 FINISHED = "finished"
 BEFORE_START = "before-start"
-_STATES = (AGREED, FINISHED, BEFORE_START)
+#: not a stop: the script ended by itself, no stop asked for -- its training is over
+COMPLETED = "completed"
+_STATES = (AGREED, FINISHED, BEFORE_START, COMPLETED)
 _PREFIX = "stopped-rank"
 _HEARTBEAT_PREFIX = "hb-rank"
 
@@ -50,7 +56,7 @@ class StopMarker:
     @property
     def done(self) -> bool:
         """Whether this rank's stop is complete (nothing more to save)."""
-        return self.state in (FINISHED, BEFORE_START)
+        return self.state in (FINISHED, BEFORE_START, COMPLETED)
 
 
 def write_marker(directory: str | os.PathLike[str] | None, rank: int, signal_name: str, state: str) -> None:
@@ -89,8 +95,10 @@ def read_markers(directory: str | os.PathLike[str]) -> dict[int, StopMarker]:
 
 
 def stop_markers(directory: str | os.PathLike[str]) -> dict[int, str]:
-    """Ranks that left a stop marker in ``directory``, with the signal each received."""
-    return {rank: marker.signal_name for rank, marker in read_markers(directory).items()}
+    """Ranks that left a stop marker in ``directory``, with the signal each received (a rank whose
+    script completed without a stop is not one)."""
+    return {rank: marker.signal_name for rank, marker in read_markers(directory).items()
+            if marker.state != COMPLETED}
 
 
 def heartbeat_path(directory: str | os.PathLike[str], rank: int) -> Path:

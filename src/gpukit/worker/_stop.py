@@ -30,7 +30,7 @@ from typing import Union
 
 from gpukit.monitor import emit
 from gpukit.worker._env import WorkerEnv
-from gpukit.worker._run_dir import AGREED, BEFORE_START, FINISHED, write_marker
+from gpukit.worker._run_dir import AGREED, BEFORE_START, COMPLETED, FINISHED, write_marker
 
 __all__ = [
     "PREEMPTED_EXIT_CODE",
@@ -41,6 +41,8 @@ __all__ = [
     "clear_stop_request",
     "stop_signal_name",
     "mark_stop_agreed",
+    "stop_agreed",
+    "mark_completed",
     "finish_agreed_stop",
     "install_startup_stop",
     "flush_stdio",
@@ -168,12 +170,44 @@ def finish_agreed_stop() -> bool:
     return True
 
 
+def stop_agreed() -> bool:
+    """Whether this process's Session agreed to stop (``session.should_stop`` was true)."""
+    return _agreed_rank is not None
+
+
+def mark_completed() -> bool:
+    """The script ended by itself (exit 0) with no stop asked for: its training is over. Marks it
+    ``completed`` for the launcher, which then takes a later warning for a finished run. Returns
+    whether marked (no stop flag, a rank known)."""
+    rank = os.environ.get("RANK", "")
+    if stop_requested() or not rank.isdigit():
+        return False
+    write_marker(WorkerEnv.from_env().run_dir, int(rank), "-", COMPLETED)
+    return True
+
+
 def _distributed_started() -> bool:
     dist = sys.modules.get("torch.distributed")
     try:
         return bool(dist is not None and dist.is_available() and dist.is_initialized())
     except Exception:  # noqa: BLE001 - half imported: not started
         return False
+
+
+def flush_open_files() -> None:
+    """Flush every open buffered file the script left open: ``os._exit`` skips the teardown
+    that would have flushed them, and a line the script wrote must not be lost."""
+    import gc
+    import io
+
+    for obj in gc.get_objects():
+        try:
+            # type(), not isinstance(): an ABC check reads obj.__class__, and torch's deprecated
+            # dist.reduce_op warns when read (a FutureWarning at the end of every multi-rank run)
+            if issubclass(type(obj), (io.BufferedIOBase, io.TextIOBase)) and not obj.closed and obj.writable():
+                obj.flush()
+        except Exception:  # noqa: BLE001 - a file that cannot be flushed now could not be later
+            pass
 
 
 def flush_stdio() -> None:
