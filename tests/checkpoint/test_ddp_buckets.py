@@ -46,6 +46,14 @@ def _backward(model: nn.Module, seed: int) -> None:
     model(x).square().sum().backward()
 
 
+def _saved_after_a_step(directory: Path) -> DistributedDataParallel:
+    """A wrapper that trained one step (its buckets rebuilt), checkpointed in ``directory``."""
+    trained = _model()
+    _backward(trained, 1)
+    CheckpointManager(directory).save(1, model=trained)
+    return trained
+
+
 def _record(model: DistributedDataParallel) -> list[list[str]]:
     return _ddp_buckets.record_ddp_buckets({"model": model}, is_main=True)["model"]
 
@@ -65,10 +73,7 @@ def test_a_save_records_the_buckets_the_next_reduction_uses() -> None:
 @pytest.mark.usefixtures("one_process_group")
 def test_the_first_resumed_reduction_runs_in_the_recorded_buckets(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    trained = _model()
-    _backward(trained, 1)
-    CheckpointManager(tmp_path).save(1, model=trained)
-    recorded = _record(trained)
+    recorded = _record(_saved_after_a_step(tmp_path))
     resumed = _model()
     CheckpointManager(tmp_path).resume(model=resumed)
     assert _record(resumed) == recorded  # saved again before a step: still the recorded layout
@@ -91,9 +96,7 @@ def test_the_first_resumed_reduction_runs_in_the_recorded_buckets(tmp_path: Path
 
 @pytest.mark.usefixtures("one_process_group")
 def test_a_model_with_its_own_comm_hook_resumes_with_a_warning(tmp_path: Path) -> None:
-    trained = _model()
-    _backward(trained, 1)
-    CheckpointManager(tmp_path).save(1, model=trained)
+    _saved_after_a_step(tmp_path)
     resumed = _model()
     resumed.register_comm_hook(None, lambda state, bucket: dist.all_reduce(  # type: ignore[arg-type, return-value]
         bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0]))
@@ -103,9 +106,7 @@ def test_a_model_with_its_own_comm_hook_resumes_with_a_warning(tmp_path: Path) -
 
 @pytest.mark.usefixtures("one_process_group")
 def test_a_layout_of_other_parameters_is_not_replayed(tmp_path: Path) -> None:
-    trained = _model()
-    _backward(trained, 1)
-    CheckpointManager(tmp_path).save(1, model=trained)
+    _saved_after_a_step(tmp_path)
     resumed = _model()
     resumed.module[0].bias.requires_grad_(False)  # DDP reduces other parameters than were recorded
     with pytest.warns(UserWarning, match="do not hold exactly the parameters it trains"):
