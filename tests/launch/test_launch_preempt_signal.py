@@ -207,3 +207,16 @@ def test_a_warning_after_the_training_ended_is_no_preemption(start_run) -> None:
         in run.output()
     assert "run preempted" not in run.output()
     assert_none_survive(run.marker)
+
+
+@pytest.mark.slow
+def test_ctrl_c_after_the_training_ended_is_still_an_interrupt(start_run) -> None:
+    # issue 28's rule holds in the teardown too: Ctrl-C reads and exits as an interrupt (130),
+    # never as the finished run a scheduler's late warning finds (0)
+    run = start_run("--cpu", "--nproc", "2", "--grace", "30", str(SCRIPTS / "finished_teardown.py"), "{out}")
+    run.files("teardown-0", "teardown-1")
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait(90) == 130, run.output()
+    assert "run interrupted (SIGINT, Ctrl-C)" in run.output()
+    assert "came after the training had ended" not in run.output()
+    assert_none_survive(run.marker)

@@ -274,7 +274,10 @@ def run_workers(
                 # Like torchrun: a stopped node leaves the rendezvous open for the others.
                 close_rendezvous = False
                 signum = exc.signum if isinstance(exc, StopSignal) else int(exc.sigval)
-                if isinstance(entrypoint, str) and training_completed(agent, run_dir, nproc):
+                # a scheduler's stop after every worker completed: the run is finished (0, no requeue);
+                # Ctrl-C stays an interrupt (130) whenever it comes
+                if (signum != signal.SIGINT and isinstance(entrypoint, str)
+                        and training_completed(agent, run_dir, nproc)):
                     _stderr_line(f"gpukit: {signal.Signals(signum).name} came after the training had ended "
                                  "(every worker completed): nothing to stop or requeue")
                     return {}
