@@ -53,6 +53,12 @@ class _FullDisk(_atomic._GuardedFile):
             raise self.os_error
         return super().write(data)
 
+    def pwrite(self, data: memoryview, offset: int) -> int:  # type: ignore[override]
+        if offset + len(data) > self.budget:
+            self.os_error = OSError(errno.ENOSPC, "No space left on device")
+            raise self.os_error
+        return super().pwrite(data, offset)
+
 
 def _full_disk_open(path: Path) -> tuple[io.BufferedRandom, _atomic._GuardedFile]:
     raw = _FullDisk(path, "x+b")

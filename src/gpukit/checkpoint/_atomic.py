@@ -58,6 +58,16 @@ class _GuardedFile(io.FileIO):
         self.bytes_written += written
         return written
 
+    def pwrite(self, data: memoryview, offset: int) -> int:
+        """``os.pwrite`` at ``offset`` (threads may call it at once; the GIL is released meanwhile)."""
+        try:
+            written = os.pwrite(self.fileno(), data, offset)
+        except OSError as exc:
+            self.os_error = exc
+            raise
+        self.bytes_written += written
+        return written
+
 
 def drop_cached_pages(path: Path) -> None:
     """Ask the kernel to drop the cached pages of a file about to be replaced or deleted.

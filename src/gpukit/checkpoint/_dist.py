@@ -8,6 +8,12 @@ Checkpoint collectives run on a gloo group of their own with a short timeout
 DDP): a rank that dies or cannot finish its part of a save makes every other rank fail within
 the timeout with a :class:`~gpukit.errors.CheckpointError` naming the ranks that never
 arrived (each rank marks its arrival in the job's key-value store), never wait forever.
+
+A background save (``save(..., background=True)``) finishes in a thread of every rank while
+training goes on: its collectives run on a second group, the ``"background"`` channel, with a
+count of rounds of its own, so they never mix with what the training thread runs. Both groups
+are created on the training thread (creating a group is itself collective, and must happen in
+the same order on every rank).
 """
 
 from __future__ import annotations
@@ -26,13 +32,15 @@ from gpukit._util.envvars import CKPT_TIMEOUT_ENV
 from gpukit.errors import CheckpointError
 from gpukit.worker import collective_timeout_s
 
-__all__ = ["DistContext", "current_dist", "TIMEOUT_ENV", "checkpoint_group", "timeout_s"]
+__all__ = ["DistContext", "current_dist", "background_dist", "TIMEOUT_ENV", "checkpoint_group", "timeout_s"]
 
 T = TypeVar("T")
 TIMEOUT_ENV = CKPT_TIMEOUT_ENV
 _DEFAULT_TIMEOUT_S = 300.0
-_groups: dict[Any, Any] = {}  # the training group -> its checkpoint group
-_rounds = itertools.count()  # every rank runs the same checkpoint collectives in the same order
+CHANNELS = ("main", "background")
+_groups: dict[tuple[Any, str], Any] = {}  # (the training group, channel) -> its checkpoint group
+# every rank runs the same checkpoint collectives of a channel in the same order
+_rounds = {channel: itertools.count() for channel in CHANNELS}
 #: A collective save waits at most this long for every rank to call it (see check_all_arrived).
 ARRIVAL_TIMEOUT_MAX_S = 60.0
 
@@ -49,12 +57,13 @@ def timeout_s() -> float:
     return value
 
 
-def checkpoint_group() -> Any:
-    """The gloo group with the checkpoint timeout (created on first use: call on every rank)."""
-    world = dist.group.WORLD
-    if world not in _groups:
-        _groups[world] = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s()))
-    return _groups[world]
+def checkpoint_group(channel: str = "main") -> Any:
+    """The gloo group of ``channel`` with the checkpoint timeout (created on first use: call on
+    every rank, from the training thread)."""
+    key = (dist.group.WORLD, channel)
+    if key not in _groups:
+        _groups[key] = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s()))
+    return _groups[key]
 
 
 def _store() -> Any:
@@ -66,10 +75,12 @@ def _store() -> Any:
 
 @dataclass(frozen=True)
 class DistContext:
-    """The rank of this process and the size of its process group."""
+    """The rank of this process, the size of its process group, and the channel its checkpoint
+    collectives use (``"main"``, or ``"background"`` in a background save's thread)."""
 
     rank: int = 0
     world_size: int = 1
+    channel: str = "main"
 
     @property
     def is_main(self) -> bool:
@@ -81,12 +92,12 @@ class DistContext:
         Raises:
             CheckpointError: ``fn`` failed for want of another rank; names the missing ranks.
         """
-        tag = f"gpukit/ckpt/{next(_rounds)}"
+        tag = f"gpukit/ckpt/{self.channel}/{next(_rounds[self.channel])}"
         store = _store()
         if store is not None:
             store.set(f"{tag}/{self.rank}", "arrived")
         try:
-            result = fn(checkpoint_group())
+            result = fn(checkpoint_group(self.channel))
         except CheckpointError:
             raise
         except Exception as exc:
@@ -135,7 +146,7 @@ class DistContext:
         store = _store() if self.world_size > 1 else None
         if store is None:
             return
-        key = f"gpukit/ckpt-arrivals/{next(_rounds)}"
+        key = f"gpukit/ckpt-arrivals/{next(_rounds[self.channel])}"
         arrived = int(store.add(key, 1))
         wait_s = min(ARRIVAL_TIMEOUT_MAX_S, timeout_s(), collective_timeout_s())
         deadline = time.monotonic() + wait_s
@@ -173,4 +184,12 @@ def current_dist() -> DistContext:
     if dist.is_available() and dist.is_initialized():
         return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size())
     return DistContext()
+
+
+def background_dist(context: DistContext) -> DistContext:
+    """``context`` for a background save's thread; its group is created here, on the calling
+    (training) thread of every rank."""
+    if context.world_size > 1:
+        checkpoint_group("background")
+    return DistContext(rank=context.rank, world_size=context.world_size, channel="background")
 

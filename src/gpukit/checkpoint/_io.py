@@ -32,6 +32,7 @@ from gpukit.checkpoint._formats import (
     sniff_format,
 )
 from gpukit.checkpoint._lazy import LazyCheckpoint, open_lazy
+from gpukit.checkpoint._zipwrite import write_torch_zip
 from gpukit.checkpoint._prefixes import strip_wrapper_prefixes
 from gpukit.checkpoint._record_sizes import check_record_sizes
 from gpukit.errors import CheckpointError, ConfigurationError, GpukitError, UnsafeCheckpointError
@@ -110,6 +111,11 @@ def _safetensors() -> Any:
 
 def _write_torch(state: Any) -> Callable[[BinaryIO], None]:
     def write(handle: BinaryIO) -> None:
+        if hasattr(torch.serialization, "_save"):  # torch's serializer, gpukit's writer (_zipwrite.py)
+            handle.flush()
+            raw = getattr(handle, "raw", None)  # atomic_write's guarded file: it keeps the OS error
+            write_torch_zip(raw.pwrite if hasattr(raw, "pwrite") else handle.fileno(), state, metadata_entry())
+            return
         torch.save(state, handle)
         append_zip_metadata(handle, metadata_entry())
 

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -29,8 +30,9 @@ from typing import Any
 from torch import nn
 
 from gpukit.checkpoint._atomic import atomic_write, clean_temp_files, drop_cached_pages, fsync_directory
+from gpukit.checkpoint._background import SaveTimings, background_saves
 from gpukit.checkpoint._ddp_buckets import check_ddp_buckets, record_ddp_buckets, replay_ddp_buckets
-from gpukit.checkpoint._dist import DistContext, current_dist
+from gpukit.checkpoint._dist import DistContext, background_dist, current_dist
 from gpukit.checkpoint._formats import MARKER_NAME, metadata_entry
 from gpukit.checkpoint._io import load, load_lazy, save, to_saveable
 from gpukit.checkpoint._lazy import LazyCheckpoint
@@ -47,9 +49,11 @@ from gpukit.checkpoint._sharded import (
     is_sharded_checkpoint,
     read_metadata,
     restore_sharded,
+    sharded_state,
     split_sharded,
     write_sharded,
 )
+from gpukit.checkpoint._snapshot import snapshot
 from gpukit.errors import CheckpointError, ConfigurationError
 from gpukit.monitor._events import emit
 
@@ -158,6 +162,7 @@ class CheckpointManager:
         *,
         extra: Mapping[str, Any] | None = None,
         per_rank: Iterable[str] = (),
+        background: bool = False,
         **objects: Any,
     ) -> Path:
         """Save a complete checkpoint of ``step``; then delete checkpoints beyond ``keep_last``.
@@ -169,30 +174,65 @@ class CheckpointManager:
             extra: plain values to keep (counters, best metric...), read back as ``.extra``.
             per_rank: names of ``objects`` to keep per rank; iterable objects (data loaders,
                 samplers) are per rank anyway, everything else is taken from rank 0.
+            background: return once the state is copied to host memory; the files are written,
+                committed and rotated in a background thread (see ``_background.py``): one save
+                in flight at a time (the next one waits for it), its error raised by the next
+                call, :func:`~gpukit.checkpoint.wait_for_saves` or ``resume``.
             **objects: things with ``state_dict()``: models (saved unwrapped), optimizers, LR
                 schedulers, GradScaler, data loaders, a Session.
 
         Returns:
-            The step directory written.
+            The step directory written (with ``background``: where it will be once complete).
 
         Raises:
             CheckpointError: a rank failed to write; no checkpoint of ``step`` is left behind and
-                older checkpoints are untouched.
+                older checkpoints are untouched. Also the failure of the previous background save.
             ConfigurationError: an object without ``state_dict()``.
         """
+        started = time.perf_counter()
         dist = current_dist()
         dist.check_all_arrived("save_checkpoint / CheckpointManager.save")  # before any collective
-        local = set(per_rank)
+        saves = background_saves()
+        waited = saves.wait()  # one save in flight at a time; its failure surfaces here
+        state = self._capture(dist, set(per_rank), objects, step, dict(extra or {}))
+        timings = SaveTimings(f"step {step} in {self.directory}", background, waited_s=waited)
+        final = self.step_directory(step)
+        if not background:
+            saves.last = timings
+            self._write(dist, final, step, state)
+            timings.blocked_s = timings.total_s = time.perf_counter() - started
+            timings.write_s = timings.blocked_s - waited
+            return final
+        copied = time.perf_counter()
+        state, timings.host_bytes = snapshot(state, saves.buffers)
+        timings.snapshot_s = time.perf_counter() - copied
+        writer = background_dist(dist)  # its group is made here, on the training thread
+        timings.blocked_s = time.perf_counter() - started
+        saves.submit(timings, lambda: self._write(writer, final, step, state))
+        return final
+
+    def _capture(self, dist: DistContext, local: set[str], objects: dict[str, Any], step: int,
+                 extra: dict[str, Any]) -> dict[str, Any]:
+        """What this rank writes: the shared file's content (rank 0), its own file's, its shards."""
         sharded = split_sharded(objects)  # FSDP models + their optimizers: DCP shards, every rank
         buckets = record_ddp_buckets(objects, is_main=dist.is_main)  # collective: before any file
         objects = {n: o for n, o in objects.items() if n not in sharded}
-        shared = {n: _state_of(n, o) for n, o in objects.items() if n not in local and not _is_per_rank(o)}
+        shared_names = [n for n, o in objects.items() if n not in local and not _is_per_rank(o)]
+        shared = {n: _state_of(n, objects[n]) for n in shared_names}  # every rank: the same errors
         rank_state = {
             "rank": dist.rank,
             "rng": capture_rng_state(),
             "objects": {n: _state_of(n, o) for n, o in objects.items() if n not in shared},
         }
-        final = self.step_directory(step)
+        meta = {"step": step, "world_size": dist.world_size, "extra": extra, "ddp_buckets": buckets}
+        return {
+            "shared": {"objects": shared, "gpukit": meta} if dist.is_main else None,
+            "rank": rank_state,
+            "sharded": sharded_state(sharded),
+        }
+
+    def _write(self, dist: DistContext, final: Path, step: int, state: dict[str, Any]) -> None:
+        """Write ``state`` into a staging directory, commit it as ``final``, rotate (every rank)."""
         staging = self.directory / f".{final.name}.partial"
         error: str | None = None
         if dist.is_main:
@@ -205,9 +245,9 @@ class CheckpointManager:
                 error = f"cannot create {staging}: {exc.strerror or exc}"
         error = dist.broadcast_from_main(error)
         if error is None:
-            error = write_sharded(staging, sharded, dist)
+            error = write_sharded(staging, state["sharded"], dist)
         if error is None:
-            error = self._write_files(dist, staging, step, shared, rank_state, dict(extra or {}), buckets)
+            error = self._write_files(dist, staging, state["shared"], state["rank"])
         if error is None and dist.is_main:
             error = self._finalise(dist, staging, final, step)
         error = dist.broadcast_from_main(error)
@@ -218,17 +258,14 @@ class CheckpointManager:
         if dist.is_main:
             self._rotate()
         emit("checkpoint", saved_step=step, path=str(final))
-        return final
 
     def _write_files(
-        self, dist: DistContext, staging: Path, step: int, shared: dict[str, Any],
-        rank_state: dict[str, Any], extra: dict[str, Any], buckets: dict[str, Any],
+        self, dist: DistContext, staging: Path, shared: dict[str, Any] | None, rank_state: dict[str, Any],
     ) -> str | None:
         error: str | None = None
         try:
-            if dist.is_main:
-                meta = {"step": step, "world_size": dist.world_size, "extra": extra, "ddp_buckets": buckets}
-                save({"objects": shared, "gpukit": meta}, staging / SHARED_FILE, rank_zero_only=False)
+            if shared is not None:
+                save(shared, staging / SHARED_FILE, rank_zero_only=False)
             save(rank_state, staging / rank_file_name(dist.rank), rank_zero_only=False)
         except Exception as exc:  # reported to every rank, so none waits forever
             error = f"rank {dist.rank}: {exc}"

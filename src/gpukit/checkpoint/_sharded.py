@@ -28,7 +28,7 @@ from gpukit.checkpoint._dist import DistContext
 from gpukit.errors import CheckpointError, StateDictMismatchError, UnsafeCheckpointError
 
 __all__ = ["METADATA_FILE", "check_models_fit", "is_sharded_checkpoint", "read_metadata", "restore_sharded",
-           "sharded_names", "split_sharded", "write_sharded"]
+           "sharded_names", "sharded_state", "split_sharded", "write_sharded"]
 
 #: DCP's index file in a sharded step directory
 METADATA_FILE = ".metadata"
@@ -95,8 +95,14 @@ def _failures(exc: Exception) -> str:
     return "; ".join(parts)
 
 
-def write_sharded(directory: Path, sharded: dict[str, Any], dist: DistContext) -> str | None:
-    """Every rank writes its shards of ``sharded`` into ``directory`` (a collective).
+def sharded_state(sharded: dict[str, Any]) -> dict[str, Any]:
+    """The state DCP writes for the objects of :func:`split_sharded` (DTensors: this rank's shards)."""
+    return _state_dicts(sharded, sharded) if sharded else {}
+
+
+def write_sharded(directory: Path, state: dict[str, Any], dist: DistContext) -> str | None:
+    """Every rank writes its shards (``state``, from :func:`sharded_state` or a host snapshot of
+    it) into ``directory`` (a collective; on the background channel in a background save).
 
     Returns:
         ``None``, or what failed, naming the rank(s) (the same text on every rank).
@@ -104,11 +110,10 @@ def write_sharded(directory: Path, sharded: dict[str, Any], dist: DistContext) -
     Raises:
         CheckpointError: a rank never took part (killed): raised within the checkpoint timeout.
     """
-    if not sharded:
+    if not state:
         return None
     import torch.distributed.checkpoint as dcp
 
-    state = _state_dicts(sharded, sharded)
     writer = dcp.FileSystemWriter(directory, sync_files=True)
     try:
         if dist.world_size == 1:

@@ -97,6 +97,7 @@ class FakeNvml:
         self._init_count = 0
         self._calls: dict[int, int] = {}  # GPU index -> successful device queries so far
         self.call_log: list[str] = []  # names of the NVML functions called, for tests
+        self._pid_details: dict[int, tuple[str | None, str | None]] | None = None  # pid -> (user, command)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> FakeNvml:
@@ -308,12 +309,18 @@ class FakeNvml:
 
     # -- not NVML: what psutil answers on a real machine ---------------------------------------
     def gpukit_process_details(self, pid: int) -> tuple[str | None, str | None]:
-        """``(user, command)`` of a process in the spec; ``(None, None)`` for unknown pids."""
-        for gpu in self.spec.gpus:
-            for proc in (*gpu.processes, *(p for m in gpu.mig_devices for p in m.processes)):
-                if proc.pid == pid:
-                    return proc.user, proc.command
-        return None, None
+        """``(user, command)`` of a process in the spec; ``(None, None)`` for unknown pids.
+
+        One dictionary lookup: the spec (frozen) is indexed by pid on the first call, so listing
+        every process of a spec costs linear time, not a scan of the spec per process.
+        """
+        if self._pid_details is None:
+            index: dict[int, tuple[str | None, str | None]] = {}
+            for gpu in self.spec.gpus:
+                for proc in (*gpu.processes, *(p for m in gpu.mig_devices for p in m.processes)):
+                    index.setdefault(proc.pid, (proc.user, proc.command))  # the first listed wins, as a scan found
+            self._pid_details = index
+        return self._pid_details.get(pid, (None, None))
 
     # -- helpers ------------------------------------------------------------------------------
     def _check_init(self, name: str) -> None:
