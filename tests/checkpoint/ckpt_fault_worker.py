@@ -1,10 +1,15 @@
 """Save-loop worker for the SIGKILL fault test (run as a script, not collected by pytest).
 
-    python ckpt_fault_worker.py DIR
+    python ckpt_fault_worker.py DIR [background]
 
 Resumes from the latest complete checkpoint in DIR/managed (checking it), then saves forever:
 each step writes DIR/single.pt with gpukit.save and a CheckpointManager checkpoint, and prints
 "SAVED <step> <number of temporary/partial entries left>" once both are complete.
+
+With ``background`` both saves are background saves: a call returns once the state is copied,
+and the model is changed for the next step while the files are written. A save returns after
+the one before it completed, so once step k's manager save returns, step k-1 is complete and
+is reported then (one partial step directory may exist: step k's, being written).
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import gpukit
 from gpukit.checkpoint import CheckpointManager
 
 
-def main(directory: Path) -> None:
+def main(directory: Path, background: bool) -> None:
     managed = directory / "managed"
+    managed.mkdir(parents=True, exist_ok=True)  # a background save makes it in its thread
     manager = CheckpointManager(managed, keep_last=2)
     model = nn.Linear(16, 16)
     start = manager.resume(model=model) or 0
@@ -34,12 +40,15 @@ def main(directory: Path) -> None:
         with torch.no_grad():
             for param in model.parameters():
                 param.fill_(step)
-        gpukit.save({"step": step, "w": torch.full((4096,), float(step))}, single)
-        manager.save(step, model=model, extra={"step": step})
+        gpukit.save({"step": step, "w": torch.full((4096,), float(step))}, single, background=background)
+        manager.save(step, model=model, extra={"step": step}, background=background)
         leftovers = [n for n in os.listdir(managed) if n.startswith(".")]
         leftovers += [n for n in os.listdir(directory) if n.startswith(".")]
-        print(f"SAVED {step} {len(leftovers)}", flush=True)
+        if not background:
+            print(f"SAVED {step} {len(leftovers)}", flush=True)
+        elif step > start + 1:  # step - 1 is complete; step's own staging directory may be there
+            print(f"SAVED {step - 1} {max(0, len(leftovers) - 1)}", flush=True)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2:] == ["background"])

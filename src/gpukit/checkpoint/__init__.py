@@ -6,12 +6,16 @@
   into models wrapped or not, with readable errors on a real mismatch.
 - :class:`CheckpointManager`: the full training state per step (models, optimizers,
   schedulers, scalers, data position, RNG states per rank), exact resume, rotation.
+- ``background=True`` (``save``, ``CheckpointManager.save``, ``session.save_checkpoint``): the
+  call returns once the state is copied to host memory; :func:`wait_for_saves` waits for the
+  write, :func:`last_save_timings` says how long training waited.
 - :func:`export_pretrained`: a folder Hugging Face ``from_pretrained`` loads (sharded
   safetensors with an index above a size, plus the model's config).
 """
 
 from __future__ import annotations
 
+from gpukit.checkpoint._background import SaveTimings, last_save_timings, wait_for_saves
 from gpukit.checkpoint._hf_export import export_pretrained
 from gpukit.checkpoint._io import auto_map_location, load, save
 from gpukit.checkpoint._manager import CheckpointManager
@@ -29,4 +33,7 @@ __all__ = [
     "capture_rng_state",
     "restore_rng_state",
     "auto_map_location",
+    "wait_for_saves",
+    "last_save_timings",
+    "SaveTimings",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -16,7 +17,8 @@ from torch import nn
 
 from gpukit.accelerators import get_accelerator
 from gpukit.checkpoint._atomic import atomic_write
-from gpukit.checkpoint._dist import current_dist
+from gpukit.checkpoint._background import SaveTimings, background_saves
+from gpukit.checkpoint._dist import DistContext, background_dist, current_dist
 from gpukit.checkpoint._gather import gather_sharded
 from gpukit.checkpoint._formats import (
     SAFETENSORS,
@@ -32,6 +34,7 @@ from gpukit.checkpoint._formats import (
     sniff_format,
 )
 from gpukit.checkpoint._lazy import LazyCheckpoint, open_lazy
+from gpukit.checkpoint._snapshot import snapshot
 from gpukit.checkpoint._zipwrite import write_torch_zip
 from gpukit.checkpoint._prefixes import strip_wrapper_prefixes
 from gpukit.checkpoint._record_sizes import check_record_sizes
@@ -143,6 +146,7 @@ def save(
     *,
     format: str | None = None,
     rank_zero_only: bool = True,
+    background: bool = False,
 ) -> Path:
     """Save ``state`` to ``path`` atomically: a crash leaves the old file or the new one.
 
@@ -158,9 +162,12 @@ def save(
             safetensors (tensors only), everything else torch's zip format.
         rank_zero_only: under torch.distributed, write on rank 0 only (every rank returns once
             it is written). ``False`` makes every rank write its own ``path``.
+        background: return once ``state`` is copied to host memory and write the file in a
+            background thread (one save in flight at a time; a failure is raised by the next
+            save or :func:`~gpukit.checkpoint.wait_for_saves`). See docs/checkpoints.md.
 
     Returns:
-        The path written.
+        The path written (with ``background``: where the file will be once written).
 
     Raises:
         CheckpointError: the write failed (disk full, no permission...); the previous file at
@@ -172,6 +179,8 @@ def save(
     target = Path(path)
     fmt = format_for_save(target, format)
     dist = current_dist()
+    if background:
+        return _save_in_background(state, target, fmt, dist, collective=rank_zero_only and dist.world_size > 1)
     # FSDP-sharded models become full tensors, gathered by every rank: rank 0's shards alone
     # would be silent data loss
     if not rank_zero_only or dist.world_size == 1:
@@ -190,6 +199,39 @@ def save(
         raise failure
     if reason is not None:
         raise CheckpointError(f"Rank 0 failed to save {target}: {reason}")
+    return target
+
+
+def _save_in_background(state: Any, target: Path, fmt: str, dist: DistContext, *, collective: bool) -> Path:
+    """``save(..., background=True)``: gather and copy on this thread, write in the background."""
+    started = time.perf_counter()
+    if collective:
+        dist.check_all_arrived("gpukit.save")
+    saves = background_saves()
+    waited = saves.wait()  # one in flight; its failure surfaces here
+    state = gather_sharded(state, everywhere=not collective)
+    writes = not collective or dist.is_main
+    timings = SaveTimings(str(target), True, waited_s=waited)
+    copied = time.perf_counter()
+    host, timings.host_bytes = snapshot(to_saveable(state), saves.buffers) if writes else (None, 0)
+    timings.snapshot_s = time.perf_counter() - copied
+    writer = background_dist(dist) if collective else None
+
+    def work() -> None:
+        failure: BaseException | None = None
+        if writes:
+            try:
+                _save_here(host, target, fmt)
+            except Exception as exc:  # every rank must hear of it
+                failure = exc
+        reason = writer.broadcast_from_main(None if failure is None else str(failure)) if writer else None
+        if failure is not None:
+            raise failure
+        if reason is not None:
+            raise CheckpointError(f"Rank 0 failed to save {target}: {reason}")
+
+    timings.blocked_s = time.perf_counter() - started
+    saves.submit(timings, work)
     return target
 
 

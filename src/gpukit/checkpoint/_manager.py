@@ -348,7 +348,9 @@ class CheckpointManager:
                 with a warning).
             UnsafeCheckpointError: ``path`` needs full unpickling and ``trust`` is False.
             StateDictMismatchError: a model does not fit its saved state.
+            CheckpointError: also when a background save of this process failed (said once).
         """
+        background_saves().wait()  # a save still being written finishes first (its failure is raised)
         dist = current_dist()
         if path is not None:
             directory = Path(path)

@@ -22,11 +22,11 @@ import io
 import json
 import os
 import pickle
+import queue
 import secrets
 import struct
 import threading
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -166,16 +166,22 @@ class _ZipStream:
     placed as it arrives and its data handed to the threads in chunks; a record's descriptor
     (its CRC) is written once its last chunk is done. At most ``2 x threads`` chunks wait, so
     the copies torch makes of device tensors are held a few at a time, as ``torch.save`` holds them.
+
+    Plain threads, not a ``concurrent.futures`` pool: a background save still writing when the
+    interpreter exits is waited for by an exit hook, and such pools refuse work by then.
     """
 
     def __init__(self, pwrite: PWrite, alignment: int, threads: int) -> None:
         self.pwrite, self.alignment = pwrite, alignment
         self.entries: list[_Entry] = []
         self.position = 0
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="gpukit-ckpt-write") if threads > 1 else None
-        self._slots = threading.BoundedSemaphore(2 * threads)
-        self._futures: list[Future[None]] = []
         self._crcs: dict[tuple[int, int], tuple[int, int]] = {}  # (entry, chunk) -> (crc, length)
+        self._errors: list[BaseException] = []
+        self._queue: queue.Queue[tuple[int, int, memoryview] | None] = queue.Queue(maxsize=2 * threads)
+        self._threads = [threading.Thread(target=self._serve, name="gpukit-ckpt-write", daemon=True)
+                         for _ in range(threads if threads > 1 else 0)]
+        for thread in self._threads:
+            thread.start()
 
     # torch.serialization._save calls these two
     def write_record(self, name: str, data: Any, nbytes: int) -> None:
@@ -202,24 +208,24 @@ class _ZipStream:
             self._submit(index, number, view[start:start + CHUNK_BYTES])
 
     def _submit(self, index: int, number: int, chunk: memoryview) -> None:
-        if self._pool is None:
+        if self._errors:
+            raise self._errors[0]
+        if not self._threads:
             self._work(index, number, chunk)
-            return
-        self._raise_failed()
-        self._slots.acquire()
-        future = self._pool.submit(self._work, index, number, chunk)
-        future.add_done_callback(lambda _: self._slots.release())
-        self._futures.append(future)
+        else:
+            self._queue.put((index, number, chunk))
+
+    def _serve(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if not self._errors:  # after a failure the rest is drained unwritten
+                try:
+                    self._work(*item)
+                except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+                    self._errors.append(exc)
 
     def _work(self, index: int, number: int, chunk: memoryview) -> None:
         self._crcs[(index, number)] = (zlib.crc32(chunk), len(chunk))  # both release the GIL
         _pwrite_all(self.pwrite, chunk, self.entries[index].data_offset + number * CHUNK_BYTES)
-
-    def _raise_failed(self) -> None:
-        for future in self._futures:
-            if future.done() and future.exception() is not None:
-                raise future.exception()  # type: ignore[misc]
-        self._futures = [f for f in self._futures if not f.done()]
 
     def finish(self) -> int:
         """Wait for the data, write the descriptors and the central directory; returns the size."""
@@ -239,11 +245,13 @@ class _ZipStream:
 
     def close(self) -> None:
         """Wait for every chunk; raise the first failure (disk full...)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            for future in self._futures:
-                if future.exception() is not None:
-                    raise future.exception()  # type: ignore[misc]
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
+        if self._errors:
+            raise self._errors[0]
 
 
 def write_torch_zip(pwrite: PWrite | int, obj: Any, metadata: dict[str, Any] | None = None, *,

@@ -69,13 +69,23 @@ class RunState:
 
     def save_checkpoint(
         self, directory: str | os.PathLike[str], step: int, *, keep_last: int = 3,
-        extra: dict[str, Any] | None = None, **objects: Any,
+        extra: dict[str, Any] | None = None, background: bool = False, **objects: Any,
     ) -> Any:
         """Save ``step`` with ``objects`` and this state under the name ``session`` (every rank)."""
         from gpukit.checkpoint import CheckpointManager
 
         self._steps.warn_if_pending(f"save_checkpoint(step={step}) (those gradients are not saved)")
-        return CheckpointManager(directory, keep_last=keep_last).save(step, extra=extra, session=self, **objects)
+        return CheckpointManager(directory, keep_last=keep_last).save(
+            step, extra=extra, background=background, session=self, **objects)
+
+    def wait_for_saves(self) -> None:
+        """Wait for a background save still writing; raise its failure (every rank alike)."""
+        import sys
+
+        if "gpukit.checkpoint._background" in sys.modules:  # no save was ever made: nothing to import
+            from gpukit.checkpoint import wait_for_saves
+
+            wait_for_saves()
 
     def resume(self, directory: str | os.PathLike[str], **objects: Any) -> int | None:
         """Restore ``objects`` and this state from the latest complete checkpoint in ``directory``."""

@@ -413,15 +413,19 @@ class Session:
 
     def save_checkpoint(
         self, directory: str | os.PathLike[str], step: int, *, keep_last: int = 3,
-        extra: dict[str, Any] | None = None, **objects: Any,
+        extra: dict[str, Any] | None = None, background: bool = False, **objects: Any,
     ) -> Any:
         """Save the full training state of ``step`` (call on every rank; rank 0 writes shared state).
 
         ``objects`` are models, optimizers, schedulers and loaders by name; the session's own
         state (GradScaler, step counters) and every rank's RNG and loader position are added.
-        See :class:`gpukit.CheckpointManager`. Returns the step directory written.
+        ``background=True`` returns once the state is copied to host memory and writes it in a
+        background thread (one save in flight; ``close``, ``resume`` and exit wait for it; a
+        failure is raised by the next call). See :class:`gpukit.CheckpointManager`. Returns the
+        step directory written (with ``background``: where it will be).
         """
-        return self._runstate.save_checkpoint(directory, step, keep_last=keep_last, extra=extra, **objects)
+        return self._runstate.save_checkpoint(directory, step, keep_last=keep_last, extra=extra,
+                                              background=background, **objects)
 
     def resume(self, directory: str | os.PathLike[str], **objects: Any) -> int | None:
         """Restore ``objects`` and this session from the latest complete checkpoint in ``directory``;
@@ -515,11 +519,15 @@ class Session:
         return launch_workers(type(self), self._config, fn, args, spec)
 
     def close(self) -> None:
-        """Finish the record and trackers, leave the process group (at the end of training)."""
+        """Wait for a background checkpoint save still writing (raising its failure), then leave the
+        process group this session joined, and finish the record and trackers (at the end of training)."""
         self._steps.warn_if_pending("session.close()")
-        self._memory.close()
-        self._services.close()
-        self.strategy.teardown()
+        try:
+            self._runstate.wait_for_saves()
+        finally:
+            self._memory.close()
+            self._services.close()
+            self.strategy.teardown()
 
     def _require_launched(self, what: str) -> None:
         if not self.strategy.launched:
