@@ -4,11 +4,14 @@
         train to STEPS under Session(strategy="fsdp"), resuming from CKPT's latest checkpoint
         when there is one; save at the listed steps; rank 0 SIGKILLs itself after --kill-after;
         at the end rank 0 writes OUT (the full parameters and where it resumed from);
-        --wider builds a wider model (resuming a checkpoint of the normal one must fail).
+        --wider builds a wider model (resuming a checkpoint of the normal one must fail);
+        --background saves in the background (training goes on while the shards are written;
+        rank 0 waits for the last save to be complete before it kills itself).
     RANK=r WORLD_SIZE=2 ... python ckpt_sharded_worker.py CKPT OUT --faults
         (plain processes, no launcher to kill the survivors) save step 1; then a save where
         rank 1's disk is full; then a save during which rank 1 is SIGKILLed. Rank 0 writes
-        what each save raised and what latest() saw to OUT.
+        what each save raised and what latest() saw to OUT (--background: what
+        wait_for_saves() raised after each background save).
 
 Every step's global batch is the same whatever the number of processes (rank r takes its
 slice), so runs at 1 and 2 processes compute the same training up to float rounding.
@@ -86,8 +89,10 @@ def train(args: argparse.Namespace) -> None:
         scheduler.step()
         if step in args.save:
             session.save_checkpoint(args.ckpt, step, keep_last=2, model=model, optimizer=optimizer,
-                                    scheduler=scheduler)
+                                    scheduler=scheduler, background=args.background)
         if step == args.kill_after and session.rank == 0:
+            if args.background:  # the last save complete (every rank's part: it committed), then the crash
+                gpukit.checkpoint.wait_for_saves()
             os.kill(os.getpid(), signal.SIGKILL)
     state = full_state(model)
     if session.rank == 0:
@@ -117,7 +122,9 @@ def faults(args: argparse.Namespace) -> None:
         if session.rank == 1 and fault is not None:
             dcp_fs._write_item = fault
         try:
-            session.save_checkpoint(args.ckpt, step, model=model, optimizer=optimizer)
+            session.save_checkpoint(args.ckpt, step, model=model, optimizer=optimizer, background=args.background)
+            if args.background:
+                gpukit.checkpoint.wait_for_saves()
             report[str(step)] = "saved"
         except gpukit.errors.CheckpointError as exc:
             report[str(step)] = str(exc)
@@ -135,5 +142,6 @@ if __name__ == "__main__":
     parser.add_argument("--kill-after", type=int, default=-1)
     parser.add_argument("--faults", action="store_true")
     parser.add_argument("--wider", action="store_true")
+    parser.add_argument("--background", action="store_true")
     parsed = parser.parse_args()
     sys.exit(faults(parsed) if parsed.faults else train(parsed))

@@ -207,3 +207,28 @@ def test_gpu_state_goes_through_pinned_buffers_reused_across_saves(tmp_path: Pat
     restored = nn.Linear(1024, 1024)
     assert CheckpointManager(tmp_path).resume(model=restored, restore_rng=False) == 2
     assert torch.equal(restored.weight, torch.full_like(restored.weight, 3.0))
+
+
+def test_pipeline_session_saves_in_the_background(tmp_path: Path) -> None:
+    from gpukit.strategies import PipelineStrategy
+
+    def build(seed: int):  # noqa: ANN202
+        torch.manual_seed(seed)
+        session = gpukit.Session(strategy=PipelineStrategy(["cpu", "cpu"], chunks=2, verbose=False), verbose=False)
+        model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 5))
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        return (session, *session.setup(model, optimizer))
+
+    session, model, optimizer = build(0)
+    x, y = torch.randn(8, 12), torch.randint(0, 5, (8,))
+    session.backward(nn.functional.cross_entropy(model(x), y))
+    session.step(optimizer)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    session.save_checkpoint(tmp_path, 1, model=model, optimizer=optimizer, background=True)
+    session.backward(nn.functional.cross_entropy(model(x), y))  # the next step, while it writes
+    session.step(optimizer)
+    session.close()
+    other, resumed, resumed_optimizer = build(5)
+    assert other.resume(tmp_path, model=resumed, optimizer=resumed_optimizer) == 1
+    for key, value in resumed.state_dict().items():
+        assert torch.equal(value, saved[key]), key

@@ -22,7 +22,8 @@ def _dataset() -> TensorDataset:
     return TensorDataset(torch.randn(40, 6, generator=g), torch.randint(0, 3, (40,), generator=g))
 
 
-def _train(session, directory: str, *, stop_at: int | None, resume: bool, kill: bool = False):
+def _train(session, directory: str, *, stop_at: int | None, resume: bool, kill: bool = False,
+           background: bool = False):
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
@@ -37,7 +38,13 @@ def _train(session, directory: str, *, stop_at: int | None, resume: bool, kill: 
             session.step(optimizer)
             scheduler.step()
             step += 1
-            if step == stop_at:
+            if step == stop_at and background:  # training goes on while the save writes
+                session.save_checkpoint(directory, step, background=True, **objects)
+            elif background and kill and step == stop_at + 2:
+                gpukit.checkpoint.wait_for_saves()
+                session.barrier()
+                os.kill(os.getpid(), signal.SIGKILL)  # two steps past the save, as in a crash
+            elif step == stop_at:
                 session.save_checkpoint(directory, step, **objects)
                 if kill:
                     session.barrier()
@@ -74,24 +81,40 @@ def test_single_process_resume_is_bit_identical(tmp_path) -> None:
     assert gpukit.CheckpointManager(tmp_path / "b").latest().name == f"step_{STOP_AT:08d}"
 
 
+def test_background_save_resumes_bit_identical_while_training_went_on(tmp_path) -> None:
+    straight = _train(gpukit.Session(accelerator="cpu", seed=0, verbose=False), str(tmp_path / "a"),
+                      stop_at=None, resume=False)
+    session = gpukit.Session(accelerator="cpu", seed=0, verbose=False)
+    after = _train(session, str(tmp_path / "b"), stop_at=STOP_AT, resume=False, background=True)
+    session.close()  # waits for the save
+    _assert_identical(straight, after)  # saving in the background changed nothing in training
+    resumed = _train(gpukit.Session(accelerator="cpu", seed=0, verbose=False), str(tmp_path / "b"),
+                     stop_at=None, resume=True)
+    _assert_identical(straight, resumed)
+
+
 def test_resume_with_empty_directory_starts_fresh(tmp_path) -> None:
     session = gpukit.Session(accelerator="cpu", seed=0, verbose=False)
     model = nn.Linear(2, 2)
     assert session.resume(tmp_path / "none-yet", model=model) is None
 
 
-def _ddp_job(directory: str, stop_at: int | None, resume: bool, kill: bool):
+def _ddp_job(directory: str, stop_at: int | None, resume: bool, kill: bool, background: bool = False):
     session = gpukit.Session(accelerator="cpu", seed=0, verbose=False)
-    return _train(session, directory, stop_at=stop_at, resume=resume, kill=kill)
+    return _train(session, directory, stop_at=stop_at, resume=resume, kill=kill, background=background)
 
 
 @pytest.mark.slow
-def test_two_process_ddp_resume_after_sigkill_is_bit_identical(tmp_path) -> None:
+@pytest.mark.parametrize("background", [False, True])
+def test_two_process_ddp_resume_after_sigkill_is_bit_identical(tmp_path, background: bool) -> None:
+    """With ``background``, both ranks train two more steps while the save writes, then die."""
     from gpukit.launch import launch_function
 
     straight = launch_function(_ddp_job, (str(tmp_path / "a"), None, False, False), nproc=2, cpu=True, echo=None)
     with pytest.raises(LaunchError):
-        launch_function(_ddp_job, (str(tmp_path / "b"), STOP_AT, False, True), nproc=2, cpu=True, echo=None)
+        launch_function(_ddp_job, (str(tmp_path / "b"), STOP_AT, False, True, background), nproc=2, cpu=True,
+                        echo=None)
+    assert gpukit.CheckpointManager(tmp_path / "b").latest().name == f"step_{STOP_AT:08d}"
     resumed = launch_function(_ddp_job, (str(tmp_path / "b"), None, True, False), nproc=2, cpu=True, echo=None)
     for rank in (0, 1):
         _assert_identical(straight[rank], resumed[rank])

@@ -2,7 +2,8 @@
 
 One module-scoped set of runs (each launch costs seconds on a small CPU):
   full    2 processes train STEPS steps uninterrupted, saving at the end;
-  crash   2 processes save at steps 2 and 3, then rank 0 is SIGKILLed after step 4;
+  crash   2 processes save at steps 2 and 3 in the background (steps 3 and 4 train while the
+          shards are written), then rank 0 is SIGKILLed after step 4;
   res2    2 processes resume the crash's latest checkpoint (step 3) -> bit-exact with full;
   res1    1 process resumes the same checkpoint (2 -> 1), saving at step 4;
   res12   2 processes resume res1's step 4 (1 -> 2).
@@ -39,7 +40,8 @@ def _run(nproc: int, ckpt: Path, out: Path, *args: str, expect_kill: bool = Fals
            str(ckpt), str(out), *args]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180)
     if expect_kill:  # the launcher blames rank 0's SIGKILL (and stops rank 1): exit 128 + 9
-        root = next((line for line in proc.stderr.splitlines() if "failed:" in line), "")
+        root = next((line for line in proc.stderr.splitlines()
+                     if line.startswith("gpukit: rank ") and "failed:" in line), "")
         assert proc.returncode == 137 and root.startswith("gpukit: rank 0 ") and "killed by SIGKILL" in root, \
             proc.stderr[-3000:]
     else:
@@ -50,7 +52,7 @@ def _run(nproc: int, ckpt: Path, out: Path, *args: str, expect_kill: bool = Fals
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("sharded")
     _run(2, tmp / "full", tmp / "full.pt", "--save", str(worker.STEPS))
-    _run(2, tmp / "ck", tmp / "never.pt", "--save", "2,3", "--kill-after", "4", expect_kill=True)
+    _run(2, tmp / "ck", tmp / "never.pt", "--save", "2,3", "--kill-after", "4", "--background", expect_kill=True)
     shutil.copytree(tmp / "ck", tmp / "ck1")
     _run(2, tmp / "ck", tmp / "res2.pt")
     _run(1, tmp / "ck1", tmp / "res1.pt", "--save", "4")
@@ -84,7 +86,8 @@ def test_resume_at_another_world_size(runs: dict[str, dict], name: str, start: i
         torch.testing.assert_close(runs[name]["state"][key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
-def test_a_rank_failing_during_save_leaves_no_checkpoint_and_no_hang(tmp_path: Path) -> None:
+@pytest.mark.parametrize("background", [False, True])
+def test_a_rank_failing_during_save_leaves_no_checkpoint_and_no_hang(tmp_path: Path, background: bool) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -95,7 +98,8 @@ def test_a_rank_failing_during_save_leaves_no_checkpoint_and_no_hang(tmp_path: P
                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "GPUKIT_CKPT_TIMEOUT_S": "20"}
         procs.append(subprocess.Popen([sys.executable, str(WORKER), str(tmp_path / "ck"), str(report),
-                                       "--faults"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+                                       "--faults"] + (["--background"] if background else []),
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outputs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]  # no hang
     assert procs[0].returncode == 0, outputs[0][-3000:]
     assert procs[1].returncode == -signal.SIGKILL  # the third save killed it
