@@ -12,6 +12,13 @@ shows as a larger figure. The weights restored are checked against the ones save
 
 Peers (when installed: ``pip install 'gpukit[bench]'``): Lightning Fabric's ``fabric.save`` /
 ``fabric.load`` and Accelerate's ``save_state`` / ``load_state`` (safetensors for the model).
+
+``gpukit-bg`` is ``CheckpointManager.save(..., background=True)``: its process saves twice --
+the first save allocates the host buffers, the second (the steady state of a training run)
+reuses them -- and reports for each how long the call blocked, the total until the checkpoint
+was complete on disk (``wait_for_saves`` right after the call, nothing else running), the host
+memory the buffers hold, and what the save cost a training loop on this machine: the time of
+``--loop-steps`` training steps run while the save writes, over the same steps with no save.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-TOOLS = ("torch", "torch-mmap", "gpukit", "fabric", "accelerate")
+TOOLS = ("torch", "torch-mmap", "gpukit", "gpukit-bg", "fabric", "accelerate")
+LOOP_STEPS = 3
 
 
 def _model(size_mib: int):  # noqa: ANN202
@@ -86,7 +94,7 @@ def _setup(tool: str, model, optimizer, where: Path):  # noqa: ANN001, ANN202
             optimizer.load_state_dict(state["optimizer"])
 
         return save, restore
-    if tool == "gpukit":
+    if tool in ("gpukit", "gpukit-bg"):
         from gpukit import CheckpointManager
 
         manager = CheckpointManager(where / "ckpt", keep_last=1)
@@ -94,7 +102,7 @@ def _setup(tool: str, model, optimizer, where: Path):  # noqa: ANN001, ANN202
 
         def save() -> None:
             counter[0] += 1
-            manager.save(counter[0], model=model, optimizer=optimizer)
+            manager.save(counter[0], model=model, optimizer=optimizer, background=tool == "gpukit-bg")
 
         def restore() -> None:
             manager.resume(model=model, optimizer=optimizer, restore_rng=False)
@@ -133,13 +141,56 @@ def child(tool: str, where: Path, size_mib: int, restore_first: bool) -> None:
         out["restore_s"] = time.perf_counter() - start
         out["restore_peak_extra_bytes"] = (_rss_bytes("VmHWM") - rss_before) if peak_ok else None
         out["checksum"] = _checksum(model)
-    if tool != "torch-mmap":
+    if tool == "gpukit-bg":
+        out.update(_background_saves(save, model, optimizer))
+    elif tool != "torch-mmap":
         os.sync()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         save()
         out["save_s"] = time.perf_counter() - start
+        out["save_cpu_s"] = time.process_time() - cpu  # every thread of the process
         out["saved_checksum"] = _checksum(model)
     print(json.dumps(out))
+
+
+def _background_saves(save, model, optimizer) -> dict[str, float]:  # noqa: ANN001
+    """Two background saves (cold, then reused host buffers) and the loop's cost of the second."""
+    from gpukit.checkpoint import last_save_timings, wait_for_saves
+    from gpukit.checkpoint._background import background_saves
+
+    out: dict[str, float] = {}
+    for label in ("first", "save"):
+        os.sync()
+        start, cpu = time.perf_counter(), time.process_time()
+        save()
+        blocked, blocked_cpu = time.perf_counter() - start, time.process_time() - cpu
+        wait_for_saves()
+        out[f"{label}_blocked_s"], out[f"{label}_s"] = blocked, time.perf_counter() - start
+        out[f"{label}_blocked_cpu_s"], out[f"{label}_cpu_s"] = blocked_cpu, time.process_time() - cpu
+    out["saved_checksum"] = _checksum(model)
+    out["host_bytes"] = background_saves().buffers.nbytes
+    timings = last_save_timings()
+    out["snapshot_s"] = timings.snapshot_s if timings else None
+    # what a save costs a loop that keeps training: LOOP_STEPS steps with and without one writing
+    # (at lr 0: the same work, and the weights stay those every repetition restores and checks)
+    rates = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    start = time.perf_counter()
+    for _ in range(LOOP_STEPS):
+        _step(model, optimizer)
+    out["loop_alone_s"] = time.perf_counter() - start
+    os.sync()
+    start = time.perf_counter()
+    save()
+    for _ in range(LOOP_STEPS):
+        _step(model, optimizer)
+    out["loop_saving_s"] = time.perf_counter() - start
+    wait_for_saves()
+    out["loop_after_s"] = time.perf_counter() - start
+    for group, rate in zip(optimizer.param_groups, rates):
+        group["lr"] = rate
+    return out
 
 
 def _available(tool: str) -> bool:
@@ -224,7 +275,25 @@ def main() -> None:
         f"{t} " + " ".join(f"{r['restore_s']:.2f}" for r in results[t]) for t in tools))
     print("save samples: " + "; ".join(
         f"{t} " + " ".join(f"{r['save_s']:.2f}" for r in results[t]) for t in tools if "save_s" in results[t][0]))
+    if "gpukit-bg" in med and "torch" in med:
+        _print_background(med["gpukit-bg"], results["gpukit-bg"], med["torch"])
 
+
+def _print_background(row: dict[str, float], samples: list[dict[str, float]], torch_row: dict[str, float]) -> None:
+    """The background save's figures against torch.save measured in the same run."""
+    wall, cpu = torch_row["save_s"], torch_row["save_cpu_s"]
+    print(f"background save (gpukit-bg), medians; ratios to torch.save ({wall:.3f} s wall, {cpu:.3f} s CPU):")
+    for label, what in (("save", "steady state (host buffers reused)"), ("first", "first save of a process")):
+        print(f"  {what}: blocked {row[f'{label}_blocked_s']:.3f} s ({row[f'{label}_blocked_s'] / wall:.2f}x; CPU "
+              f"{row[f'{label}_blocked_cpu_s'] / cpu:.2f}x), complete on disk {row[f'{label}_s']:.3f} s "
+              f"({row[f'{label}_s'] / wall:.2f}x; CPU {row[f'{label}_cpu_s'] / cpu:.2f}x)")
+    print(f"  copy to host {row['snapshot_s']:.3f} s; host buffers {row['host_bytes'] / 2**20:.0f} MiB held between "
+          "saves (one copy of the state)")
+    print(f"  loop of {LOOP_STEPS} steps: alone {row['loop_alone_s']:.3f} s; with a background save started before "
+          f"it {row['loop_saving_s']:.3f} s (+{row['loop_saving_s'] - row['loop_alone_s']:.3f} s, blocked call "
+          f"included), save complete {row['loop_after_s']:.3f} s after the call")
+    print("  blocked samples: " + " ".join(f"{r['save_blocked_s']:.3f}" for r in samples)
+          + "; complete samples: " + " ".join(f"{r['save_s']:.3f}" for r in samples))
 
 if __name__ == "__main__":
     main()
