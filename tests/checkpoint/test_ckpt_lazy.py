@@ -16,7 +16,7 @@ from torch import nn
 import gpukit
 from gpukit import CheckpointManager
 from gpukit.checkpoint._io import load_lazy
-from gpukit.errors import CheckpointError, StateDictMismatchError
+from gpukit.errors import CheckpointError, ConfigurationError, StateDictMismatchError
 
 
 class Tied(nn.Module):
@@ -158,3 +158,58 @@ def test_resume_does_not_hold_the_weights_twice(tmp_path: Path) -> None:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     # torch.load + load_state_dict holds a second copy of all 64 MiB; in place it is a few MiB
     assert result["extra"] < 0.25 * result["weights"], result
+
+
+_LOAD_PEAK_SCRIPT = textwrap.dedent("""
+    import json, sys, torch, gpukit
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(16)])  # 64 MiB
+    gpukit.save(model, sys.argv[1])
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    def status(field):
+        return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(field + ":"))
+    before = status("VmRSS")
+    open("/proc/self/clear_refs", "w").write("5")  # restart the peak from here
+    if sys.argv[2] == "direct":
+        gpukit.load(sys.argv[1], model=model)
+    else:
+        model.load_state_dict(gpukit.load(sys.argv[1]))
+    extra = status("VmHWM") - before
+    same = all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())
+    print(json.dumps({"extra": extra, "weights": 64 * 2**20, "same": same}))
+""")
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc/self/clear_refs")
+@pytest.mark.parametrize("name", ["w.pt", "w.safetensors"])
+def test_load_with_a_model_does_not_hold_the_weights_twice(tmp_path: Path, name: str) -> None:
+    found = {}
+    for how in ("direct", "whole"):
+        done = subprocess.run([sys.executable, "-c", _LOAD_PEAK_SCRIPT, str(tmp_path / name), how],
+                              capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr
+        found[how] = json.loads(done.stdout.strip().splitlines()[-1])
+        assert found[how]["same"], how
+    # gpukit.load then load_state_dict holds a second copy of all 64 MiB; straight into the model a few MiB
+    assert found["whole"]["extra"] > 0.9 * found["whole"]["weights"], found
+    assert found["direct"]["extra"] < 0.25 * found["direct"]["weights"], found
+
+
+def test_load_state_dict_from_a_path_checks_before_it_writes(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    gpukit.save(nn.DataParallel(model), tmp_path / "m.pt")  # prefixes of a wrapper are matched as usual
+    target = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    assert gpukit.load_state_dict(target, tmp_path / "m.pt") is not None
+    assert all(torch.equal(a, b) for a, b in zip(target.state_dict().values(), model.state_dict().values()))
+    wrong = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3))
+    before = [t.clone() for t in wrong.state_dict().values()]
+    with pytest.raises(StateDictMismatchError, match="shape"):
+        gpukit.load_state_dict(wrong, str(tmp_path / "m.pt"))
+    assert all(torch.equal(a, b) for a, b in zip(wrong.state_dict().values(), before))  # nothing overwritten
+    gpukit.save({"model": model.state_dict(), "step": 3}, tmp_path / "train.pt")
+    with pytest.raises(ConfigurationError, match="training state"):
+        gpukit.load(tmp_path / "train.pt", model=target)
+    with pytest.raises(ConfigurationError, match="map_location"):
+        gpukit.load(tmp_path / "m.pt", model=target, map_location="cpu")

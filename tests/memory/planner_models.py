@@ -72,3 +72,10 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], torch.Tensor]]]
 }
 #: a batch size per model that makes activations matter
 BATCHES = {"mlp": 512, "cnn": 16, "transformer": 16, "llama": 8}
+
+
+def transformer_48() -> tuple[nn.Module, torch.Tensor]:
+    """The planner's speed case (``bench/planner.py --speed``): 48 identical encoder layers, 151 M
+    parameters, a batch of 8 sequences of 256 tokens; ``gpukit plan`` takes the pair."""
+    torch.manual_seed(0)
+    return Transformer(width=512, depth=48), torch.randint(0, 1000, (8, 256))

@@ -333,6 +333,8 @@ def load(
     *,
     trust: bool = False,
     format: str | None = None,
+    model: nn.Module | None = None,
+    strict: bool = True,
 ) -> Any:
     """Load a checkpoint safely, on whatever devices this machine has.
 
@@ -345,18 +347,29 @@ def load(
         trust: allow full unpickling, which can run code hidden in the file. Only for files
             from a source you trust; the default refuses them with UnsafeCheckpointError.
         format: ``"torch"`` or ``"safetensors"``; detected from the file's bytes by default.
+        model: load the file's state dict into this model instead of returning it: each tensor
+            is read from the file straight into the model's own (wherever the model lives), not
+            into new memory first (``gpukit.load_state_dict(model, path)``; ``strict`` as there).
 
     Returns:
-        What was saved (state dicts, tensors, nested containers).
+        What was saved (state dicts, tensors, nested containers); with ``model``, what
+        ``load_state_dict`` returns (missing and unexpected keys).
 
     Raises:
         CheckpointError: missing, empty, truncated, corrupted or unreadable file, or a directory.
         UnsafeCheckpointError: the file needs full unpickling and ``trust`` is False.
     """
     source = Path(path)
-    size = check_readable_file(source)
     if format is not None and format not in ("torch", "safetensors"):
         raise ConfigurationError(f"Unknown checkpoint format {format!r}; use 'torch' or 'safetensors'.")
+    if model is not None:
+        if map_location != "auto":
+            raise ConfigurationError(f"gpukit.load(path, model=..., map_location={map_location!r}): with a model the "
+                                     "tensors go where the model's are; leave map_location out (or move the model).")
+        from gpukit.checkpoint._prefixes import load_state_dict
+
+        return load_state_dict(model, source, strict, trust=trust)
+    size = check_readable_file(source)
     detected = sniff_format(source, size)
     if format == "safetensors" or (format is None and detected == SAFETENSORS):
         return _load_safetensors(source, map_location)

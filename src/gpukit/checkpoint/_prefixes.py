@@ -7,6 +7,8 @@ without them and loads keys with or without them into models wrapped or not.
 
 from __future__ import annotations
 
+import os
+
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -172,25 +174,33 @@ def _extra_prefix_hint(missing: list[str], unexpected: list[str]) -> str | None:
     return None
 
 
-def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any] | str | os.PathLike[str], strict: bool = True,
+                    *, trust: bool = False) -> Any:
     """Load ``state_dict`` into ``model``, whatever wrapper prefixes either side has.
 
     Args:
         model: a plain, DataParallel-, DistributedDataParallel- or torch.compile-wrapped model.
         state_dict: keys with or without ``module.`` / ``_orig_mod.`` prefixes, in any
-            combination.
+            combination; or the path of a file holding one (torch or safetensors), whose tensors
+            are then read straight into the model's own (no second copy of the weights; see
+            ``_direct.py``), checked first as ``gpukit.load`` checks files.
         strict: require every model key and only model keys (as ``nn.Module.load_state_dict``).
+        trust: for a path: allow full unpickling (files from a source you trust only).
 
     Returns:
         torch's ``_IncompatibleKeys(missing_keys, unexpected_keys)``, in unwrapped key names.
 
     Raises:
-        ConfigurationError: ``state_dict`` is not a mapping (e.g. a path: load it first), or
+        ConfigurationError: ``state_dict`` is neither a mapping nor a path, or
             is a whole training state (``{"model": {...}, "optimizer": {...}, ...}``).
         StateDictMismatchError: missing or unexpected keys (with ``strict``), or shape
             mismatches (always), listed grouped, with the prefixes and wrappers detected.
     """
-    inner, remapped, _ = match_state_dict(model, state_dict, strict)
+    if isinstance(state_dict, str) or hasattr(state_dict, "__fspath__"):
+        from gpukit.checkpoint._direct import load_into
+
+        return load_into(model, state_dict, strict=strict, trust=trust)  # type: ignore[arg-type]
+    inner, remapped, _ = match_state_dict(model, state_dict, strict)  # type: ignore[arg-type]
     return inner.load_state_dict(remapped, strict=strict)
 
 
@@ -251,12 +261,10 @@ _MODEL_ENTRIES = ("model", "state_dict", "model_state_dict", "module", "net", "n
 def _check_is_state_dict(state_dict: Any) -> None:
     if isinstance(state_dict, Mapping):
         return
-    if isinstance(state_dict, (str, bytes)) or hasattr(state_dict, "__fspath__"):
+    if isinstance(state_dict, bytes):
         raise ConfigurationError(
-            f"load_state_dict(model, state_dict) got the path {str(state_dict)!r} instead of a "
-            "state dict. Load the file first: "
-            f"load_state_dict(model, gpukit.load({str(state_dict)!r})) "
-            "(or gpukit.load(path)['model'] when the file holds a whole training state)."
+            f"load_state_dict(model, state_dict) got bytes ({state_dict[:40]!r}...); give a state dict or the "
+            "path of a checkpoint file as a str or pathlib.Path."
         )
     raise ConfigurationError(
         f"load_state_dict(model, state_dict) got a {type(state_dict).__name__}; it needs a "

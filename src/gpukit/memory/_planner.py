@@ -9,7 +9,9 @@ to the allocator's 512-byte blocks. The steady state -- the next forward and bac
 optimizer state now held -- is the first step's forward-and-backward peak on top of what the
 step leaves live: simulating that second step gave the same figures in all 120 configurations
 checked (4 models x 3 precisions x checkpointing x 5 optimizers, CPU and CUDA) at twice the
-time; ``tests/memory/test_memory_planner.py`` keeps checking it.
+time; ``tests/memory/test_memory_planner.py`` keeps checking it. A model with a long run of alike
+blocks (a transformer's layers) is simulated with that run cut to 3 and 4 units and every figure
+extended to the whole run (``_repeat.py``): the same figures, in a fraction of the time.
 
 Not modelled: library workspaces (cuBLAS/cuDNN scratch), the CUDA context itself (it is not
 in ``torch.cuda.memory_allocated`` either) and allocator fragmentation (``reserved`` > ``allocated``).
@@ -17,25 +19,19 @@ in ``torch.cuda.memory_allocated`` either) and allocator fragmentation (``reserv
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_leaves, tree_map
-from torch.utils.flop_counter import flop_registry
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpukit._util.units import format_bytes
 from gpukit.accelerators import get_accelerator
 from gpukit.errors import ConfigurationError, MemoryPlanError
-from gpukit.memory._activation import check_policy, policy_name
-from gpukit.memory._fake_optimizer import OPTIMIZERS, STATE_PER_PARAM, make_optimizer, optimizer_class, state_bytes
-from gpukit.memory._simulate import norm_tensor_names, simulated as simulated_step
+from gpukit.memory._activation import check_policy, checkpoint_targets, policy_name
+from gpukit.memory._fake_optimizer import OPTIMIZERS, STATE_PER_PARAM, optimizer_class
+from gpukit.memory._repeat import extend, find_run, reduced, segments
+from gpukit.memory._simulate import StepSpec, simulate_step
 from gpukit.precision import PRECISIONS, get_precision
 
 __all__ = ["MemoryEstimate", "estimate_memory", "OPTIMIZERS"]
@@ -94,81 +90,8 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-class _LiveBytes(TorchDispatchMode):
-    """Counts live storage bytes through every operator, freed via weakref callbacks (and, while
-    ``count_flops``, the FLOPs of the operators ``torch.utils.flop_counter`` knows)."""
-
-    def __init__(self, block: int) -> None:
-        super().__init__()
-        self.block = block
-        self.live = 0
-        self.peak = 0
-        self._refs: dict[int, weakref.ref[Any]] = {}
-        self.count_flops = True
-        self.flops = 0
-
-    def size(self, storage: Any) -> int:
-        nbytes = int(storage.nbytes())
-        return -(-nbytes // self.block) * self.block
-
-    def track(self, tensor: torch.Tensor) -> None:
-        storage = tensor.untyped_storage()
-        key = id(storage)
-        if key in self._refs and self._refs[key]() is storage:
-            return
-        nbytes = self.size(storage)
-        self._refs[key] = weakref.ref(storage, lambda _, key=key, nbytes=nbytes: self._free(key, nbytes))
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
-
-    def _free(self, key: int, nbytes: int) -> None:
-        self._refs.pop(key, None)
-        self.live -= nbytes
-
-    def reset_peak(self) -> None:
-        self.peak = self.live
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if self.count_flops and func.overloadpacket in flop_registry:  # as FlopCounterMode counts
-            self.flops += flop_registry[func.overloadpacket](*args, **(kwargs or {}), out_val=out)
-        for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                self.track(leaf)
-        return out
-
-
-def _call(model: torch.nn.Module, batch: Any) -> Any:
-    if isinstance(batch, dict):
-        return model(**batch)
-    return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
-
-
-def _default_loss(output: Any) -> torch.Tensor:
-    # a model that computes its own loss (Hugging Face models given labels=) returns it as .loss
-    own = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
-    if isinstance(own, torch.Tensor) and own.is_floating_point() and own.dim() == 0:
-        return own
-    leaves = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not leaves:
-        raise MemoryPlanError("estimate_memory: the model returned no floating-point tensor; pass loss_fn=...")
-    return sum(t.float().mean() for t in leaves)  # type: ignore[return-value]
-
-
 #: device types a plan can be made for (gpukit's accelerators)
 _PLANNABLE_DEVICE_TYPES = ("cuda", "cpu", "mps")
-
-
-@contextlib.contextmanager
-def _quiet_fake_tensor_log() -> Iterator[None]:
-    """Silence FakeTensorMode's own error log: it prints torch's traceback of an op that failed
-    before the exception reaches us, and the MemoryPlanError raised then says it in one line."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    disabled, logger.disabled = logger.disabled, True
-    try:
-        yield
-    finally:
-        logger.disabled = disabled
 
 
 def _planned_device(device: str | torch.device) -> torch.device:
@@ -224,99 +147,67 @@ def estimate_memory(
         raise ConfigurationError("estimate_memory needs example_batch=... (e.g. torch.empty(64, 3, 32, 32)) to size activations.")
     opt_cls, opt_defaults = optimizer_class(optimizer)
     target = _planned_device(device)
-    # Simulate on fake CPU tensors whatever the target: fake CUDA tensors would initialise
-    # CUDA (and abort a CPU-only build in autograd). Autograd's saved tensors do not depend
-    # on the device; CPU autocast casts the same matmul/conv family to the low dtype.
-    simulated = torch.device("cpu")
-    tracker = _LiveBytes(_CUDA_BLOCK if target.type == "cuda" else 1)
-    notes: list[str] = []
-
-    def fake_like(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        fake = torch.empty(tensor.shape, dtype=dtype or tensor.dtype, device=simulated)
-        tracker.track(fake)
-        return fake
-
+    block = _CUDA_BLOCK if target.type == "cuda" else 1
+    step = StepSpec(opt_cls, opt_defaults, example_batch, param_dtype, autocast_dtype, block, loss_fn, _SIMULATED_STEPS)
     try:
-        with _quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True):
-            # "-true" precisions keep norm layers in fp32 (gpukit.precision.TruePrecision)
-            fp32 = norm_tensor_names(model) if param_dtype != torch.float32 else set()
-
-            def dtype_of(name: str, t: torch.Tensor) -> torch.dtype | None:
-                return (torch.float32 if name in fp32 else param_dtype) if t.is_floating_point() else None
-
-            params = {
-                name: fake_like(p, dtype_of(name, p)).requires_grad_(p.requires_grad)
-                for name, p in model.named_parameters()
-            }
-            buffers = {name: fake_like(b, dtype_of(name, b)) for name, b in model.named_buffers()}
-            # "-true" precisions feed the model low-precision inputs too; an input that requires
-            # grad keeps it (a middle layer, as gpukit.parallel plans one, sends gradients back)
-            inputs = tree_map(
-                lambda t: fake_like(t, param_dtype if t.is_floating_point() else None).requires_grad_(
-                    t.requires_grad and t.is_floating_point()
-                ) if isinstance(t, torch.Tensor) else t,
-                example_batch,
-            )
-            sizes = {
-                "parameters": sum(tracker.size(p.untyped_storage()) for p in params.values()),
-                "buffers": sum(tracker.size(b.untyped_storage()) for b in buffers.values()),
-                "inputs": sum(tracker.size(t.untyped_storage()) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)),
-            }
-            trainable = [p for p in params.values() if p.requires_grad]
-            true_low = param_dtype if param_dtype != torch.float32 else None
-            with tracker, simulated_step(model, {**params, **buffers}, checkpointing, true_low) as checkpointed:
-                fake_opt = make_optimizer(opt_cls, opt_defaults, trainable, notes)
-                for step in range(_SIMULATED_STEPS):
-                    before_forward = tracker.live
-                    tracker.reset_peak()
-                    with torch.autocast(simulated.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                        output = _call(model, inputs)
-                        loss = (loss_fn or _default_loss)(output)
-                    loss.backward()
-                    del output, loss
-                    if step == 0:  # forward+backward FLOPs (recompute included): fit's cost model
-                        flops, tracker.count_flops = tracker.flops, False
-                    fwd_bwd_peak = tracker.peak - before_forward
-                    grads = sum(tracker.size(p.grad.untyped_storage()) for p in trainable if p.grad is not None)
-                    if fake_opt is not None:
-                        fake_opt.step()
-                        fake_opt.zero_grad(set_to_none=True)
-                    else:
-                        for p in trainable:
-                            p.grad = None
-                    if step == 0:
-                        overall_peak = tracker.peak
-                overall_peak = max(overall_peak, tracker.peak)
-                if _SIMULATED_STEPS == 1:  # the second step's forward and backward start from here
-                    overall_peak = max(overall_peak, tracker.live + fwd_bwd_peak)
-                if checkpointed:
-                    notes.append(f"activation checkpointing ({policy_name(checkpointing)}): {len(checkpointed)} "
-                                 "block(s) keep their input and are recomputed in backward")
-                state = state_bytes(fake_opt, tracker) if fake_opt is not None else 0
+        figures = _from_short_copies(model, step, checkpointing) if _SIMULATED_STEPS == 1 else None
+        if figures is None:
+            figures = simulate_step(model, step, checkpointing)
     except (RuntimeError, TypeError, NotImplementedError) as exc:
         raise MemoryPlanError(
             f"estimate_memory could not trace {type(model).__name__} on fake tensors ({type(exc).__name__}: {exc}). "
             "Operations that read tensor values (.item(), data-dependent shapes, custom C++ ops) cannot run without data."
         ) from exc
-    if fake_opt is None and opt_cls is not None:
+    notes = list(figures["notes"])
+    if figures["checkpointed"]:
+        notes.append(f"activation checkpointing ({policy_name(checkpointing)}): {figures['checkpointed']} "
+                     "block(s) keep their input and are recomputed in backward")
+    overall_peak, state = figures["peak"], figures["state"]
+    if not figures["simulated_optimizer"] and opt_cls is not None:
         per_param = STATE_PER_PARAM.get(opt_cls.__name__, 2)
-        state = per_param * sizes["parameters"]
+        state = per_param * figures["parameters"]
         overall_peak += state
         notes.append(f"{opt_cls.__name__} state estimated as {per_param} tensor(s) per parameter")
     return MemoryEstimate(
         peak_bytes=overall_peak,
-        parameters_bytes=sizes["parameters"],
-        buffers_bytes=sizes["buffers"],
-        inputs_bytes=sizes["inputs"],
-        gradients_bytes=grads,
+        parameters_bytes=figures["parameters"],
+        buffers_bytes=figures["buffers"],
+        inputs_bytes=figures["inputs"],
+        gradients_bytes=figures["grads"],
         optimizer_state_bytes=state,
-        activations_bytes=max(0, fwd_bwd_peak - grads),
+        activations_bytes=max(0, figures["fwd_bwd_peak"] - figures["grads"]),
         precision=precision,
         device=str(target),
         notes=tuple(notes),
         activation_checkpointing=policy_name(checkpointing),
-        flops=int(flops),
+        flops=int(figures["flops"]),
     )
+
+
+def _from_short_copies(model: torch.nn.Module, step: StepSpec, checkpointing: Any) -> dict[str, Any] | None:
+    """The figures of ``model`` from two copies with its run of alike blocks cut short (see
+    ``_repeat.py``), or ``None`` when it has no such run or the copies do not behave as expected."""
+    run = find_run(model, checkpointing)
+    if run is None:
+        return None
+    found = []
+    for units in _SHORT_UNITS:
+        try:
+            with reduced(model, run, units, checkpointing) as (blocks, policy):
+                figures = simulate_step(model, step, policy, marks=(blocks, run.unit))
+        except (RuntimeError, TypeError, NotImplementedError, ValueError, IndexError, KeyError):
+            return None  # a model that cannot run cut short: simulate it whole
+        cut = segments(figures.pop("marks"), units)
+        if cut is None or max(v for k, v in cut.items() if k != ("E",)) != figures["fwd_bwd_peak_abs"]:
+            return None
+        found.append({**{k: v for k, v in figures.items() if isinstance(v, int) and not isinstance(v, bool)},
+                      "segments": cut})
+    full = extend(*found, _SHORT_UNITS[0], run.units)
+    fwd_bwd_peak = full["fwd_bwd_peak_abs"] - full["before_forward"]
+    peak = max(full["fwd_bwd_peak_abs"], full["opt_peak"], full["live_after"] + fwd_bwd_peak)
+    return {**full, "peak": peak, "fwd_bwd_peak": fwd_bwd_peak, "notes": figures["notes"],
+            "simulated_optimizer": figures["simulated_optimizer"],
+            "checkpointed": len(checkpoint_targets(model, checkpointing)) if checkpointing is not None else 0}
 
 
 def _precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None, str]:
@@ -338,3 +229,5 @@ def _precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None, 
 
 #: steps simulated: 1, and the second derived (see the module docstring); 2 for the reference
 _SIMULATED_STEPS = 1
+#: units of the two short copies a run of alike blocks is planned from (_repeat.py)
+_SHORT_UNITS = (3, 4)

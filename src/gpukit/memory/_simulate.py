@@ -1,19 +1,135 @@
 """The planner's simulated step: the model on fake parameters (in backward too, where
 checkpointed blocks run their forward again), with checkpointing and a "-true" precision's
-casts applied for the simulation only."""
+casts applied for the simulation only, under :class:`LiveBytes`, which counts the bytes of
+every storage an operator creates until it is freed. :func:`simulate_step` runs it and returns
+the raw figures ``estimate_memory`` turns into a plan."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.flop_counter import flop_registry
 
+from gpukit.errors import MemoryPlanError
 from gpukit.memory._activation import checkpointing_applied
+from gpukit.memory._fake_optimizer import make_optimizer, state_bytes
 from gpukit.precision import NORM_LAYERS, _cast_hook, _cast_output_hook
 
-__all__ = ["norm_tensor_names", "simulated", "true_precision_casts"]
+__all__ = ["LiveBytes", "StepSpec", "call_model", "default_loss", "norm_tensor_names", "simulate_step",
+           "simulated", "true_precision_casts"]
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What a simulated step runs: the optimizer, the batch, the dtypes, the allocator's block."""
+
+    opt_cls: type | None
+    opt_defaults: dict[str, Any]
+    example_batch: Any
+    param_dtype: torch.dtype
+    autocast_dtype: torch.dtype | None
+    block: int
+    loss_fn: Callable[[Any], torch.Tensor] | None
+    steps: int = 1
+
+
+class LiveBytes(TorchDispatchMode):
+    """Counts live storage bytes through every operator, freed via weakref callbacks (and, while
+    ``count_flops``, the FLOPs of the operators ``torch.utils.flop_counter`` knows)."""
+
+    def __init__(self, block: int) -> None:
+        super().__init__()
+        self.block = block
+        self.live = 0
+        self.peak = 0
+        self._refs: dict[int, weakref.ref[Any]] = {}
+        self.count_flops = True
+        self.flops = 0
+        self.segment_peak = 0  # peak since the last mark (see mark)
+        self.marks: list[tuple[tuple[Any, ...], int]] = []
+
+    def size(self, storage: Any) -> int:
+        nbytes = int(storage.nbytes())
+        return -(-nbytes // self.block) * self.block
+
+    def track(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self._refs and self._refs[key]() is storage:
+            return
+        nbytes = self.size(storage)
+        self._refs[key] = weakref.ref(storage, lambda _, key=key, nbytes=nbytes: self._free(key, nbytes))
+        self.live += nbytes
+        if self.live > self.peak:
+            self.peak = self.live
+        if self.live > self.segment_peak:
+            self.segment_peak = self.live
+
+    def _free(self, key: int, nbytes: int) -> None:
+        self._refs.pop(key, None)
+        self.live -= nbytes
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    def mark(self, label: tuple[Any, ...]) -> None:
+        """Close the segment since the last mark: record ``label`` with that segment's peak."""
+        self.marks.append((label, self.segment_peak))
+        self.segment_peak = self.live
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.count_flops and func.overloadpacket in flop_registry:  # as FlopCounterMode counts
+            self.flops += flop_registry[func.overloadpacket](*args, **(kwargs or {}), out_val=out)
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.track(leaf)
+        return out
+
+
+def call_model(model: torch.nn.Module, batch: Any) -> Any:
+    if isinstance(batch, dict):
+        return model(**batch)
+    return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    # a model that computes its own loss (Hugging Face models given labels=) returns it as .loss
+    own = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if isinstance(own, torch.Tensor) and own.is_floating_point() and own.dim() == 0:
+        return own
+    leaves = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not leaves:
+        raise MemoryPlanError("estimate_memory: the model returned no floating-point tensor; pass loss_fn=...")
+    return sum(t.float().mean() for t in leaves)  # type: ignore[return-value]
+
+
+
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """Silence FakeTensorMode's own error log: it prints torch's traceback of an op that failed
+    before the exception reaches us, and the MemoryPlanError raised then says it in one line."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    disabled, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
+
+
+
+
 
 
 @contextlib.contextmanager
@@ -54,3 +170,97 @@ def true_precision_casts(model: torch.nn.Module, low: torch.dtype | None) -> Ite
     finally:
         for handle in handles:
             handle.remove()
+
+
+def simulate_step(model: torch.nn.Module, step: StepSpec, checkpointing: Any,
+                  marks: tuple[list[torch.nn.Module], int] | None = None) -> dict[str, Any]:
+    """Run ``step.steps`` training steps of ``model`` on fake tensors; returns the raw figures.
+
+    ``marks``: ``(blocks, unit)`` to mark every unit's forward and backward (``_repeat.py``);
+    the figures then hold ``"marks"``, the segments' peaks in order.
+    """
+    # Simulate on fake CPU tensors whatever the target: fake CUDA tensors would initialise
+    # CUDA (and abort a CPU-only build in autograd). Autograd's saved tensors do not depend
+    # on the device; CPU autocast casts the same matmul/conv family to the low dtype.
+    from gpukit.memory._repeat import SegmentMarks
+
+    simulated_device = torch.device("cpu")
+    tracker = LiveBytes(step.block)
+    notes: list[str] = []
+
+    def fake_like(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        fake = torch.empty(tensor.shape, dtype=dtype or tensor.dtype, device=simulated_device)
+        tracker.track(fake)
+        return fake
+
+    param_dtype = step.param_dtype
+    with _quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True):
+        # "-true" precisions keep norm layers in fp32 (gpukit.precision.TruePrecision)
+        fp32 = norm_tensor_names(model) if param_dtype != torch.float32 else set()
+
+        def dtype_of(name: str, t: torch.Tensor) -> torch.dtype | None:
+            return (torch.float32 if name in fp32 else param_dtype) if t.is_floating_point() else None
+
+        params = {
+            name: fake_like(p, dtype_of(name, p)).requires_grad_(p.requires_grad)
+            for name, p in model.named_parameters()
+        }
+        buffers = {name: fake_like(b, dtype_of(name, b)) for name, b in model.named_buffers()}
+        # "-true" precisions feed the model low-precision inputs too; an input that requires
+        # grad keeps it (a middle layer, as gpukit.parallel plans one, sends gradients back)
+        inputs = tree_map(
+            lambda t: fake_like(t, param_dtype if t.is_floating_point() else None).requires_grad_(
+                t.requires_grad and t.is_floating_point()
+            ) if isinstance(t, torch.Tensor) else t,
+            step.example_batch,
+        )
+        figures: dict[str, Any] = {
+            "parameters": sum(tracker.size(p.untyped_storage()) for p in params.values()),
+            "buffers": sum(tracker.size(b.untyped_storage()) for b in buffers.values()),
+            "inputs": sum(tracker.size(t.untyped_storage()) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)),
+        }
+        trainable = [p for p in params.values() if p.requires_grad]
+        true_low = param_dtype if param_dtype != torch.float32 else None
+        segment_marks = SegmentMarks(marks[0], marks[1], tracker.mark) if marks is not None else None
+        try:
+            with tracker, simulated(model, {**params, **buffers}, checkpointing, true_low) as checkpointed:
+                fake_opt = make_optimizer(step.opt_cls, step.opt_defaults, trainable, notes)
+                for number in range(step.steps):
+                    before_forward = tracker.live
+                    tracker.reset_peak()
+                    if number == 0:
+                        figures["before_forward"] = before_forward
+                        tracker.mark(("S",))
+                    with torch.autocast(simulated_device.type, dtype=step.autocast_dtype,
+                                        enabled=step.autocast_dtype is not None):
+                        output = call_model(model, inputs)
+                        loss = (step.loss_fn or default_loss)(output)
+                    loss.backward()
+                    del output, loss
+                    if number == 0:  # forward+backward FLOPs (recompute included): fit's cost model
+                        figures["flops"], tracker.count_flops = tracker.flops, False
+                        figures["fwd_bwd_peak_abs"] = tracker.peak
+                        tracker.mark(("E",))
+                    fwd_bwd_peak = tracker.peak - before_forward
+                    grads = sum(tracker.size(p.grad.untyped_storage()) for p in trainable if p.grad is not None)
+                    if fake_opt is not None:
+                        fake_opt.step()
+                        fake_opt.zero_grad(set_to_none=True)
+                    else:
+                        for p in trainable:
+                            p.grad = None
+                    if number == 0:
+                        overall_peak = tracker.peak
+                        tracker.mark(("O",))
+                        figures["live_after"] = tracker.live
+                overall_peak = max(overall_peak, tracker.peak)
+                if step.steps == 1:  # the second step's forward and backward start from here
+                    overall_peak = max(overall_peak, tracker.live + fwd_bwd_peak)
+                figures["state"] = state_bytes(fake_opt, tracker) if fake_opt is not None else 0
+        finally:
+            if segment_marks is not None:
+                segment_marks.remove()
+    if segment_marks is not None:
+        figures["marks"] = None if segment_marks.failed else tracker.marks
+    return {**figures, "grads": grads, "peak": overall_peak, "fwd_bwd_peak": fwd_bwd_peak, "notes": notes,
+            "checkpointed": len(checkpointed), "simulated_optimizer": fake_opt is not None}

@@ -1,0 +1,88 @@
+"""A model's weights read from a file straight into the model: ``load_state_dict(model, path)``.
+
+``torch.load`` then ``model.load_state_dict`` reads every tensor into new memory and copies it
+again into the model, so the weights are briefly held twice. Given a model and a path, gpukit
+reads the file as ``session.resume`` does (``_lazy.py``): a torch zip checkpoint is opened
+without reading its tensors (``weights_only``), the keys and shapes are checked against the
+model (grouped errors, nothing overwritten on a mismatch), and each tensor's bytes go from the
+file into the model's own parameter or buffer -- one ``preadv`` in CPU memory, one tensor at a
+time through the CPU for another device. A safetensors file goes the same way: its header gives
+every tensor's place in the file.
+Files only the ordinary reader can read (legacy pickles) are loaded whole first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpukit.checkpoint._formats import (
+    SAFETENSORS,
+    SAFETENSORS_DTYPES,
+    check_readable_file,
+    read_safetensors_header,
+    sniff_format,
+)
+from gpukit.checkpoint._lazy import LazyCheckpoint
+from gpukit.checkpoint._prefixes import match_state_dict
+
+__all__ = ["load_into"]
+
+
+def load_into(model: nn.Module, path: str | os.PathLike[str], *, strict: bool = True, trust: bool = False) -> Any:
+    """Load the state dict in ``path`` into ``model`` without a second copy of the weights.
+
+    Returns:
+        torch's ``_IncompatibleKeys`` (unwrapped key names), as ``load_state_dict`` does.
+
+    Raises:
+        CheckpointError, UnsafeCheckpointError: as :func:`gpukit.load` for the file.
+        ConfigurationError: the file holds a whole training state, not a model's state dict.
+        StateDictMismatchError: the model does not fit the file (before anything is loaded).
+    """
+    source = Path(path)
+    size = check_readable_file(source)
+    if sniff_format(source, size) == SAFETENSORS:
+        return _from_safetensors(model, source, size, strict)
+    from gpukit.checkpoint._io import load_lazy
+
+    with load_lazy(source, trust=trust) as lazy:
+        inner, remapped, own = match_state_dict(model, lazy.tree, strict=strict)  # shapes only: nothing read yet
+        filled = OrderedDict(lazy.fill_state_dict(remapped, own))
+        if hasattr(remapped, "_metadata"):
+            filled._metadata = remapped._metadata  # type: ignore[attr-defined]
+        return inner.load_state_dict(filled, strict=strict)
+
+
+def _from_safetensors(model: nn.Module, path: Path, size: int, strict: bool) -> Any:
+    """A safetensors file read as a torch one is: its header gives every tensor's place in the
+    file, and the same in-place reader (``LazyCheckpoint``) reads each one into the model's."""
+    header = read_safetensors_header(path, size)  # refuses absurd sizes and offsets before anything is read
+    with open(path, "rb") as handle:
+        data_start = 8 + int.from_bytes(handle.read(8), "little")
+    tree: dict[str, torch.Tensor] = OrderedDict()
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        dtype = getattr(torch, SAFETENSORS_DTYPES[entry["dtype"]][0])  # names checked by the header reader
+        begin, end = entry["data_offsets"]
+        storage = torch.UntypedStorage(end - begin, device="meta")
+        storage._checkpoint_offset = data_start + begin  # type: ignore[attr-defined] # what torch.load records
+        shape = tuple(entry["shape"])
+        tree[key] = torch.empty(0, dtype=dtype, device="meta").set_(storage, 0, shape, _contiguous_stride(shape))
+    with LazyCheckpoint(path, size, tree) as lazy:
+        inner, remapped, own = match_state_dict(model, tree, strict=strict)
+        return inner.load_state_dict(OrderedDict(lazy.fill_state_dict(remapped, own)), strict=strict)
+
+
+def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, out = 1, []
+    for dim in reversed(shape):
+        out.append(stride)
+        stride *= max(dim, 1)
+    return tuple(reversed(out))
