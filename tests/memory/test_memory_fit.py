@@ -4,6 +4,7 @@ against real allocations measured on the CPU (torch's profiler)."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -72,6 +73,14 @@ def test_cli_plan_fit(tmp_path: Path) -> None:
     assert "cheapest first" in ok.stdout and "Session(" in ok.stdout
     bad = subprocess.run([*base, "--fit", "lots"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("gpukit: error:") and "Invalid size" in bad.stderr
+    for extra in ([], ["--json"]):  # nothing fits: what is missing, then a status scripts can test
+        none = subprocess.run([*base, "--fit", "64KiB", *extra], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert none.returncode == 2, none.stderr
+        if extra:
+            assert json.loads(none.stdout)["options"] == [] and json.loads(none.stdout)["closest"]
+        else:
+            assert "nothing fits" in none.stdout and "closest:" in none.stdout and "more per device" in none.stdout
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])

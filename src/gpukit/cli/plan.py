@@ -19,6 +19,8 @@ _DTYPES = ("float32", "float16", "bfloat16", "int64", "int32")
 _PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")  # gpukit.precision's, less "auto"
 _SHORT_NAMES = ("32", "16", "bf16")  # also accepted by gpukit.precision
 _MAX_INPUT_NUMEL = 2**48  # elements of one input (1 PiB of fp32): more is a typo, and overflows torch's sizes
+#: ``plan --fit`` when no configuration fits (what is missing is printed first), as ``gpukit select``'s
+NOTHING_FITS_EXIT_CODE = 2
 
 
 def _load_factory(target: str) -> object:
@@ -126,7 +128,8 @@ def _visible_gpu_count() -> int:
               help="Processes the model is sharded over (with --strategy fsdp) [default: the GPUs visible here].")
 @click.option("--fit", "fit_memory", metavar="SIZE", default=None,
               help="Memory per device, e.g. 24GiB: rank the configurations that fit (precision, activation "
-                   "checkpointing, strategy over --nproc devices, micro-batch) by predicted step time.")
+                   "checkpointing, strategy over --nproc devices, micro-batch) by predicted step time; exit "
+                   "status 2 (after saying what is missing) when none fits.")
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")
 def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], dtypes: tuple[str, ...], precision: str,
          optimizer: str, device: str, strategy: str, nproc: int | None, fit_memory: str | None, as_json: bool) -> None:
@@ -229,3 +232,5 @@ def _print_fit(model: object, batch: object, budget: int, devices: int, optimize
                                "closest": asdict(result.closest) if result.closest else None}, indent=2))
     else:
         click.echo(str(result))
+    if not result.options:  # as `gpukit select` when no GPU qualifies: scripts can tell
+        click.get_current_context().exit(NOTHING_FITS_EXIT_CODE)

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from gpukit.errors import ConfigurationError
-from gpukit.memory._blocks import find_blocks
+from gpukit.memory._blocks import find_blocks, inside
 
 __all__ = [
     "ActivationCheckpointing",
@@ -117,9 +117,11 @@ def checkpoint_targets(root: nn.Module, policy: ActivationCheckpointing) -> list
         classes = tuple(policy)  # type: ignore[arg-type]
         chosen = [(n, m) for n, m in root.named_modules() if m is not root and isinstance(m, classes)]
     outermost: list[tuple[str, nn.Module]] = []
+    names: set[str] = set()
     for name, module in chosen:
-        if not any(name.startswith(f"{outer}.") for outer, _ in outermost):
+        if not inside(name, names):
             outermost.append((name, module))
+            names.add(name)
     return outermost
 
 

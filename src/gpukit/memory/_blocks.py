@@ -29,7 +29,8 @@ from torch import nn
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["AutoWrap", "BLOCK_TYPES", "DEFAULT_MIN_UNIT_PARAMS", "find_blocks", "unit_param_counts", "units_to_shard"]
+__all__ = ["AutoWrap", "BLOCK_TYPES", "DEFAULT_MIN_UNIT_PARAMS", "find_blocks", "inside", "unit_param_counts",
+           "units_to_shard"]
 
 #: module classes that are a unit of their own under the default policy
 BLOCK_TYPES: tuple[type[nn.Module], ...] = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
@@ -62,12 +63,20 @@ def find_blocks(root: nn.Module) -> list[tuple[str, nn.Module]]:
     """
     stacked = _stack_elements(root)
     found: list[tuple[str, nn.Module]] = []
+    names: set[str] = set()
     for name, module in root.named_modules():
-        if module is root or any(name.startswith(f"{outer}.") for outer, _ in found):
+        if module is root or inside(name, names):
             continue
         if isinstance(module, BLOCK_TYPES) or id(module) in stacked:
             found.append((name, module))
+            names.add(name)
     return found
+
+
+def inside(name: str, outer: set[str]) -> bool:
+    """Whether ``name`` lies inside a module named in ``outer`` (one lookup per ancestor)."""
+    parts = name.split(".")
+    return any(".".join(parts[:i]) in outer for i in range(1, len(parts)))
 
 
 def units_to_shard(

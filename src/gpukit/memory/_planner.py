@@ -10,7 +10,7 @@ optimizer state now held -- is the first step's forward-and-backward peak on top
 step leaves live: simulating that second step gave the same figures in all 120 configurations
 checked (4 models x 3 precisions x checkpointing x 5 optimizers, CPU and CUDA) at twice the
 time; ``tests/memory/test_memory_planner.py`` keeps checking it. A model with a long run of alike
-blocks (a transformer's layers) is simulated with that run cut to 3 and 4 units and every figure
+blocks (a transformer's layers) is simulated with that run cut to 2 and 3 units and every figure
 extended to the whole run (``_repeat.py``): the same figures, in a fraction of the time.
 
 Not modelled: library workspaces (cuBLAS/cuDNN scratch), the CUDA context itself (it is not
@@ -197,8 +197,8 @@ def _from_short_copies(model: torch.nn.Module, step: StepSpec, checkpointing: An
                 figures = simulate_step(model, step, policy, marks=(blocks, run.unit))
         except (RuntimeError, TypeError, NotImplementedError, ValueError, IndexError, KeyError):
             return None  # a model that cannot run cut short: simulate it whole
-        cut = segments(figures.pop("marks"), units)
-        if cut is None or max(v for k, v in cut.items() if k != ("E",)) != figures["fwd_bwd_peak_abs"]:
+        cut = segments(figures.pop("marks") or [], units)
+        if cut is None or max(v for k, v in cut["peak"].items() if k != ("E",)) != figures["fwd_bwd_peak_abs"]:
             return None
         found.append({**{k: v for k, v in figures.items() if isinstance(v, int) and not isinstance(v, bool)},
                       "segments": cut})
@@ -230,4 +230,4 @@ def _precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None, 
 #: steps simulated: 1, and the second derived (see the module docstring); 2 for the reference
 _SIMULATED_STEPS = 1
 #: units of the two short copies a run of alike blocks is planned from (_repeat.py)
-_SHORT_UNITS = (3, 4)
+_SHORT_UNITS = (2, 3)

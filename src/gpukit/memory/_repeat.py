@@ -4,8 +4,8 @@ A transformer's layers are the same module N times over, and every figure of a t
 grows with N in a straight line: parameters, gradients, optimizer state and FLOPs per block,
 and the live memory at any point of the step -- block i's forward starts with the activations
 of the i blocks before it kept, its backward with the gradients of those after it made. So
-:func:`estimate_memory` simulates the model with the run of N blocks cut to ``3u + r`` and to
-``4u + r`` blocks (``u``: blocks per repeating unit, 2 when every other block is checkpointed;
+:func:`estimate_memory` simulates the model with the run of N blocks cut to ``2u + r`` and to
+``3u + r`` blocks (``u``: blocks per repeating unit, 2 when every other block is checkpointed;
 ``r = N mod u``) and extends every figure to N.
 
 The peak is the one figure that is no straight line: it is the highest of several, each of
@@ -13,9 +13,10 @@ which is -- the forward of the first, a middle and the last unit, the head, the 
 of them, the optimizer step. They cross as N grows (a large vocabulary's head at few layers,
 the last block's backward at many), so each is extended on its own: the simulation is cut
 into segments at every unit's forward and backward (a module hook and a tensor hook), the
-peak of every segment recorded, and the middle units -- whose peak moves with their position
--- extended at both ends of the run. The result is exact whenever the blocks are alike;
-``tests/memory/test_memory_planner_repeat.py`` compares it with simulating every block.
+live bytes at each start and the peak of each segment recorded, and the middle units -- whose
+peak moves with their position -- taken at both ends of the run (see :func:`extend`). The
+result is exact whenever the blocks are alike; ``tests/memory/test_memory_planner_repeat.py``
+compares it with simulating every block.
 
 Blocks count as alike when they have the same class, parameter and buffer shapes, module
 tree (``repr``) and plain attributes, apart from integer position attributes (``layer_idx``).
@@ -41,8 +42,8 @@ from gpukit.memory._blocks import find_blocks
 
 __all__ = ["RepeatedRun", "find_run", "reduced", "SegmentMarks", "extend"]
 
-#: runs shorter than this are simulated whole (two copies of 3 and 4 units would save little)
-MIN_UNITS = 8
+#: runs shorter than this are simulated whole (two copies of 2 and 3 units would save little)
+MIN_UNITS = 6
 _POSITION_ATTR = re.compile(r"(^|_)(idx|index|id|number|num)$")
 _SIMPLE = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
@@ -116,7 +117,8 @@ def _runs(model: nn.Module) -> list[tuple[nn.Module, list[str], list[nn.Module]]
         order = list(parent._modules)
         current: list[tuple[str, nn.Module]] = []
         for key, block in sorted(found, key=lambda item: order.index(item[0])):
-            if current and order.index(key) == order.index(current[-1][0]) + 1 and _alike([current[0][1], block]):
+            if current and order.index(key) == order.index(current[-1][0]) + 1 and \
+                    _signature(block) == _signature(current[0][1]):  # the whole run is checked by find_run
                 current.append((key, block))
                 continue
             if len(current) > 1:
@@ -210,38 +212,44 @@ class SegmentMarks:
             handle.remove()
 
 
-def segments(marks: list[tuple[tuple[Any, ...], int]], units: int) -> dict[tuple[Any, ...], int] | None:
-    """Peak of every segment, keyed by the mark that opened it; ``None`` unless the marks came in
-    the order of one forward and one backward through ``units`` units."""
+def segments(marks: list[tuple[tuple[Any, ...], int, int]], units: int) -> dict[str, dict[Any, int]] | None:
+    """Per segment (keyed by the mark that opened it): the live bytes at its start and its peak;
+    ``None`` unless the marks came in the order of one forward and one backward through ``units`` units."""
     expected = ([("S",)] + [("F", j) for j in range(units)] + [("B", j) for j in reversed(range(units))]
                 + [("E",), ("O",)])
-    labels = [label for label, _ in marks]
-    if labels != expected:
+    if [label for label, _, _ in marks] != expected:
         return None
-    return {label: peak for (label, _), (_, peak) in zip(marks, marks[1:])}
+    return {"start": {label: live for label, live, _ in marks},
+            "peak": {label: peak for (label, _, _), (_, _, peak) in zip(marks, marks[1:])}}
 
 
 def extend(short: dict[str, Any], long: dict[str, Any], k: int, n: int) -> dict[str, Any]:
-    """Figures at ``n`` units from those at ``k`` (``short``) and ``k + 1`` (``long``) units.
+    """Figures at ``n`` units from those of the copies of ``k`` (``short``) and ``k + 1``
+    (``long``) units; ``k + 1 >= 3``, so the long copy has a middle unit.
 
-    Scalars grow by their difference per unit; segment peaks too, except the middle units',
-    whose peak depends on the position ``j`` as well: ``a + b j + c K`` (K units), solved from
-    the middle unit of the short copy and the two of the long one, and taken at both ends.
+    Scalars, and the peaks of the segments that are no middle unit's (before the blocks, the
+    first and the last unit's forward and backward, the optimizer step), grow by their
+    difference per unit. A middle unit ``j``'s peak is what is live when it starts plus what it
+    adds, the same for every middle unit (measured on unit 1 of the long copy): its forward
+    starts with ``j - 1`` more units' activations than unit 1's (causal: whatever follows), its
+    backward with ``j`` more units' net change than unit 0's backward, which starts with what
+    every unit after it left. Both grow with ``j``, so the highest is at ``j = 1`` or ``n - 2``.
     """
     def line(a: int, b: int) -> int:
         return a + (b - a) * (n - k)
 
     out = {key: line(short[key], long[key]) for key in short if key != "segments"}
-    seg_short, seg_long = short["segments"], long["segments"]
-    peaks = []
-    for kind in ("F", "B"):
-        peaks.append(line(seg_short[(kind, 0)], seg_long[(kind, 0)]))
-        peaks.append(line(seg_short[(kind, k - 1)], seg_long[(kind, k)]))
-        m1, m2, m3 = seg_short[(kind, 1)], seg_long[(kind, 1)], seg_long[(kind, 2)]  # (j, K) = (1,k) (1,k+1) (2,k+1)
-        c, b = m2 - m1, m3 - m2
-        a = m1 - b - c * k
-        peaks += [a + b * j + c * n for j in (1, n - 2)]
-    peaks.append(line(seg_short[("S",)], seg_long[("S",)]))
+    short_start, short_peak = short["segments"]["start"], short["segments"]["peak"]
+    start, peak = long["segments"]["start"], long["segments"]["peak"]
+    edges = [("S",), ("F", 0), ("B", 0)]
+    peaks = [line(short_peak[label], peak[label]) for label in edges]
+    peaks += [line(short_peak[(kind, k - 1)], peak[(kind, k)]) for kind in ("F", "B")]  # the last unit
+    forward_step = start[("F", 2)] - start[("F", 1)]  # one middle unit's activations kept
+    backward_step = start[("B", 1)] - start[("B", 0)]  # one middle unit's backward, net
+    backward_zero = line(short_start[("B", 0)], start[("B", 0)])
+    for j in (1, n - 2):
+        peaks.append(start[("F", 1)] + (j - 1) * forward_step + peak[("F", 1)] - start[("F", 1)])
+        peaks.append(backward_zero + j * backward_step + peak[("B", 1)] - start[("B", 1)])
     out["fwd_bwd_peak_abs"] = max(peaks)
-    out["opt_peak"] = line(seg_short[("E",)], seg_long[("E",)])
+    out["opt_peak"] = line(short_peak[("E",)], peak[("E",)])
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +56,8 @@ class LiveBytes(TorchDispatchMode):
         self.count_flops = True
         self.flops = 0
         self.segment_peak = 0  # peak since the last mark (see mark)
-        self.marks: list[tuple[tuple[Any, ...], int]] = []
+        self.frozen = False  # frees no longer counted: the count was set from a known step
+        self.marks: list[tuple[tuple[Any, ...], int, int]] = []
 
     def size(self, storage: Any) -> int:
         nbytes = int(storage.nbytes())
@@ -76,14 +78,16 @@ class LiveBytes(TorchDispatchMode):
 
     def _free(self, key: int, nbytes: int) -> None:
         self._refs.pop(key, None)
-        self.live -= nbytes
+        if not self.frozen:
+            self.live -= nbytes
 
     def reset_peak(self) -> None:
         self.peak = self.live
 
     def mark(self, label: tuple[Any, ...]) -> None:
-        """Close the segment since the last mark: record ``label`` with that segment's peak."""
-        self.marks.append((label, self.segment_peak))
+        """Close the segment since the last mark and open ``label``'s: record ``(label, live now,
+        the closed segment's peak)``."""
+        self.marks.append((label, self.live, self.segment_peak))
         self.segment_peak = self.live
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -243,9 +247,12 @@ def simulate_step(model: torch.nn.Module, step: StepSpec, checkpointing: Any,
                         tracker.mark(("E",))
                     fwd_bwd_peak = tracker.peak - before_forward
                     grads = sum(tracker.size(p.grad.untyped_storage()) for p in trainable if p.grad is not None)
-                    if fake_opt is not None:
-                        fake_opt.step()
-                        fake_opt.zero_grad(set_to_none=True)
+                    known = _known_optimizer_step(fake_opt, trainable, tracker) if step.steps == 1 else None
+                    if known is not None:  # the same step on the same tensors ran before: its effect
+                        known.apply(tracker, trainable)
+                        figures["state"] = known.state_bytes
+                    elif fake_opt is not None:
+                        _run_optimizer_step(fake_opt, trainable, tracker, remember=step.steps == 1)
                     else:
                         for p in trainable:
                             p.grad = None
@@ -256,7 +263,8 @@ def simulate_step(model: torch.nn.Module, step: StepSpec, checkpointing: Any,
                 overall_peak = max(overall_peak, tracker.peak)
                 if step.steps == 1:  # the second step's forward and backward start from here
                     overall_peak = max(overall_peak, tracker.live + fwd_bwd_peak)
-                figures["state"] = state_bytes(fake_opt, tracker) if fake_opt is not None else 0
+                if "state" not in figures:
+                    figures["state"] = state_bytes(fake_opt, tracker) if fake_opt is not None else 0
         finally:
             if segment_marks is not None:
                 segment_marks.remove()
@@ -264,3 +272,57 @@ def simulate_step(model: torch.nn.Module, step: StepSpec, checkpointing: Any,
         figures["marks"] = None if segment_marks.failed else tracker.marks
     return {**figures, "grads": grads, "peak": overall_peak, "fwd_bwd_peak": fwd_bwd_peak, "notes": notes,
             "checkpointed": len(checkpointed), "simulated_optimizer": fake_opt is not None}
+
+
+@dataclass(frozen=True)
+class _OptimizerStep:
+    """What one optimizer step (and ``zero_grad``) did to the live bytes, relative to its start."""
+
+    peak_above_start: int
+    live_change: int
+    state_bytes: int
+
+    def apply(self, tracker: LiveBytes, params: list[torch.Tensor]) -> None:
+        """Count this step in ``tracker`` instead of running it; the gradients are dropped."""
+        top = tracker.live + self.peak_above_start
+        live = tracker.live + self.live_change
+        tracker.frozen = True  # the gradients' frees below are in live_change already
+        for p in params:
+            p.grad = None
+        tracker.live, tracker.peak, tracker.segment_peak = live, max(tracker.peak, top), max(tracker.segment_peak, top)
+
+
+#: optimizer steps simulated in this process, by what determines them (see _optimizer_key); a
+#: plan that meets one again (fit plans the same model at several batch sizes and checkpointing
+#: policies: the same parameters and gradients each time) takes its effect instead of running it
+_OPTIMIZER_STEPS: OrderedDict[tuple[Any, ...], _OptimizerStep] = OrderedDict()
+_OPTIMIZER_STEPS_KEPT = 64
+
+
+def _optimizer_key(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], block: int) -> tuple[Any, ...]:
+    groups = tuple(tuple(sorted((k, repr(v)) for k, v in g.items() if k != "params")) for g in optimizer.param_groups)
+    tensors = tuple((tuple(p.shape), p.dtype, p.grad is None or (tuple(p.grad.shape), p.grad.dtype,
+                     p.grad.untyped_storage().nbytes(), p.grad.stride())) for p in params)
+    return type(optimizer), groups, tensors, block
+
+
+def _known_optimizer_step(optimizer: torch.optim.Optimizer | None, params: list[torch.Tensor],
+                          tracker: LiveBytes) -> _OptimizerStep | None:
+    if optimizer is None:
+        return None
+    return _OPTIMIZER_STEPS.get(_optimizer_key(optimizer, params, tracker.block))
+
+
+def _run_optimizer_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], tracker: LiveBytes,
+                        remember: bool) -> None:
+    key = _optimizer_key(optimizer, params, tracker.block) if remember else None
+    start, peak_before = tracker.live, tracker.peak
+    tracker.peak = start
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    peak_above = tracker.peak - start
+    tracker.peak = max(peak_before, tracker.peak)
+    if key is not None:
+        _OPTIMIZER_STEPS[key] = _OptimizerStep(peak_above, tracker.live - start, state_bytes(optimizer, tracker))
+        while len(_OPTIMIZER_STEPS) > _OPTIMIZER_STEPS_KEPT:
+            _OPTIMIZER_STEPS.popitem(last=False)
