@@ -9,7 +9,11 @@ Measured side by side in one run (interleaved, median of N):
    method. Target: at least 10x faster. Without a driver the nvidia-smi column is skipped and
    the fake's query latency is still reported.
 
-Run: python bench/devices.py [--runs N]
+3. ``--scale``: how `gpukit ls` and an in-process ``list_gpus()`` grow with the GPUs and processes
+   of a fake spec (64, 256, 1024 GPUs x 8 processes each): time per process listed should stay
+   flat (linear growth). On a machine with a real driver, the real NVML query's time per GPU too.
+
+Run: python bench/devices.py [--runs N] [--scale]
 """
 
 from __future__ import annotations
@@ -95,10 +99,67 @@ def _query_latency(runs: int, fake: bool) -> float:
         _nvml.shutdown()
 
 
+def _big_spec(gpus: int, processes: int, where: Path) -> Path:
+    import json
+
+    spec = {"gpus": [{"name": "Fake GPU", "memory_total_mib": 80000, "memory_used_mib": processes * 100,
+                      "processes": [{"pid": 10_000 + gpu * processes + p, "user": f"user{gpu % 7}",
+                                     "command": f"python train.py --shard {p}", "used_memory_mib": 100}
+                                    for p in range(processes)]} for gpu in range(gpus)]}
+    path = where / f"fake-{gpus}x{processes}.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def scale(runs: int) -> None:
+    """`gpukit ls` and in-process ``list_gpus()`` against the size of a fake spec (and the real driver)."""
+    import tempfile
+
+    from gpukit.devices import FakeNvml, _nvml, list_gpus
+
+    base_env = {k: v for k, v in os.environ.items() if k != "GPUKIT_FAKE_GPUS"}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"scaling: medians of {runs} runs; load average {load:.1f}")
+    print("| GPUs x processes | gpukit ls wall | CPU | list_gpus() in-process (CPU) | per process listed |")
+    print("|---|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for gpus in (64, 256, 1024):
+            spec = _big_spec(gpus, 8, Path(tmp))
+            env = {**base_env, "GPUKIT_FAKE_GPUS": str(spec)}
+            cli = [_time_cmd([*_gpukit_cmd(), "ls"], env) for _ in range(runs)]
+            _nvml.shutdown()
+            with FakeNvml(spec):
+                list_gpus()
+                inproc = []
+                for _ in range(runs):
+                    start = time.process_time()  # CPU: what the query costs, not the wait for a core
+                    list_gpus()
+                    inproc.append(time.process_time() - start)
+            _nvml.shutdown()
+            wall, cpu = statistics.median(w for w, _ in cli), statistics.median(c for _, c in cli)
+            query = statistics.median(inproc)
+            print(f"| {gpus} x 8 | {wall:.2f} s | {cpu:.2f} s | {query * 1000:.0f} ms | {query / (gpus * 8) * 1e6:.1f} us |")
+    if _real_driver_present():
+        _nvml.shutdown()
+        list_gpus()
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            gpus_found = list_gpus()
+            times.append(time.perf_counter() - start)
+        processes = sum(len(g.processes) for g in gpus_found)
+        print(f"| real NVML: {len(gpus_found)} GPU(s), {processes} process(es) | | | "
+              f"{statistics.median(times) * 1000:.1f} ms | |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15, help="timed runs per case (median reported)")
+    parser.add_argument("--scale", action="store_true", help="growth with the size of a fake spec (see above)")
     args = parser.parse_args()
+    if args.scale:
+        scale(max(3, args.runs // 5))
+        return
     base_env = {k: v for k, v in os.environ.items() if k != "GPUKIT_FAKE_GPUS"}
     fake_env = {**base_env, "GPUKIT_FAKE_GPUS": str(FAKE_SPEC)}
     real = _real_driver_present()
