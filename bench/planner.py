@@ -9,7 +9,14 @@ activations and the peak, as estimate/measured ratios. FSDP at 2 ranks (gloo pro
 ``bench/_planner_fsdp.py``) compares ``shard_estimate``'s per-rank peak with rank 0's measured
 peak. GPU rows (``torch.cuda.max_memory_allocated``) run only where a GPU is lent.
 
-Run: ``python bench/planner.py [--models mlp,cnn] [--no-fsdp]``.
+``--speed``: the planner's own cost on ``planner_models.transformer_48`` (48 identical encoder
+layers, 151 M parameters, batch 8 x 256 tokens): ``gpukit plan`` and ``gpukit plan --fit``, each a
+fresh process, wall and CPU time; with ``--before-src DIR`` (an older ``src/``, e.g. from ``git
+archive <commit> src``) the same commands on that code, interleaved, and whether both printed the
+same figures and ranking (goal: ``plan --fit`` <= 5 s, the same output).
+
+Run: ``python bench/planner.py [--models mlp,cnn] [--no-fsdp]``,
+``python bench/planner.py --speed [--before-src DIR] [--reps N] [--fit 24GiB]``.
 """
 
 from __future__ import annotations
@@ -125,12 +132,69 @@ def _format(row: dict) -> str:
             + " | ".join(c for c in cells.split()) + f" | {est:7.1f} / {meas:7.1f} |")
 
 
+def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """(wall s, CPU s of the child, stdout) of one run of ``cmd``."""
+    import resource
+    import time
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode not in (0, 2):  # 2: --fit found nothing (still a figure to compare)
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.stdout
+
+
+def speed(before_src: str | None, reps: int, memory: str) -> None:
+    """``gpukit plan`` / ``plan --fit`` on the 48-layer transformer, this code and (optionally) older code."""
+    import statistics
+
+    here = Path(__file__).resolve().parents[1]
+    codes = {"now": str(here / "src")} | ({"before": before_src} if before_src else {})
+    model = "planner_models:transformer_48"
+    commands = {"plan": [sys.executable, "-m", "gpukit", "plan", model],
+                "plan --fit": [sys.executable, "-m", "gpukit", "plan", model, "--fit", memory]}
+    samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    outputs: dict[tuple[str, str], str] = {}
+    load = os.getloadavg()[0]
+    for _ in range(reps):
+        for code, src in codes.items():
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(here / "tests" / "memory")])}
+            for name, cmd in commands.items():
+                wall, cpu, out = _timed(cmd, env)
+                samples.setdefault((code, name), []).append((wall, cpu))
+                outputs[(code, name)] = out
+    print(f"planner speed: transformer_48, {reps} run(s) each, medians; load average {load:.1f} -> "
+          f"{os.getloadavg()[0]:.1f}; torch {torch.__version__}")
+    print("| code | command | wall | CPU |")
+    print("|---|---|---:|---:|")
+    for (code, name), values in samples.items():
+        print(f"| {code} | {name} | {statistics.median(w for w, _ in values):.1f} s | "
+              f"{statistics.median(c for _, c in values):.1f} s |")
+    if before_src:
+        for name in commands:
+            same = outputs[("now", name)] == outputs[("before", name)]
+            print(f"{name}: {'the same output' if same else 'OUTPUT DIFFERS'} before and now")
+            if not same:
+                print("--- before\n" + outputs[("before", name)] + "--- now\n" + outputs[("now", name)])
+    print(outputs[("now", "plan --fit")])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--speed", action="store_true", help="the planner's own cost (see above)")
+    parser.add_argument("--before-src", help="with --speed: an older src/ directory to compare with")
+    parser.add_argument("--reps", type=int, default=1, help="with --speed: runs per command")
+    parser.add_argument("--fit", default="24GiB", help="with --speed: the memory per device for plan --fit")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--no-fsdp", action="store_true")
     parser.add_argument("--gpu-only", action="store_true", help="only the GPU rows (make gpu-check)")
     args = parser.parse_args()
+    if args.speed:
+        speed(args.before_src, args.reps, args.fit)
+        return
     names = _available(args.models.split(","))
     print(f"load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}")
     print("| where | model | precision | ckpt | params | grads | opt state | activations | peak | peak MiB est / measured |")

@@ -81,6 +81,36 @@ def test_cli_start_up_imports_neither_torch_nor_heavy_modules(tmp_path: Path, co
             main({command!r})
         except SystemExit:
             pass
-    """, tmp_path, env={"GPUKIT_FAKE_GPUS": str(EXAMPLES / "shared-4gpu.json")})
+    """, tmp_path, env={"GPUKIT_FAKE_GPUS": str(EXAMPLES / "fake-gpus" / "shared-4gpu.json")})
     assert "gpukit.cli._main" in modules
     assert _heavy(modules, extra=("torch", "numpy")) == {}
+
+
+def test_version_is_answered_before_click(tmp_path: Path) -> None:
+    """`gpukit --version` prints pyproject's version without importing click or importlib.metadata."""
+    import tomllib
+
+    version = tomllib.loads((EXAMPLES.parent / "pyproject.toml").read_text())["project"]["version"]
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "gpukit", "--version"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == f"gpukit, version {version}\n"
+    modules = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "gpukit.cli" in modules
+    assert not {m for m in modules if m.split(".")[0] in ("click", "rich", "torch")} | (
+        modules & {"importlib.metadata", "email"})
+    # click's own --version (other words after it) says the same
+    out = subprocess.run([sys.executable, "-m", "gpukit", "--version", "ls"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout == done.stdout
+
+
+def test_a_first_claim_imports_neither_torch_nor_filelock(tmp_path: Path) -> None:
+    modules = _imported("""
+        import sys
+        import gpukit
+        claim = gpukit.claim_gpus(1, claim_dir=sys.argv[1])
+        assert len(claim.gpus) == 1
+        claim.release()
+    """, tmp_path, env={"GPUKIT_FAKE_GPUS": str(EXAMPLES / "fake-gpus" / "shared-4gpu.json")})
+    assert "gpukit.devices._claim_files" in modules
+    assert _heavy(modules, extra=("torch", "numpy", "filelock", "click", "rich")) == {}

@@ -14,11 +14,16 @@ __all__ = ["cli", "main"]
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: gpukit errors become one clear line and exit code 2.
 
-    ``gpukit run`` first (before click, torch, anything heavy) holds on to a scheduler's
+    ``gpukit --version`` is answered without importing click. ``gpukit run`` first (before click, torch, anything heavy) holds on to a scheduler's
     warning signal (SIGUSR1/SIGUSR2), whose default action would kill it while it starts:
     the launcher then stops before starting workers and requeues the job.
     """
     words = sys.argv[1:] if argv is None else argv
+    if words == ["--version"]:  # answered before click and importlib.metadata are imported (~20 ms less)
+        from gpukit._util.version import __version__
+
+        print(f"gpukit, version {__version__}")
+        return
     if words[:1] == ["run"]:
         from gpukit._util.startup_signals import hold_warning_signals
 

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from gpukit._util.version import __version__
 from gpukit.errors import GpukitError
 
 # subcommand -> "module:attribute". Each module holds one command and imports what it needs.
@@ -46,7 +47,7 @@ class _LazyGroup(click.Group):
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="gpukit")
+@click.version_option(version=__version__, prog_name="gpukit")  # no importlib.metadata
 def cli() -> None:
     """gpukit: see, pick and claim GPUs, and train PyTorch on them well."""
 
