@@ -97,12 +97,17 @@ def test_wrong_architecture_from_file(tmp_path: Path, small_net: SmallNet) -> No
     assert all(torch.equal(a, b) for a, b in zip(before, other.parameters()))  # untouched
 
 
-def test_a_path_instead_of_a_state_dict_says_to_load_it_first(tmp_path: Path) -> None:
+def test_a_path_is_read_straight_into_the_model_and_other_things_are_refused(tmp_path: Path) -> None:
+    """load_state_dict(model, path) reads the file into the model (issue 27: was an error saying to
+    gpukit.load it first); what is neither a mapping nor a path is still a clear error."""
+    saved = SmallNet()
     path = tmp_path / "small.pt"
-    gpukit.save(SmallNet(), path)
+    gpukit.save(saved, path)
     for given in (str(path), path):
-        with pytest.raises(ConfigurationError, match=r"instead of a state dict.*gpukit.load\("):
-            gpukit.load_state_dict(SmallNet(), given)  # type: ignore[arg-type]
+        model = SmallNet()
+        assert not all(torch.equal(a, b) for a, b in zip(saved.parameters(), model.parameters()))
+        gpukit.load_state_dict(model, given)
+        assert all(torch.equal(a, b) for a, b in zip(saved.parameters(), model.parameters()))
     with pytest.raises(ConfigurationError, match="got a list"):
         gpukit.load_state_dict(SmallNet(), [1, 2])  # type: ignore[arg-type]
 
