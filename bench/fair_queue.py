@@ -1,7 +1,7 @@
 """A job wanting 4 GPUs against a stream of 1-GPU jobs on a fake 4-GPU box (issue 26).
 
-    python bench/queue.py                     # this checkout's gpukit
-    python bench/queue.py --src /other/src    # another gpukit (e.g. before the fair queue)
+    python bench/fair_queue.py                     # this checkout's gpukit
+    python bench/fair_queue.py --src /other/src    # another gpukit (e.g. before the fair queue)
 
 Four 1-GPU jobs run (each JOB_S long, started a quarter of a job apart); then a 4-GPU job starts
 waiting; then a new 1-GPU job arrives every eighth of a job length, STREAM of them (twice as many
