@@ -4,7 +4,10 @@ For every page: (a) each relative link names a file that exists (and a heading, 
 (b) each ```python block compiles; (c) each ``gpukit <command> --flag`` shown in a ```bash /
 ```console block or in inline code names a real command and real options (read from the click
 commands of ``gpukit.cli``, not from a list kept here); (d) each ``GPUKIT_*`` variable it names
-is read or set somewhere in ``src/`` (or, for a test's own knob, in ``tests/`` or ``bench/``).
+is read or set somewhere in ``src/`` (or, for a test's own knob, in ``tests/`` or ``bench/``);
+(e) each file path a page names (``launch/_elastic.py``, ``bench/planner.py``) exists, each
+``docs/*.md`` a docstring or comment in the code cites exists, and docs/architecture.md names every
+module of ``session/`` (its list of the Session's components).
 """
 
 from __future__ import annotations
@@ -202,3 +205,52 @@ def test_environment_variables_exist(page: Path) -> None:
     named = set(ENV_VAR.findall(page.read_text()))
     missing = sorted(v for v in named if v not in source)
     assert not missing, f"{page.name} names {', '.join(missing)}, which nothing in src/ reads or sets"
+
+
+# -- (e) file references ---------------------------------------------------------------------------
+PACKAGE = ROOT / "src" / "gpukit"
+FILE_PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|json|sh|sbatch))\b")
+TOP_LEVEL = {"src", "tests", "bench", "examples", "docs"}
+
+
+def _named_file(path: str) -> Path | None:
+    """Where a path named on a page lies in this checkout (None: not a path of this checkout)."""
+    first = path.split("/", 1)[0]
+    if first in TOP_LEVEL:
+        return ROOT / path
+    if first == "gpukit":
+        return ROOT / "src" / path
+    if (PACKAGE / first / "__init__.py").exists():
+        return PACKAGE / path
+    return None  # /home/me/train.py, path/to/config.json: an example's path, not ours
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_named_files_exist(page: Path) -> None:
+    missing = sorted({p for p in FILE_PATH.findall(page.read_text())
+                      if (where := _named_file(p)) is not None and not where.exists()})
+    assert not missing, f"{page.name} names files that do not exist: {', '.join(missing)}"
+
+
+def test_pages_cited_by_the_code_exist() -> None:
+    cited = [(path.relative_to(ROOT), name) for d in ("src", "tests", "bench", "examples")
+             for path in sorted((ROOT / d).rglob("*.py")) if path != Path(__file__)
+             for name in re.findall(r"\bdocs/[\w./-]+?\.md\b", path.read_text())]
+    assert cited  # the check reads the code's citations (not a pass over nothing)
+    missing = [f"{source} cites {name}" for source, name in cited if not (ROOT / name).exists()]
+    assert not missing, "\n".join(missing)
+
+
+def test_architecture_names_every_session_module() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    modules = sorted(p.name for p in (PACKAGE / "session").glob("_*.py") if p.name != "__init__.py")
+    unnamed = [m for m in modules if not re.search(rf"`{re.escape(m)}|`{re.escape(m[:-3])}\.", text)]
+    assert not unnamed, f"docs/architecture.md's session/ paragraph leaves out {unnamed}"
+
+
+def test_the_file_check_sees_a_missing_file() -> None:
+    assert _named_file("launch/_elastic.py") == PACKAGE / "launch" / "_elastic.py"
+    assert _named_file("home/me/train.py") is None
+    assert FILE_PATH.findall("see docs/readme/devices.md and `launch/_nope.py`") == [
+        "docs/readme/devices.md", "launch/_nope.py"]
+    assert not _named_file("launch/_nope.py").exists()  # type: ignore[union-attr]

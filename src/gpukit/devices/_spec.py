@@ -1,6 +1,6 @@
 """Fake-GPU specs: load a JSON spec, validate it field by field, fill in deterministic defaults.
 
-The spec format is documented in ``docs/readme/devices.md`` and in :class:`gpukit.devices.FakeNvml`.
+The spec format is documented in ``docs/devices.md`` (the fake NVML) and in :class:`gpukit.devices.FakeNvml`.
 Every problem is a :class:`~gpukit.errors.FakeSpecError` that names the file, the field path
 (``gpus[1].memory_used_mib``), what was given and what is allowed.
 """

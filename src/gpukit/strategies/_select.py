@@ -1,6 +1,6 @@
 """Turn ``Session(devices=..., strategy=..., accelerator=...)`` into a Strategy object.
 
-Rules (documented in docs/readme/session.md):
+Rules (documented in docs/sessions.md, "Devices and strategies"):
 - ``devices`` counts devices *per node*: "auto" (one per process: the local GPU under a
   launcher, else GPU 0 / MPS / CPU), an int N (-1: every visible GPU), a list of GPU indices,
   or one device spec ("cpu", "cuda:1", a torch.device).
