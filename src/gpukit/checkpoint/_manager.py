@@ -55,7 +55,7 @@ from gpukit.checkpoint._sharded import (
 )
 from gpukit.checkpoint._snapshot import snapshot
 from gpukit.errors import CheckpointError, ConfigurationError
-from gpukit.monitor._events import emit
+from gpukit.monitor import emit
 
 __all__ = ["CheckpointManager", "MARKER_NAME", "SHARED_FILE", "rank_file_name"]
 

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from gpukit.accelerators import Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError, MemoryPlanError
-from gpukit.monitor._events import emit
+from gpukit.monitor import emit
 
 __all__ = ["OomBackoff", "BackoffEvent", "StepOutOfMemoryError", "OutOfMemoryAfterBackoffError", "average_gradients", "split_batch", "batch_length"]
 

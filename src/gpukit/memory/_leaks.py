@@ -30,7 +30,7 @@ from gpukit._util.warnings import warn_at_user_code
 from gpukit.accelerators import Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError
 from gpukit.memory._live import live_tensor_bytes
-from gpukit.monitor._events import emit
+from gpukit.monitor import emit
 from gpukit.memory._survivors import Container, FrameScan, find_stale_history, scan_user_frames, tag_roots
 
 __all__ = ["MemoryLeakWarning", "LeakFinding", "LeakWatcher", "watch"]

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from gpukit.errors import ConfigurationError
-from gpukit.monitor._record import RECORD_FORMAT, RECORD_VERSION
+from gpukit.monitor import RECORD_FORMAT, RECORD_VERSION
 
 __all__ = ["MAX_BRACKETS", "MAX_NAME_CHARS", "MAX_TEXT_CHARS", "parse_line", "short"]
 

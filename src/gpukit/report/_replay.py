@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gpukit.monitor._tensorboard import TensorBoardSink
+from gpukit.monitor import TensorBoardSink
 from gpukit.report._read import read_record
 
 __all__ = ["replay_to_tensorboard"]

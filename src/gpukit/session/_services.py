@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gpukit.accelerators import Accelerator
     from gpukit.data import StepTimings
-    from gpukit.monitor._record import Recorder
+    from gpukit.monitor import Recorder
     from gpukit.monitor._tracking import TrackerHub
     from gpukit.precision import Precision
     from gpukit.strategies import Strategy
@@ -47,7 +47,7 @@ class SessionServices:
         record: str | os.PathLike[str] | None, worker: WorkerEnv, verbose: bool, log_with: Any = None,
         settings: dict[str, Any] | None = None, accumulate_grad_batches: int = 1,
     ) -> None:
-        from gpukit.monitor._record import start_recorder
+        from gpukit.monitor import start_recorder
         from gpukit.worker import install_preemption_handler, is_kernel, session_stop_signals
 
         if not is_kernel():  # a notebook kernel keeps its own SIGTERM (and its forked workers inherit none)

@@ -365,7 +365,7 @@ class Session:
     def log_event(self, kind: str, **fields: Any) -> None:
         """Record an event of your own, e.g. ``log_event("checkpoint", path=str(path))`` after
         ``gpukit.save``: listed and marked in the report. Checked even when not recording."""
-        from gpukit.monitor._record import log_event
+        from gpukit.monitor import log_event
 
         log_event(self.recorder, kind, fields)
 
