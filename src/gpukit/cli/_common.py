@@ -133,12 +133,12 @@ class Name(click.ParamType):
 
 
 class HostName(click.ParamType):
-    """An IP address or RFC 1123 host name (``gpukit.cluster._vars.check_host``)."""
+    """An IP address or RFC 1123 host name (``gpukit.cluster.check_host``)."""
 
     name = "address"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from gpukit.cluster._vars import check_host
+        from gpukit.cluster import check_host
 
         try:
             return check_host(str(value), param.opts[0] if param is not None else "address")

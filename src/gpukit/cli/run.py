@@ -20,7 +20,7 @@ from gpukit.cli._common import (
     parse_size_option,
     parse_wait_seconds,
 )
-from gpukit.cluster._nodelist import MAX_HOSTS
+from gpukit.cluster import MAX_HOSTS
 from gpukit.errors import ConfigurationError
 
 __all__ = ["run"]
@@ -91,11 +91,11 @@ def _wait_timeout(value: str | None) -> tuple[bool, float | None]:
 
 def _check_master_resolves(topology: Any, given: str | None) -> None:
     """A master address that does not resolve is an error now, not a rendezvous timeout later."""
-    from gpukit.cluster._vars import resolve
+    from gpukit.cluster import resolve_host
 
     if topology.single_machine or not topology.master_addr:
         return
-    if resolve(str(topology.master_addr), RESOLVE_TIMEOUT_S) is None:
+    if resolve_host(str(topology.master_addr), RESOLVE_TIMEOUT_S) is None:
         source = "--master-addr" if given else "the master address (MASTER_ADDR or the scheduler's first node)"
         raise ConfigurationError(
             f"{source} {topology.master_addr!r} does not resolve to an address (looked up for at most "

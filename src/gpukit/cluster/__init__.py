@@ -10,7 +10,7 @@ Never imports torch.
 from __future__ import annotations
 
 from gpukit.cluster._detect import KINDS, ClusterEnvironment, announce, environment
-from gpukit.cluster._nodelist import parse_nodelist
+from gpukit.cluster._nodelist import MAX_HOSTS, parse_nodelist
 from gpukit.cluster._requeue import (
     DEFAULT_MAX_REQUEUES,
     MAX_REQUEUES_ENV,
@@ -27,6 +27,7 @@ from gpukit.cluster._slurm import (
     in_slurm_job,
     slurm_port,
 )
+from gpukit.cluster._vars import check_host, check_port, env_host, env_int, env_port, resolve_host
 
 __all__ = [
     "environment",
@@ -34,6 +35,7 @@ __all__ = [
     "KINDS",
     "announce",
     "parse_nodelist",
+    "MAX_HOSTS",
     "slurm_port",
     "PORT_BASE",
     "PORT_SPAN",
@@ -46,4 +48,11 @@ __all__ = [
     "check_max_requeues",
     "DEFAULT_MAX_REQUEUES",
     "MAX_REQUEUES_ENV",
+    # checked values of the scheduler's variables, and host names
+    "check_host",
+    "check_port",
+    "env_host",
+    "env_int",
+    "env_port",
+    "resolve_host",
 ]

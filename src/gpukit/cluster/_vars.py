@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["check_host", "check_port", "env_int", "env_port", "env_host", "resolve", "MAX_HOST_CHARS"]
+__all__ = ["check_host", "check_port", "env_int", "env_port", "env_host", "resolve_host", "MAX_HOST_CHARS"]
 
 #: longest host name DNS allows (RFC 1035: 253 characters, labels of at most 63)
 MAX_HOST_CHARS = 253
@@ -100,7 +100,7 @@ def env_host(env: Mapping[str, str], key: str = "MASTER_ADDR") -> str | None:
     return None if value is None or not value.strip() else check_host(value, key)
 
 
-def resolve(host: str, timeout_s: float = 2.0) -> list[str] | None:
+def resolve_host(host: str, timeout_s: float = 2.0) -> list[str] | None:
     """Addresses ``host`` resolves to; ``None`` if it does not, or DNS takes over ``timeout_s``.
 
     The lookup runs in a daemon thread, so a resolver that hangs (an unreachable DNS server

@@ -16,9 +16,8 @@ import ipaddress
 import socket
 from typing import Any
 
-from gpukit.cluster._vars import check_port as valid_port
-from gpukit.cluster._vars import env_host, env_int, env_port
-from gpukit.cluster._vars import resolve as resolve_host
+from gpukit.cluster import check_port as valid_port
+from gpukit.cluster import env_host, env_int, env_port, resolve_host
 from gpukit.doctor._context import DoctorContext
 from gpukit.errors import ConfigurationError
 from gpukit.doctor._finding import Finding
