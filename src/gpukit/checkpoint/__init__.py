@@ -16,7 +16,9 @@
 from __future__ import annotations
 
 from gpukit.checkpoint._background import SaveTimings, last_save_timings, wait_for_saves
+from gpukit.checkpoint._atomic import atomic_write
 from gpukit.checkpoint._hf_export import export_pretrained
+from gpukit.checkpoint._inspect import convert_checkpoint, inspect_checkpoint
 from gpukit.checkpoint._io import auto_map_location, load, save
 from gpukit.checkpoint._manager import CheckpointManager
 from gpukit.checkpoint._prefixes import detect_prefixes, load_state_dict, strip_wrapper_prefixes
@@ -36,4 +38,7 @@ __all__ = [
     "wait_for_saves",
     "last_save_timings",
     "SaveTimings",
+    "inspect_checkpoint",
+    "convert_checkpoint",
+    "atomic_write",
 ]

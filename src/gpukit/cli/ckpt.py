@@ -75,7 +75,7 @@ def inspect(path: str, as_json: bool, trust: bool) -> None:
     Nothing in PATH is ever run: files are read with weights_only, and a sharded checkpoint's
     index (.metadata) through a restricted unpickler unless --trust is given.
     """
-    from gpukit.checkpoint._inspect import inspect_checkpoint
+    from gpukit.checkpoint import inspect_checkpoint
 
     info = inspect_checkpoint(path, trust=trust)
     if as_json:
@@ -103,7 +103,7 @@ def convert(source: str, target: str, strip_prefix: bool, to_cpu: bool, dtype: s
     (its latest complete step is used).
     """
     from gpukit._util.units import format_bytes
-    from gpukit.checkpoint._inspect import convert_checkpoint
+    from gpukit.checkpoint import convert_checkpoint
 
     from gpukit.errors import UnsafeCheckpointError
 
@@ -134,7 +134,7 @@ def export(source: str, directory: str, config: str | None, select: str | None, 
     model.safetensors.index.json above --max-shard-size) and, with --config, config.json.
     """
     from gpukit._util.units import format_bytes
-    from gpukit.checkpoint._hf_export import export_pretrained
+    from gpukit.checkpoint import export_pretrained
     from gpukit.errors import UnsafeCheckpointError
 
     try:

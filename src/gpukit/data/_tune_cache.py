@@ -97,7 +97,7 @@ def _read_cache(key: str) -> tuple[LoaderSettings, float | None] | None:
 def _write_cache(key: str, settings: LoaderSettings | None, batches_per_s: float | None = None) -> None:
     """Store ``settings`` (measured at ``batches_per_s``) under ``key`` (``None``: remove it)."""
     from gpukit._util.safe_files import exclusive_lock
-    from gpukit.checkpoint._atomic import atomic_write
+    from gpukit.checkpoint import atomic_write
 
     path = cache_file()
     try:
