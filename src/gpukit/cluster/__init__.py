@@ -27,7 +27,7 @@ from gpukit.cluster._slurm import (
     in_slurm_job,
     slurm_port,
 )
-from gpukit.cluster._vars import check_host, check_port, env_host, env_int, env_port, resolve_host
+from gpukit.cluster._vars import check_host, check_port, env_host, env_int, env_port, resolve_host, route_addr
 
 __all__ = [
     "environment",
@@ -55,4 +55,5 @@ __all__ = [
     "env_int",
     "env_port",
     "resolve_host",
+    "route_addr",
 ]

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["check_host", "check_port", "env_int", "env_port", "env_host", "resolve_host", "MAX_HOST_CHARS"]
+__all__ = ["check_host", "check_port", "env_int", "env_port", "env_host", "resolve_host", "route_addr", "MAX_HOST_CHARS"]
 
 #: longest host name DNS allows (RFC 1035: 253 characters, labels of at most 63)
 MAX_HOST_CHARS = 253
@@ -118,3 +118,15 @@ def resolve_host(host: str, timeout_s: float = 2.0) -> list[str] | None:
     thread.start()
     thread.join(timeout_s)
     return result[0]
+
+
+def route_addr(host: str, port: int) -> str | None:
+    """This machine's address on the route to ``host`` (what the others reach it by), or ``None``."""
+    # A UDP "connect" sends nothing; it only asks the kernel which local address routes there.
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, port or 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect(sockaddr)
+            return str(sock.getsockname()[0])
+    except OSError:
+        return None

@@ -17,11 +17,10 @@ import socket
 from typing import Any
 
 from gpukit.cluster import check_port as valid_port
-from gpukit.cluster import env_host, env_int, env_port, resolve_host
+from gpukit.cluster import env_host, env_int, env_port, resolve_host, route_addr
 from gpukit.doctor._context import DoctorContext
 from gpukit.errors import ConfigurationError
 from gpukit.doctor._finding import Finding
-from gpukit.launch._rendezvous import route_addr
 
 __all__ = ["DEFAULT_MASTER_PORT", "check_interface", "check_master", "check_port", "nccl_interfaces",
            "probe_tcp", "resolve"]

@@ -18,16 +18,16 @@ them under those names; with another torch the launch simply pays the costs.
 from __future__ import annotations
 
 import math
-import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from gpukit.cluster import route_addr
 from gpukit.errors import LaunchError
 from gpukit.launch._topology import Topology
 
-__all__ = ["LOCALHOST", "cheaper_rendezvous", "rendezvous_error", "rendezvous_parameters", "rendezvous_where", "route_addr"]
+__all__ = ["LOCALHOST", "cheaper_rendezvous", "rendezvous_error", "rendezvous_parameters", "rendezvous_where"]
 
 LOCALHOST = "127.0.0.1"
 
@@ -66,17 +66,6 @@ def cheaper_rendezvous(single_machine: bool) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(module, name, value)
-
-
-def route_addr(host: str, port: int) -> str | None:
-    # A UDP "connect" sends nothing; it only asks the kernel which local address routes there.
-    try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(host, port or 9, type=socket.SOCK_DGRAM)[0]
-        with socket.socket(family, socket.SOCK_DGRAM) as sock:
-            sock.connect(sockaddr)
-            return str(sock.getsockname()[0])
-    except OSError:
-        return None
 
 
 def rendezvous_parameters(topology: Topology, run_id: str) -> Any:
