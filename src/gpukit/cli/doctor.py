@@ -77,8 +77,7 @@ def doctor(as_json: bool, shm_path: str | None, active: bool) -> int:
     """
     from gpukit._util.text import printable
     from gpukit.devices import _nvml
-    from gpukit.doctor import run_checks
-    from gpukit.doctor._finding import worst
+    from gpukit.doctor import run_checks, worst
 
     _nvml.silence_notice()  # the driver check says "no driver" in its own words
     result = run_checks(shm_path=shm_path, from_cli=True, shm_source="--shm-path" if shm_path else None)

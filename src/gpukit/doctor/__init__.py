@@ -13,9 +13,9 @@ package does not import torch (the measurements run in child processes that do).
 from __future__ import annotations
 
 from gpukit.doctor._context import SHM_PATH_ENV, DoctorContext
-from gpukit.doctor._finding import STATUSES, Finding
+from gpukit.doctor._finding import STATUSES, Finding, worst
 from gpukit.doctor._gpu_run import run_gpu_checks
 from gpukit.doctor._run import CHECKS, DoctorResult, run_checks
 
 __all__ = ["run_checks", "run_gpu_checks", "DoctorResult", "Finding", "STATUSES", "CHECKS", "DoctorContext",
-           "SHM_PATH_ENV"]
+           "SHM_PATH_ENV", "worst"]
