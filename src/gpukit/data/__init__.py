@@ -12,7 +12,7 @@ from gpukit.data._loader import DeviceLoader, LoaderListener, build_loader
 from gpukit.data._loader_settings import LoaderSettings
 from gpukit.data._sampler import ResumableBatchSampler
 from gpukit.data._stall import DEFAULT_DATA_TIMEOUT_S, SharedMemoryWarning
-from gpukit.data._timing import StepTiming, StepTimings, TimingSummary
+from gpukit.data._timing import StepTiming, StepTimings, TimingSummary, timed_progress
 from gpukit.data._tune import tune_loader
 from gpukit.data._tune_result import Trial, TuneResult
 from gpukit.data._workers import auto_num_workers, seed_worker
@@ -33,5 +33,6 @@ __all__ = [
     "auto_num_workers",
     "build_loader",
     "seed_worker",
+    "timed_progress",
     "tune_loader",
 ]

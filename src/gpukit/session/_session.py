@@ -28,8 +28,7 @@ from torch import nn
 from gpukit import memory as _memory
 from gpukit._util.timeouts import parse_timeout_s
 from gpukit.accelerators import Accelerator
-from gpukit.data import DeviceLoader, StepTimings, TimingSummary, build_loader
-from gpukit.data._timing import timed_progress
+from gpukit.data import DeviceLoader, StepTimings, TimingSummary, build_loader, timed_progress
 from gpukit.launch import LaunchSpec
 from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
