@@ -11,6 +11,6 @@ from __future__ import annotations
 
 from gpukit.parallel._balance import LayerCost, partition
 from gpukit.parallel._pipeline import SplitModel, Stage
-from gpukit.parallel._split import resolve_stage_devices, split
+from gpukit.parallel._split import check_chunks, resolve_stage_devices, split
 
-__all__ = ["LayerCost", "SplitModel", "Stage", "partition", "resolve_stage_devices", "split"]
+__all__ = ["LayerCost", "SplitModel", "Stage", "check_chunks", "partition", "resolve_stage_devices", "split"]

@@ -17,8 +17,7 @@ from torch import nn
 
 from gpukit.accelerators import get_accelerator
 from gpukit.errors import ConfigurationError
-from gpukit.parallel import resolve_stage_devices, split
-from gpukit.parallel._split import check_chunks
+from gpukit.parallel import check_chunks, resolve_stage_devices, split
 from gpukit.placement import unwrap_model
 from gpukit.strategies._checkpointing import check_policy
 from gpukit.strategies.base import Strategy
