@@ -46,9 +46,9 @@ from gpukit.session._schedulers import SessionScheduler
 from gpukit.session._seeding import RankSeeding, fresh_seed, seed_everything
 from gpukit.session._services import SessionServices
 from gpukit.session._steps import TrainingSteps
-from gpukit.strategies import Strategy, select_strategy
-from gpukit.strategies._checkpointing import configure_strategy
-from gpukit.strategies._compile import check_compile, compile_module, compile_request
+from gpukit.strategies import (
+    Strategy, check_compile, compile_module, compile_request, configure_strategy, select_strategy,
+)
 from gpukit.worker import WorkerEnv, requeue_at_exit
 
 __all__ = ["Session"]

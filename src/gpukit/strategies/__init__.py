@@ -12,7 +12,8 @@
 
 from __future__ import annotations
 
-from gpukit.strategies._checkpointing import apply_activation_checkpointing
+from gpukit.strategies._checkpointing import apply_activation_checkpointing, configure_strategy
+from gpukit.strategies._compile import check_compile, compile_module, compile_request
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies._select import ACCELERATORS, STRATEGIES, select_strategy
 from gpukit.strategies._syncbn import HostSyncBatchNorm, convert_sync_batchnorm
@@ -35,6 +36,10 @@ __all__ = [
     "REDUCE_OPS",
     "STRATEGIES",
     "apply_activation_checkpointing",
+    "check_compile",
+    "compile_module",
+    "compile_request",
+    "configure_strategy",
     "SingleDeviceStrategy",
     "Strategy",
     "convert_sync_batchnorm",
