@@ -252,7 +252,7 @@ class StepTimings:
         ``fetch(batches)`` draws one batch (a loader adds its stall guard there).
         ``on_pass_end(totals)`` runs when ``batches`` is exhausted (not when the loop breaks).
         """
-        from gpukit.memory._backoff import batch_length
+        from gpukit.memory import batch_length
 
         batches = iter(batches)
         clock = time.perf_counter

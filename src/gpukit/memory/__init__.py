@@ -14,19 +14,38 @@ Entry points for :class:`gpukit.Session` (each works on its own as well):
 
 from __future__ import annotations
 
+from gpukit.memory._activation import (
+    ActivationCheckpointing,
+    apply_activation_checkpointing,
+    check_policy,
+    checkpoint_targets,
+    is_checkpointed,
+    policy_name,
+)
+from gpukit.memory._advice import planned_fixes
 from gpukit.memory._backoff import (
     BackoffEvent,
     OomBackoff,
     OutOfMemoryAfterBackoffError,
     StepOutOfMemoryError,
     average_gradients,
+    batch_length,
 )
 from gpukit.memory._batch_search import BatchSizeResult, BatchSizeTrial, find_batch_size
+from gpukit.memory._blocks import (
+    BLOCK_TYPES,
+    DEFAULT_MIN_UNIT_PARAMS,
+    AutoWrap,
+    find_blocks,
+    unit_param_counts,
+    units_to_shard,
+)
 from gpukit.memory._free import free_memory
 from gpukit.memory._inference_guard import InferenceGradWarning, InferenceGuard, inference_guard
 from gpukit.memory._leaks import LeakFinding, LeakWatcher, MemoryLeakWarning, watch
 from gpukit.memory._live import live_tensor_bytes
-from gpukit.memory._fit import FitOption, FitPlanner, FitResult, fit
+from gpukit.memory._fit import PRECISIONS as FIT_PRECISIONS
+from gpukit.memory._fit import FitOption, FitPlanner, FitResult, example_batch_size, fit
 from gpukit.memory._measure import measure_peak_memory
 from gpukit.memory._measure_cpu import MeasuredMemory, measure_step_memory
 from gpukit.memory._planner import MemoryEstimate, estimate_memory
@@ -77,4 +96,21 @@ __all__ = [
     "record_memory_history",
     "largest_allocations",
     "Allocation",
+    # for the layers above (the Session, the strategies): what they share with the planner
+    "FIT_PRECISIONS",
+    "example_batch_size",
+    "batch_length",
+    "planned_fixes",
+    "ActivationCheckpointing",
+    "apply_activation_checkpointing",
+    "check_policy",
+    "checkpoint_targets",
+    "is_checkpointed",
+    "policy_name",
+    "BLOCK_TYPES",
+    "DEFAULT_MIN_UNIT_PARAMS",
+    "AutoWrap",
+    "find_blocks",
+    "unit_param_counts",
+    "units_to_shard",
 ]

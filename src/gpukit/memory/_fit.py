@@ -40,7 +40,7 @@ from gpukit.memory._planner import MemoryEstimate, estimate_memory
 from gpukit.memory._shard_plan import shard_estimate
 from gpukit.precision import fsdp_own_unit_layers
 
-__all__ = ["FitOption", "FitPlanner", "FitResult", "fit", "STRATEGIES"]
+__all__ = ["FitOption", "FitPlanner", "FitResult", "fit", "example_batch_size", "PRECISIONS", "STRATEGIES"]
 
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
 CHECKPOINTING = ("none", "selective", "full")
@@ -173,7 +173,7 @@ def fit(
     budget = parse_size(memory)
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ConfigurationError(f"fit(devices={devices!r}): use an int >= 1.")
-    batch = _batch_size(example_input) if global_batch is None else global_batch
+    batch = example_batch_size(example_input) if global_batch is None else global_batch
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigurationError(f"fit(global_batch={global_batch!r}): use an int >= 1.")
     chosen = _strategies(strategies, devices)
@@ -279,7 +279,7 @@ class FitPlanner:
     def __init__(self, model: torch.nn.Module, example_input: Any, optimizer: Any, device: str) -> None:
         self.model, self.example, self.optimizer, self.device = model, example_input, optimizer, device
         self._cache: dict[tuple[str, str, int], MemoryEstimate] = {}
-        self._full = _batch_size(example_input)
+        self._full = example_batch_size(example_input)
 
     @property
     def plans(self) -> int:
@@ -335,7 +335,8 @@ def _has_blocks(model: torch.nn.Module) -> bool:
         return False
 
 
-def _batch_size(example: Any) -> int:
+def example_batch_size(example: Any) -> int:
+    """The batch size of an example input: dim 0 of its tensors, which must agree."""
     sizes = {t.shape[0] for t in tree_leaves(example) if isinstance(t, torch.Tensor) and t.dim() > 0}
     if len(sizes) != 1:
         raise ConfigurationError(

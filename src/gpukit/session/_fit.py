@@ -31,8 +31,9 @@ from torch import nn
 
 from gpukit._util.units import format_bytes, parse_size
 from gpukit.errors import ConfigurationError, GpukitError, MemoryPlanError
-from gpukit.memory._activation import check_policy, policy_name
-from gpukit.memory._fit import PRECISIONS, FitOption, FitPlanner, FitResult, _batch_size, fit
+from gpukit.memory import (
+    FIT_PRECISIONS, FitOption, FitPlanner, FitResult, check_policy, example_batch_size, fit, policy_name,
+)
 from gpukit.placement import unwrap_model
 
 if TYPE_CHECKING:
@@ -146,9 +147,9 @@ class SessionFit:
         if config.get("precision", "auto") == "auto":
             self.precisions = _preferred_precisions(precision.name, accelerator, strategy.root_device)
         else:
-            if precision.name not in PRECISIONS:
+            if precision.name not in FIT_PRECISIONS:
                 raise ConfigurationError(
-                    f"Session(precision={config['precision']!r}, fit=...): fit plans {', '.join(PRECISIONS)}; "
+                    f"Session(precision={config['precision']!r}, fit=...): fit plans {', '.join(FIT_PRECISIONS)}; "
                     "give one of those or leave precision to fit ('auto').")
             self.precisions = [precision.name]
             self.kept.append(f"precision={precision.name!r}")
@@ -231,7 +232,7 @@ class SessionFit:
 
     def _choose(self, model: nn.Module, optimizer: Any, example: Any, budget: int, source: str) -> FitChoice:
         n = self._strategy.world_size
-        batch = _batch_size(example)
+        batch = example_batch_size(example)
         plain = unwrap_model(model)
         planner = FitPlanner(plain, example, optimizer, self._accelerator.type)
 
@@ -303,6 +304,6 @@ def _plan_strategy(strategy: Strategy) -> str:
 
 def _preferred_precisions(auto: str, accelerator: Accelerator, device: torch.device) -> list[str]:
     """The precision "auto" gave first, then the lower-memory ones the device runs natively."""
-    supported = [p for p in PRECISIONS if p == "32-true" or accelerator.supports_bf16(device)]
+    supported = [p for p in FIT_PRECISIONS if p == "32-true" or accelerator.supports_bf16(device)]
     start = supported.index(auto) if auto in supported else 0
     return supported[start:]

@@ -31,7 +31,7 @@ from torch import nn
 
 from gpukit import memory as _memory
 from gpukit.errors import ConfigurationError
-from gpukit.memory._backoff import batch_length
+from gpukit.memory import batch_length
 from gpukit.placement import device_mover, unwrap_model
 
 if TYPE_CHECKING:
@@ -318,7 +318,7 @@ class SessionMemory:
 
     def _planned_fixes(self, batch: Any) -> str | None:
         """The fixes with the planner's predicted saving for this model and batch (None: not plannable)."""
-        from gpukit.memory._advice import planned_fixes
+        from gpukit.memory import planned_fixes
 
         if len(self._models) != 1:
             return None

@@ -1,7 +1,7 @@
 """Activation checkpointing on the session's strategy: which policy, from where.
 
 The mechanism (block detection, the forward that checkpoints, the policies) is
-:mod:`gpukit.memory._activation`, which the planner simulates too; every strategy's
+``gpukit.memory``'s (``memory/_activation.py``), which the planner simulates too; every strategy's
 ``setup_module`` applies ``strategy.activation_checkpointing`` before it wraps the model.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpukit.errors import ConfigurationError
-from gpukit.memory._activation import (
+from gpukit.memory import (
     ActivationCheckpointing,
     apply_activation_checkpointing,
     check_policy,

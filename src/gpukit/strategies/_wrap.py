@@ -1,8 +1,8 @@
-"""FSDP's wrapping policy: see :mod:`gpukit.memory._blocks` (the planner shares it)."""
+"""FSDP's wrapping policy: gpukit.memory's (``memory/_blocks.py``), which the planner shares."""
 
 from __future__ import annotations
 
-from gpukit.memory._blocks import (
+from gpukit.memory import (
     BLOCK_TYPES,
     DEFAULT_MIN_UNIT_PARAMS,
     AutoWrap,
