@@ -29,11 +29,9 @@ def setup(directory: str | None) -> None:
     lock someone holds now.
     """
     from gpukit._util.text import printable
-    from gpukit.devices import _nvml
-    from gpukit.devices._claim_dir import SYSTEM_CLAIM_DIR
-    from gpukit.devices._claims_admin import kernel_problem, setup_folder
+    from gpukit.devices import SYSTEM_CLAIM_DIR, kernel_problem, setup_folder, silence_notice
 
-    _nvml.silence_notice()
+    silence_notice()
     path = directory or str(SYSTEM_CLAIM_DIR)
     actions = setup_folder(path)
     for line in actions:
@@ -61,11 +59,9 @@ def clean(directory: str | None, older_than: float, dry_run: bool) -> None:
     nothing on it. Others' files are touched only by root.
     """
     from gpukit._util.text import printable
-    from gpukit.devices import _nvml, list_gpus
-    from gpukit.devices._claim_dir import open_claim_folder
-    from gpukit.devices._claims_admin import clean_folder
+    from gpukit.devices import clean_folder, list_gpus, open_claim_folder, silence_notice
 
-    _nvml.silence_notice()
+    silence_notice()
     try:
         folder = open_claim_folder(directory, create=False)
     except FileNotFoundError:

@@ -76,10 +76,10 @@ def doctor(as_json: bool, shm_path: str | None, active: bool) -> int:
     Exit status: 0 when no check failed (warnings allowed), 1 when one failed, 2 on bad input.
     """
     from gpukit._util.text import printable
-    from gpukit.devices import _nvml
+    from gpukit.devices import silence_notice
     from gpukit.doctor import run_checks, worst
 
-    _nvml.silence_notice()  # the driver check says "no driver" in its own words
+    silence_notice()  # the driver check says "no driver" in its own words
     result = run_checks(shm_path=shm_path, from_cli=True, shm_source="--shm-path" if shm_path else None)
     if active:
         from gpukit.doctor import run_gpu_checks

@@ -14,22 +14,23 @@ from typing import Any
 import click
 
 from gpukit.cli._common import FiniteFloatRange
-from gpukit.devices import _nvml
-from gpukit.devices import driver_version, list_gpus, selectable_units, unavailable_reason
+from gpukit.devices import (
+    FAKE_ENV, driver_version, list_gpus, selectable_units, silence_notice, unavailable_reason,
+)
 
 __all__ = ["ls"]
 
 
 def _collect() -> dict[str, Any]:
-    from gpukit.devices._claims_admin import ClaimState, look
+    from gpukit.devices import ClaimState, read_claim_state
 
     gpus = list_gpus()
-    state = look(gpus) if gpus else ClaimState()
+    state = read_claim_state(gpus) if gpus else ClaimState()
     return {"gpus": gpus, "claims": state.owners, "claim_state": state}
 
 
 def _header(state: dict[str, Any]) -> str:
-    fake = os.environ.get(_nvml.FAKE_ENV)
+    fake = os.environ.get(FAKE_ENV)
     source = f"fake GPUs ({os.path.basename(fake)})" if fake else "NVML"
     n = len(state["gpus"])
     gpus = f"{n} GPU{'s' if n != 1 else ''}"
@@ -82,7 +83,7 @@ def ls(as_json: bool, watch: float | None) -> None:
     GPUs are numbered like nvidia-smi (PCI bus order). Set GPUKIT_FAKE_GPUS=spec.json to
     show fake GPUs from a spec (see examples/fake-gpus/).
     """
-    _nvml.silence_notice()  # this command says "no GPU" in its own words below
+    silence_notice()  # this command says "no GPU" in its own words below
     try:
         if watch is None:
             _show_once(as_json)

@@ -101,9 +101,9 @@ def _visible_gpu_count() -> int:
     """``--strategy fsdp`` without ``--nproc``: shard over the GPUs visible here (said on stderr), or refuse."""
     import os
 
-    from gpukit.devices import _nvml, list_gpus, resolve_visible
+    from gpukit.devices import list_gpus, resolve_visible, silence_notice
 
-    _nvml.silence_notice()
+    silence_notice()
     visible = len(resolve_visible(os.environ.get("CUDA_VISIBLE_DEVICES"), list_gpus()))
     if visible < 1:
         raise ConfigurationError("--strategy fsdp shards the model over --nproc processes, and no GPU is visible "

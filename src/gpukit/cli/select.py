@@ -47,9 +47,9 @@ def select(count: int, min_free: str | None, max_util: float | None, max_procs: 
     Exits with status 2 and a message naming each GPU and the criterion it failed when the
     request cannot be met.
     """
-    from gpukit.devices import _nvml, select_gpus
+    from gpukit.devices import select_gpus, silence_notice
 
-    _nvml.silence_notice()  # the selection error says "no GPU" itself
+    silence_notice()  # the selection error says "no GPU" itself
     timeout = None if wait is None else parse_wait_seconds(wait)
     chosen = select_gpus(
         count,

@@ -31,7 +31,8 @@ from gpukit.devices._queue import read_queue
 from gpukit.devices._snapshot import GpuSnapshot, selectable_units
 from gpukit.errors import DeviceError
 
-__all__ = ["Problem", "survey", "setup_folder", "clean_folder", "kernel_problem", "STALE_AFTER_S"]
+__all__ = ["ClaimState", "Problem", "STALE_AFTER_S", "clean_folder", "kernel_problem", "read_claim_state", "setup_folder",
+           "survey"]
 
 #: A claim whose holder's account has run nothing on its GPU for this long is reported as stale.
 STALE_AFTER_S = 600.0
@@ -358,7 +359,7 @@ class ClaimState:
     error: str | None = None
 
 
-def look(gpus: list[GpuSnapshot], claim_dir: str | os.PathLike[str] | None = None,
+def read_claim_state(gpus: list[GpuSnapshot], claim_dir: str | os.PathLike[str] | None = None,
          named: str = "claim_dir=") -> ClaimState:
     """Read the claim folder for a report; never raises for what is in it (see :class:`ClaimState`).
     ``named``: how messages call ``claim_dir``."""

@@ -13,7 +13,7 @@ from typing import Any
 from gpukit.devices import _nvml
 from gpukit.devices._health_codes import CLOCK_EVENT_REASONS, PCIE_LANE_GBPS
 
-__all__ = ["GpuHealth", "gpu_health", "CLOCK_EVENT_REASONS", "PCIE_LANE_GBPS"]
+__all__ = ["GpuHealth", "gpu_health", "persistence_mode", "CLOCK_EVENT_REASONS", "PCIE_LANE_GBPS"]
 
 _NVML_CLOCK_SM = 1
 _NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
@@ -105,3 +105,17 @@ def gpu_health(index: int) -> GpuHealth:
         sm_clock_mhz=opt("nvmlDeviceGetClockInfo", _NVML_CLOCK_SM),
         sm_max_clock_mhz=opt("nvmlDeviceGetMaxClockInfo", _NVML_CLOCK_SM),
     )
+
+
+def persistence_mode(index: int) -> bool | None:
+    """Whether the GPU at NVML ``index`` is in persistence mode (``None``: not reported, or NVML failed).
+
+    Raises:
+        RuntimeError: NVML is unavailable (no driver).
+    """
+    try:
+        handle = _nvml.query("nvmlDeviceGetHandleByIndex", index)
+        mode = _nvml.query("nvmlDeviceGetPersistenceMode", handle, optional=True)
+    except _nvml.NvmlError:
+        return None
+    return None if mode is None else mode == _NVML_FEATURE_ENABLED

@@ -23,10 +23,12 @@ from gpukit.devices._snapshot import GpuSnapshot, list_gpus
 
 __all__ = [
     "VisibleEntry", "parse_visible_devices", "resolve_visible", "logical_to_physical", "describe_mapping",
-    "order_may_differ",
+    "order_may_differ", "explain_visible", "VISIBLE_DEVICES_ENV",
 ]
 
-ENV_VAR = "CUDA_VISIBLE_DEVICES"
+#: the variable CUDA reads to choose and number the GPUs a process sees
+VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+ENV_VAR = VISIBLE_DEVICES_ENV  # this package's short name for it
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,16 @@ def _resolve(parsed: _Parsed | None, gpus: list[GpuSnapshot]) -> tuple[list[GpuS
 
 def resolve_visible(value: str | None, gpus: list[GpuSnapshot]) -> list[GpuSnapshot]:
     """The devices CUDA would number ``cuda:0, cuda:1, ...`` for this ``CUDA_VISIBLE_DEVICES`` value."""
-    return _resolve(None if value is None else _parse(value), gpus)[0]
+    return explain_visible(value, gpus)[0]
+
+
+def explain_visible(value: str | None, gpus: list[GpuSnapshot]) -> tuple[list[GpuSnapshot], str | None, str | None]:
+    """:func:`resolve_visible`, and why CUDA stops there: ``(visible, stopped_at, duplicate)``.
+
+    ``stopped_at`` is the entry CUDA cannot match (it ignores it and everything after it);
+    ``duplicate`` an entry named twice (CUDA then hides every GPU). Both ``None``: all of it counts.
+    """
+    return _resolve(None if value is None else _parse(value), gpus)
 
 
 def logical_to_physical(env: Mapping[str, str] | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from gpukit.devices import CLAIM_DIR_ENV
+from gpukit.devices import CLAIM_DIR_ENV, read_claim_state
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
 
@@ -35,10 +35,9 @@ def _held(label: str, owner: dict | None, folder: str) -> Finding:
 
 def check_claims(ctx: DoctorContext) -> list[Finding]:
     """The claim folder (``GPUKIT_CLAIM_DIR``, the shared one, or this user's), its claims and queue."""
-    from gpukit.devices._claims_admin import look
 
     chosen = ctx.env.get(CLAIM_DIR_ENV) or None
-    state = look(ctx.gpus, chosen, named=CLAIM_DIR_ENV)
+    state = read_claim_state(ctx.gpus, chosen, named=CLAIM_DIR_ENV)
     details = {"claim_dir": state.folder, "shared": state.shared}
     if state.error is not None:
         fix = state.error.rsplit("; ", 1)[-1].rstrip(".") if "; " in state.error else None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpukit.cluster import gpu_mismatch, shared_gpu_problem
-from gpukit.devices._visible import ENV_VAR, resolve_visible
+from gpukit.devices import VISIBLE_DEVICES_ENV, resolve_visible
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
 
@@ -24,7 +24,7 @@ def check_cluster(ctx: DoctorContext) -> list[Finding]:
                "gpus": None if env.gpus is None else list(env.gpus), "restart_count": env.restart_count}
     findings = [Finding(name, "info", env.describe(), None, details)]
     if env.kind == "slurm" and env.in_step and ctx.gpus:
-        visible = len(resolve_visible(ctx.env.get(ENV_VAR), ctx.gpus))
+        visible = len(resolve_visible(ctx.env.get(VISIBLE_DEVICES_ENV), ctx.gpus))
         node = env.hosts[env.node_rank] if env.hosts else None
         problem = gpu_mismatch(env.local_world_size, visible, node)
         shared = shared_gpu_problem(env.local_world_size, visible, ctx.env, node)  # --gres=gpu:1, 4 tasks

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpukit.devices import GpuSnapshot
-from gpukit.devices._visible import ENV_VAR, _parse, _resolve, order_may_differ, parse_visible_devices
+from gpukit.devices import VISIBLE_DEVICES_ENV as ENV_VAR
+from gpukit.devices import GpuSnapshot, explain_visible, order_may_differ, parse_visible_devices
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
 
@@ -16,7 +16,7 @@ _SET_EARLY = ("set it before the first CUDA call: at the top of the script, with
 
 def _visible(ctx: DoctorContext) -> tuple[list[GpuSnapshot], str | None, str | None]:
     value = ctx.env.get(ENV_VAR)
-    return _resolve(None if value is None else _parse(value), ctx.gpus)
+    return explain_visible(value, ctx.gpus)
 
 
 def _mapping(units: list[GpuSnapshot]) -> str:

@@ -149,7 +149,7 @@ def measure_allreduce(world: int, *, backend: str = "nccl", device_type: str = "
 
 
 def _nvml_now(index: int) -> dict[str, Any]:
-    from gpukit.devices._health import gpu_health
+    from gpukit.devices import gpu_health
 
     try:
         return gpu_health(index).to_dict()

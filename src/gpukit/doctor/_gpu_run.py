@@ -72,9 +72,7 @@ def run_gpu_checks(indices: list[int] | None = None, *, timeout_s: float = 120.0
     ``.errors`` per GPU, and ``gpus.allreduce`` with two or more; one ``gpu.active`` finding when
     there is nothing to measure.
     """
-    from gpukit.devices import claim_holders, list_gpus, unavailable_reason
-    from gpukit.devices._health import gpu_health
-    from gpukit.devices._nvml import is_fake_backend
+    from gpukit.devices import claim_holders, gpu_health, is_fake_backend, list_gpus, unavailable_reason
     from gpukit.doctor._gpu_verdicts import judge_allreduce, judge_gpu, judge_nvml_facts
 
     say = progress or (lambda text: None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpukit._util.units import format_bytes
-from gpukit.devices._health import GpuHealth
+from gpukit.devices import GpuHealth
 from gpukit.doctor._finding import Finding
 from gpukit.doctor._gpu_peaks import spec_peak_tflops
 

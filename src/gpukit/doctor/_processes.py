@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from gpukit._util.units import format_bytes
-from gpukit.devices import GpuProcess, GpuSnapshot, _nvml
+from gpukit.devices import GpuProcess, GpuSnapshot, is_fake_backend
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
 from gpukit.errors import GpukitError
@@ -153,7 +153,7 @@ def check_gpu_processes(ctx: DoctorContext, inspect: Callable[[int], ProcessStat
     if not ctx.gpus:
         return [Finding("gpu.processes", "info", "no NVIDIA GPU, so no GPU processes to check")]
     container = _in_container() if in_container is None else in_container
-    fake = inspect is None and getattr(_nvml.backend(), "gpukit_process_details", None) is not None
+    fake = inspect is None and is_fake_backend()
     inspect = inspect or inspect_pid
     findings: list[Finding] = []
     elsewhere: list[tuple[GpuProcess, GpuSnapshot]] = []

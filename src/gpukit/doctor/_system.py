@@ -8,13 +8,11 @@ import sys
 from pathlib import Path
 
 from gpukit._util.cpu import usable_cpu_count
-from gpukit.devices import _nvml
+from gpukit.devices import persistence_mode, unavailable_reason
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
 
 __all__ = ["check_versions", "check_cpus", "check_mig", "check_persistence", "cgroup_cpu_limit", "versions"]
-
-_NVML_FEATURE_ENABLED = 1
 
 
 def versions(ctx: DoctorContext) -> dict[str, str | None]:
@@ -112,16 +110,9 @@ def check_mig(ctx: DoctorContext) -> list[Finding]:
 
 def check_persistence(ctx: DoctorContext) -> list[Finding]:
     """Persistence mode per GPU (NVML): off means each start re-initialises the driver."""
-    if not ctx.gpus or _nvml.backend() is None:
+    if not ctx.gpus or unavailable_reason() is not None:
         return [Finding("gpu.persistence", "info", "no NVIDIA GPU, so no persistence mode")]
-    modes: dict[int, bool | None] = {}
-    for gpu in ctx.gpus:
-        try:
-            handle = _nvml.query("nvmlDeviceGetHandleByIndex", gpu.index)
-            mode = _nvml.query("nvmlDeviceGetPersistenceMode", handle, optional=True)
-        except _nvml.NvmlError:
-            mode = None
-        modes[gpu.index] = None if mode is None else mode == _NVML_FEATURE_ENABLED
+    modes = {gpu.index: persistence_mode(gpu.index) for gpu in ctx.gpus}
     details = {"persistence_mode": {str(k): v for k, v in modes.items()}}
     off = [i for i, on in modes.items() if on is False]
     if off and sys.platform.startswith("linux"):

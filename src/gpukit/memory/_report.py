@@ -239,15 +239,15 @@ def show_utilization(file: IO[str] | None = None) -> str:
         The text printed ("no GPU: ..." when there is no NVIDIA driver or GPU).
     """
     try:
-        from gpukit.devices import _nvml, list_gpus
+        from gpukit.devices import list_gpus, silence_notice, unavailable_reason
 
-        _nvml.silence_notice()  # this view says "no GPU" itself: the notice would repeat it
+        silence_notice()  # this view says "no GPU" itself: the notice would repeat it
         gpus = list_gpus()
     except Exception as exc:  # noqa: BLE001 - the view degrades to a message, never a traceback
         gpus = []
         reason = f"no GPU: NVML is not available ({type(exc).__name__}: {exc})"
     else:
-        why = _nvml.unavailable_reason()
+        why = unavailable_reason()
         reason = f"no GPU: {why}" if why else "no GPU: no NVIDIA GPU or driver found"
     if not gpus:
         text = reason
