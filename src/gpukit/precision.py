@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gpukit._util.precision_names import PRECISIONS, precision_name
 from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
 
@@ -42,7 +43,6 @@ __all__ = [
     "fsdp_own_unit_layers",
 ]
 
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "auto")
 
 #: layers kept in fp32 by the "-true" precisions: their statistics lose too much in 16 bits
 NORM_LAYERS: tuple[type[nn.Module], ...] = tuple(
@@ -282,26 +282,6 @@ def _cast_output_hook(dtype: torch.dtype) -> Any:
     return hook
 
 
-#: unambiguous short names, accepted as other libraries (Lightning) accept them
-_ALIASES = {
-    "32": "32-true",
-    "fp32": "32-true",
-    "float32": "32-true",
-    "16": "16-mixed",
-    "bf16": "bf16-mixed",
-}
-
-#: names that could mean either the mixed or the true variant: rejected with a suggestion
-_DID_YOU_MEAN = {
-    "fp16": "'16-mixed' (fp16 autocast, weights fp32) or '16-true' (weights fp16)",
-    "float16": "'16-mixed' (fp16 autocast, weights fp32) or '16-true' (weights fp16)",
-    "half": "'16-mixed' (fp16 autocast, weights fp32) or '16-true' (weights fp16)",
-    "bfloat16": "'bf16-mixed' (bf16 autocast, weights fp32) or 'bf16-true' (weights bf16)",
-    "mixed": "'bf16-mixed' or '16-mixed'",
-    "amp": "'bf16-mixed' or '16-mixed'",
-}
-
-
 def get_precision(
     name: str | Precision, accelerator: Accelerator, device: torch.device
 ) -> Precision:
@@ -320,17 +300,7 @@ def get_precision(
     """
     if isinstance(name, Precision):
         return name
-    if isinstance(name, int) and not isinstance(name, bool):
-        name = str(name)  # precision=32 / 16 as in other libraries
-    key = str(name).strip().lower()
-    key = _ALIASES.get(key, key)
-    if key not in PRECISIONS:
-        hint = _DID_YOU_MEAN.get(key)
-        fix = f" Did you mean {hint}?" if hint else ""
-        raise ConfigurationError(
-            f"Unknown precision {name!r}; choose one of {', '.join(map(repr, PRECISIONS))}."
-            + fix
-        )
+    key = precision_name(name)
     if key == "auto":
         key = accelerator.auto_precision(device)
     if key == "32-true":

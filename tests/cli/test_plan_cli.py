@@ -51,6 +51,8 @@ def test_plan_json_with_token_inputs_and_precision(models: str) -> None:
         (["{m}:not_a_model", "--batch-shape", "2,32"], "not a torch.nn.Module"),
         (["no_colon", "--batch-shape", "2,32"], "module:factory"),
         (["{m}:mlp", "--batch-shape", "2,x"], "positive integers"),
+        (["{m}:mlp", "--batch-shape", "2,32", "--precision", "auto"], "'auto' depends on the GPU"),
+        (["{m}:mlp", "--batch-shape", "2,32", "--precision", "bf16-fast"], "choose one of '32-true', 'bf16-mixed'"),
     ],
 )
 def test_plan_errors_are_one_line(models: str, args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -59,6 +61,12 @@ def test_plan_errors_are_one_line(models: str, args: list[str], message: str, ca
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("gpukit: error:") and message in err
+
+
+def test_plan_takes_the_precision_aliases_gpukit_precision_takes(models: str) -> None:
+    result = CliRunner().invoke(cli, ["plan", f"{models}:mlp", "--batch-shape", "2,32", "--precision", "bf16", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["precision"] == "bf16-mixed"
 
 
 def test_fsdp_without_nproc_uses_the_visible_gpus_and_says_so(models: str, monkeypatch: pytest.MonkeyPatch) -> None:

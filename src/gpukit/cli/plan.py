@@ -10,14 +10,14 @@ import sys
 
 import click
 
+from gpukit._util.precision_names import PRECISIONS, precision_name
 from gpukit.cli._common import MAX_BATCH
 from gpukit.errors import ConfigurationError
 
 __all__ = ["plan"]
 
 _DTYPES = ("float32", "float16", "bfloat16", "int64", "int32")
-_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")  # gpukit.precision's, less "auto"
-_SHORT_NAMES = ("32", "16", "bf16")  # also accepted by gpukit.precision
+_PLANNABLE = tuple(p for p in PRECISIONS if p != "auto")  # 'auto' depends on the GPU that will run it
 _MAX_INPUT_NUMEL = 2**48  # elements of one input (1 PiB of fp32): more is a typo, and overflows torch's sizes
 #: ``plan --fit`` when no configuration fits (what is missing is printed first), as ``gpukit select``'s
 NOTHING_FITS_EXIT_CODE = 2
@@ -151,9 +151,7 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
                                  "--input input_ids=8,512:int64.")
     if dtypes and len(dtypes) != len(shapes):
         raise ConfigurationError(f"Got {len(shapes)} --batch-shape but {len(dtypes)} --dtype; give one --dtype per input or none.")
-    if precision.strip().lower() not in _PRECISIONS + _SHORT_NAMES:
-        raise ConfigurationError(f"--precision {precision!r}: plan for one of {', '.join(_PRECISIONS)} "
-                                 "('auto' depends on the GPU that will run it, so name the precision).")
+    _check_precision(precision)
     dims = [_shape(s) for s in shapes]
     budget = _fit_budget(fit_memory)
     if strategy == "fsdp" and nproc is None and budget is None:
@@ -196,14 +194,19 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
                           [f"{n}={t}[{','.join(map(str, d))}]" for n, d, t in named])
         raise MemoryPlanError(f"{exc} Inputs given: {given}; check --batch-shape/--input and the dtypes "
                               "(token ids need int64).") from None
-    if strategy == "fsdp":  # per rank: the default wrapping policy's units, sharded over nproc
-        from gpukit.memory import shard_estimate
-        from gpukit.precision import fsdp_own_unit_layers
-        from gpukit.strategies._wrap import unit_param_counts, units_to_shard
+    if strategy == "fsdp":  # per rank: the units the Session's FSDP makes, sharded over nproc
+        from gpukit.memory import fsdp_unit_numels, shard_estimate
 
-        units = units_to_shard(built, always=fsdp_own_unit_layers(estimate.precision))  # as the Session makes them
-        estimate = shard_estimate(estimate, nproc or 1, unit_param_counts(built, units))
+        estimate = shard_estimate(estimate, nproc or 1, fsdp_unit_numels(built, estimate.precision))
     click.echo(json.dumps(estimate.to_dict(), indent=2) if as_json else str(estimate))
+
+
+def _check_precision(text: str) -> None:
+    """``--precision``, checked before torch loads: a name gpukit.precision takes, other than 'auto'."""
+    if text.strip().lower() == "auto":
+        raise ConfigurationError(f"--precision 'auto': plan for one of {', '.join(_PLANNABLE)} ('auto' depends "
+                                 "on the GPU that will run it, so name the precision).")
+    precision_name(text, allowed=_PLANNABLE, source="--precision")
 
 
 def _fit_budget(text: str | None) -> int | None:

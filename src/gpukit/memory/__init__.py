@@ -49,7 +49,7 @@ from gpukit.memory._fit import FitOption, FitPlanner, FitResult, example_batch_s
 from gpukit.memory._measure import measure_peak_memory
 from gpukit.memory._measure_cpu import MeasuredMemory, measure_step_memory
 from gpukit.memory._planner import MemoryEstimate, estimate_memory
-from gpukit.memory._shard_plan import shard_estimate
+from gpukit.memory._shard_plan import fsdp_unit_numels, shard_estimate
 from gpukit.memory._postmortem import (
     Allocation,
     largest_allocations,
@@ -82,6 +82,7 @@ __all__ = [
     "BatchSizeTrial",
     "estimate_memory",
     "shard_estimate",
+    "fsdp_unit_numels",
     "MemoryEstimate",
     "measure_peak_memory",
     "measure_step_memory",

@@ -14,10 +14,21 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from gpukit.errors import ConfigurationError
-from gpukit.memory._planner import MemoryEstimate
+import torch
 
-__all__ = ["shard_estimate"]
+from gpukit.errors import ConfigurationError
+from gpukit.memory._blocks import unit_param_counts, units_to_shard
+from gpukit.memory._planner import MemoryEstimate
+from gpukit.precision import fsdp_own_unit_layers
+
+__all__ = ["shard_estimate", "fsdp_unit_numels"]
+
+
+def fsdp_unit_numels(model: torch.nn.Module, precision: str) -> list[int]:
+    """Parameters of each unit the Session's FSDP makes of ``model`` under ``precision`` (the
+    default wrapping policy, the precision's own-unit layers, the root's remainder last): what
+    :func:`shard_estimate` takes."""
+    return unit_param_counts(model, units_to_shard(model, always=fsdp_own_unit_layers(precision)))
 
 
 def shard_estimate(estimate: MemoryEstimate, world_size: int, unit_numels: Sequence[int]) -> MemoryEstimate:
