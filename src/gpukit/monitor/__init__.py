@@ -3,15 +3,29 @@ the experiment trackers (CSV, MLflow, Weights & Biases) of ``Session(log_with=..
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from gpukit._util.lazy import lazy_exports
 from gpukit.monitor._events import EVENT_KINDS, emit
-from gpukit.monitor._record import RECORD_FORMAT, RECORD_VERSION, Recorder, log_event, record_path, start_recorder
+from gpukit.monitor._record import (
+    RECORD_FORMAT, RECORD_VERSION, Recorder, check_scalar, log_event, record_path, start_recorder,
+)
 from gpukit.monitor._tensorboard import TensorBoardSink, tensorboard_available
 from gpukit.monitor._throughput import Throughput
-from gpukit.monitor._trackers import CSVTracker, MLflowTracker, Tracker, WandbTracker
+from gpukit.monitor._trackers import CSVTracker, MLflowTracker, Tracker, WandbTracker, make_trackers
 from gpukit.monitor._utilization import UtilizationSampler, UtilizationSummary
+
+# resolved on first use: the hub warns through _util.warnings, which imports torch, and the
+# doctor loads this package (through worker/) without torch
+_LAZY: dict[str, str] = {"TrackerHub": "gpukit.monitor._tracking"}
 
 __all__ = [
     "CSVTracker", "EVENT_KINDS", "MLflowTracker", "RECORD_FORMAT", "RECORD_VERSION", "Recorder", "TensorBoardSink",
-    "Throughput", "Tracker", "WandbTracker", "UtilizationSampler", "UtilizationSummary", "emit", "log_event",
-    "record_path", "start_recorder", "tensorboard_available",
+    "Throughput", "Tracker", "WandbTracker", "UtilizationSampler", "UtilizationSummary", "check_scalar",
+    "emit", "log_event", "make_trackers", "record_path", "start_recorder", "tensorboard_available", *_LAZY,
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from gpukit.monitor._tracking import TrackerHub

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gpukit.accelerators import Accelerator
     from gpukit.data import StepTimings
-    from gpukit.monitor import Recorder
-    from gpukit.monitor._tracking import TrackerHub
+    from gpukit.monitor import Recorder, TrackerHub
     from gpukit.precision import Precision
     from gpukit.strategies import Strategy
     from gpukit.worker import WorkerEnv
@@ -66,8 +65,7 @@ class SessionServices:
             record if record is not None else worker.record_dir,
             strategy=strategy, precision=precision, accelerator=accelerator, timings=timings,
         )
-        from gpukit.monitor._tracking import TrackerHub
-        from gpukit.monitor._trackers import make_trackers
+        from gpukit.monitor import TrackerHub, make_trackers
 
         trackers = make_trackers(log_with)  # checked on every rank: the same error everywhere
         directory = self.recorder.directory if self.recorder is not None else None
@@ -82,7 +80,7 @@ class SessionServices:
         return self.recorder is not None or self.trackers.active
 
     def log(self, scalars: dict[str, Any], step: int) -> None:
-        from gpukit.monitor._record import check_scalar
+        from gpukit.monitor import check_scalar
 
         scalars = {name: check_scalar(name, value) for name, value in scalars.items()}  # even when not logging
         if self.recorder is not None:
