@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
 
 from gpukit.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from gpukit.devices import GpuSnapshot
 
 __all__ = [
     "Accelerator",
@@ -107,6 +110,29 @@ class Accelerator:
     def reset_peak_memory_stats(self, device: torch.device | None = None) -> None:
         """Start a new peak-memory window (no-op on the CPU)."""
 
+    def free_memory_bytes(self, device: torch.device) -> int | None:
+        """The device's free memory now, for any process (the driver's figure); ``None``: not reported."""
+        return None
+
+    def gpu_snapshot(self, device: torch.device) -> GpuSnapshot | None:
+        """What NVML reports of ``device`` now (name, physical index, memory, utilization); ``None``
+        where NVML does not describe this backend, or there is no driver."""
+        return None
+
+    def with_index(self, device: torch.device) -> torch.device:
+        """``device`` with the index a bare type means here (``cuda`` -> ``cuda:0``)."""
+        return device
+
+    def record_memory_history(self, enabled: bool, max_entries: int) -> bool:
+        """Start (or stop) recording allocation stacks; whether recording is now on (``False``:
+        this backend's allocator keeps no history)."""
+        return False
+
+    def allocator_snapshot(self) -> dict[str, Any] | None:
+        """The caching allocator's snapshot (segments, blocks, their stacks); ``None`` where there is
+        none, or the runtime has not started in this process."""
+        return None
+
     def manual_seed_all(self, seed: int) -> None:
         """Seed every device of this type (the CPU generator is seeded by torch.manual_seed)."""
 
@@ -184,6 +210,30 @@ class CUDAAccelerator(Accelerator):
     def reset_peak_memory_stats(self, device: torch.device | None = None) -> None:
         if torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats(device)
+
+    def free_memory_bytes(self, device: torch.device) -> int | None:
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+
+    def gpu_snapshot(self, device: torch.device) -> GpuSnapshot | None:
+        try:
+            from gpukit.devices import logical_to_physical
+
+            return dict(logical_to_physical()).get(device.index or 0)
+        except Exception:  # noqa: BLE001 - display only: no driver or a fake-spec error means no NVML figures
+            return None
+
+    def with_index(self, device: torch.device) -> torch.device:
+        return device if device.index is not None else torch.device(self.type, 0)
+
+    def record_memory_history(self, enabled: bool, max_entries: int) -> bool:
+        if not self.is_available():
+            return False
+        torch.cuda.memory._record_memory_history("all" if enabled else None, max_entries=max_entries)
+        return enabled
+
+    def allocator_snapshot(self) -> dict[str, Any] | None:
+        return torch.cuda.memory._snapshot() if self.is_initialized() else None
 
     def manual_seed_all(self, seed: int) -> None:
         # Lazy in torch: seeds each GPU when CUDA initialises, so this never initialises CUDA.

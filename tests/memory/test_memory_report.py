@@ -50,6 +50,14 @@ def test_cuda_row_shows_nvml_numbers_without_initialising_cuda() -> None:
         assert not torch.cuda.is_initialized()
 
 
+def test_a_bare_cuda_is_gpu_0_and_the_cpu_row_has_no_nvml() -> None:
+    with FakeNvml(FAKE_GPU):
+        report = memory_report(["cuda", "cpu"])
+    assert [row.device for row in report.devices] == ["cuda:0", "cpu"]
+    assert report["cuda:0"].name == "NVIDIA A100" and report["cpu"].name is None
+    assert report["cpu"].process_rss_bytes and report["cpu"].nvml_total_bytes is None
+
+
 @pytest.mark.parametrize("bad", [object(), "tpu:0", True, "cuda:x"])
 def test_bad_device_is_a_configuration_error(bad: object) -> None:
     with pytest.raises(ConfigurationError):

@@ -52,10 +52,7 @@ def record_memory_history(enabled: bool = True, max_entries: int = 100_000, devi
         Whether recording is now on (always ``False`` off CUDA, where there is nothing to record).
     """
     accelerator = get_accelerator(device if device is not None else auto_device_type())
-    if accelerator.type != "cuda" or not accelerator.is_available():
-        return False
-    torch.cuda.memory._record_memory_history("all" if enabled else None, max_entries=max_entries)
-    return enabled
+    return accelerator.record_memory_history(enabled, max_entries)
 
 
 def _user_frames(frames: list[dict[str, Any]]) -> tuple[str, ...]:
@@ -112,8 +109,8 @@ def write_oom_snapshot(
     """
     out = file or sys.stderr
     accelerator = get_accelerator(device if device is not None else auto_device_type())
-    if accelerator.type == "cuda" and accelerator.is_initialized():
-        snapshot = torch.cuda.memory._snapshot()
+    snapshot = accelerator.allocator_snapshot()
+    if snapshot is not None:
         target = Path(path) if path is not None else _default_path(None)
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target, "wb") as handle:

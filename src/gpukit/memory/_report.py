@@ -139,8 +139,9 @@ def _normalise(devices: DeviceLike | Iterable[DeviceLike] | None) -> list[torch.
     if devices is None:
         found = [torch.device("cpu")]
         # device_count() does not initialise CUDA, so a report never creates a context
-        if torch.cuda.is_available():
-            found += [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        cuda = get_accelerator("cuda")
+        if cuda.is_available():
+            found += [cuda.device(i) for i in range(cuda.device_count())]
         return found
     if isinstance(devices, (str, int, torch.device)):
         items: Sequence[Any] = [devices]
@@ -159,21 +160,8 @@ def _normalise(devices: DeviceLike | Iterable[DeviceLike] | None) -> list[torch.
             device = torch.device("cuda", item) if isinstance(item, int) else torch.device(item)
         except RuntimeError as exc:
             raise ConfigurationError(f"memory_report: {item!r} is not a device ({exc}); use e.g. 'cuda:0' or 'cpu'.") from None
-        get_accelerator(device)  # raises ConfigurationError for unsupported types
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", 0)
-        result.append(device)
+        result.append(get_accelerator(device).with_index(device))  # an unsupported type: ConfigurationError
     return result
-
-
-def _nvml_by_logical_index() -> dict[int, Any]:
-    """Logical CUDA index -> NVML snapshot; empty without a driver or the devices layer."""
-    try:
-        from gpukit.devices import logical_to_physical
-
-        return {logical: snapshot for logical, snapshot in logical_to_physical()}
-    except Exception:  # noqa: BLE001 - display only: no driver / fake spec errors mean "no NVML column"
-        return {}
 
 
 def memory_report(devices: DeviceLike | Iterable[DeviceLike] | None = None) -> MemoryReport:
@@ -192,22 +180,21 @@ def memory_report(devices: DeviceLike | Iterable[DeviceLike] | None = None) -> M
     Raises:
         ConfigurationError: for something that is not a supported device.
     """
-    wanted = _normalise(devices)
-    nvml = _nvml_by_logical_index() if any(d.type == "cuda" for d in wanted) else {}
     rows = []
-    for device in wanted:
-        stats = get_accelerator(device).memory_stats(device if device.type == "cuda" else None)
-        if device.type == "cpu":
+    for device in _normalise(devices):
+        accelerator = get_accelerator(device)
+        stats = accelerator.memory_stats(device)
+        if accelerator.is_host:  # the process's memory and its live tensors
             rows.append(
                 DeviceMemory(
-                    device="cpu",
+                    device=device.type,
                     process_rss_bytes=stats.get("process_rss_bytes"),
-                    live_tensor_bytes=live_tensor_bytes("cpu"),
+                    live_tensor_bytes=live_tensor_bytes(device.type),
                 )
             )
             continue
         allocated, reserved = stats.get("allocated_bytes"), stats.get("reserved_bytes")
-        snapshot = nvml.get(device.index) if device.index is not None else None
+        snapshot = accelerator.gpu_snapshot(device)  # NVML's view beside torch's counters (None: not NVML's)
         rows.append(
             DeviceMemory(
                 device=str(device),

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from gpukit._util.lazy import lazy_exports
 from gpukit.monitor._events import EVENT_KINDS, emit
 from gpukit.monitor._record import (
-    RECORD_FORMAT, RECORD_VERSION, Recorder, check_scalar, log_event, record_path, start_recorder,
+    RECORD_FORMAT, RECORD_VERSION, RecordedRank, Recorder, check_scalar, log_event, record_path, start_recorder,
 )
 from gpukit.monitor._tensorboard import TensorBoardSink, tensorboard_available
 from gpukit.monitor._throughput import Throughput
@@ -20,9 +20,10 @@ from gpukit.monitor._utilization import UtilizationSampler, UtilizationSummary
 _LAZY: dict[str, str] = {"TrackerHub": "gpukit.monitor._tracking"}
 
 __all__ = [
-    "CSVTracker", "EVENT_KINDS", "MLflowTracker", "RECORD_FORMAT", "RECORD_VERSION", "Recorder", "TensorBoardSink",
-    "Throughput", "Tracker", "WandbTracker", "UtilizationSampler", "UtilizationSummary", "check_scalar",
-    "emit", "log_event", "make_trackers", "record_path", "start_recorder", "tensorboard_available", *_LAZY,
+    "CSVTracker", "EVENT_KINDS", "MLflowTracker", "RECORD_FORMAT", "RECORD_VERSION", "RecordedRank", "Recorder",
+    "TensorBoardSink", "Throughput", "Tracker", "WandbTracker", "UtilizationSampler", "UtilizationSummary",
+    "check_scalar", "emit", "log_event", "make_trackers", "record_path", "start_recorder", "tensorboard_available",
+    *_LAZY,
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)

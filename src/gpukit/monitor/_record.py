@@ -39,6 +39,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
     from gpukit.accelerators import Accelerator
 
-__all__ = ["RECORD_FORMAT", "RECORD_VERSION", "Recorder", "check_scalar", "log_event",
+__all__ = ["RECORD_FORMAT", "RECORD_VERSION", "RecordedRank", "Recorder", "check_scalar", "log_event",
            "read_as_floats", "record_path", "start_recorder"]
 
 RECORD_FORMAT = "gpukit-record"
@@ -332,29 +333,33 @@ def _tensorboard_sink(tensorboard: Any, directory: Path, rank: int) -> Any:
     return TensorBoardSink(Path(tensorboard) / f"rank{rank}")
 
 
-def start_recorder(
-    record: str | os.PathLike[str] | None, *, strategy: Any, precision: Any, accelerator: Any,
-    timings: Any = None,
-) -> Recorder | None:
-    """The recorder a launched Session holds in ``record`` (``None``: no record).
+@dataclass(frozen=True)
+class RecordedRank:
+    """The process that writes a record: its place in the run, its device, what it trains with.
 
-    ``timings`` (the Session's step-time breakdown) gets the recorder as a listener.
+    Attributes:
+        rank, world_size, local_rank: where this process sits in the run.
+        device: the device it trains on.
+        strategy: the strategy as described in the header (``"ddp x2 (gloo)"``).
+        precision: the precision's name (``"bf16-mixed"``).
     """
-    directory = record
-    if directory is None or not strategy.launched:
-        return None
-    meta = {"device": str(strategy.root_device), "strategy": strategy.describe(),
-            "precision": precision.name}
-    if strategy.root_device.type == "cuda":  # the GPU's name and NVML index, for the report
-        from gpukit.monitor._system import _gpu_snapshot
 
-        snapshot = _gpu_snapshot(strategy.root_device.index or 0)
-        meta.update(gpu_name=getattr(snapshot, "name", None), gpu_index=getattr(snapshot, "index", None))
-    recorder = Recorder(directory, rank=strategy.rank, world_size=strategy.world_size,
-                        local_rank=strategy.local_rank, meta=meta, accelerator=accelerator,
-                        device=strategy.root_device)
-    if timings is not None:
-        timings.add_listener(recorder.on_step)
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    strategy: str
+    precision: str
+
+
+def start_recorder(record: str | os.PathLike[str], who: RecordedRank, accelerator: Accelerator) -> Recorder:
+    """The recorder of a launched Session: ``who``'s file in the directory ``record``."""
+    meta: dict[str, Any] = {"device": str(who.device), "strategy": who.strategy, "precision": who.precision}
+    snapshot = accelerator.gpu_snapshot(who.device)
+    if snapshot is not None:  # the GPU's name and NVML index, for the report
+        meta.update(gpu_name=snapshot.name, gpu_index=snapshot.index)
+    recorder = Recorder(record, rank=who.rank, world_size=who.world_size, local_rank=who.local_rank, meta=meta,
+                        accelerator=accelerator, device=who.device)
     atexit.register(recorder.close)  # a script that never calls session.close() still ends its record
     return recorder
 

@@ -25,13 +25,12 @@ __all__ = ["SystemSampler", "read_system"]
 def read_system(accelerator: Accelerator | None, device: torch.device | None, cpu_pct: Callable[[], float | None]) -> dict[str, Any]:
     """One sample of this rank's device, process and host, as record fields (units in names)."""
     sample: dict[str, Any] = {}
-    if device is not None and device.type == "cuda":
-        snapshot = _gpu_snapshot(device.index or 0)
+    if accelerator is not None and device is not None:
+        snapshot = accelerator.gpu_snapshot(device)  # NVML's view, where NVML describes the device
         sample["gpu_util_pct"] = getattr(snapshot, "utilization_gpu_pct", None)
         sample["gpu_mem_used_bytes"] = getattr(snapshot, "memory_used_bytes", None)
         sample["gpu_mem_total_bytes"] = getattr(snapshot, "memory_total_bytes", None)
-    if accelerator is not None and device is not None:
-        stats = accelerator.memory_stats(device if device.type != "cpu" else None)
+        stats = accelerator.memory_stats(device)
         sample["torch_allocated_bytes"] = stats.get("allocated_bytes")
         sample["torch_reserved_bytes"] = stats.get("reserved_bytes")
     sample["process_rss_bytes"] = psutil.Process().memory_info().rss
@@ -39,16 +38,6 @@ def read_system(accelerator: Accelerator | None, device: torch.device | None, cp
     host = psutil.virtual_memory()
     sample["host_mem_used_bytes"], sample["host_mem_total_bytes"] = host.used, host.total
     return {k: v for k, v in sample.items() if v is not None}
-
-
-def _gpu_snapshot(logical_index: int) -> Any:
-    """NVML snapshot of CUDA device ``logical_index`` of this process; ``None`` without NVML."""
-    try:
-        from gpukit.devices import logical_to_physical
-
-        return dict(logical_to_physical()).get(logical_index)
-    except Exception:  # noqa: BLE001 - no driver or a fake-spec error: no GPU figures
-        return None
 
 
 class SystemSampler(PeriodicSampler):

@@ -38,10 +38,7 @@ from gpukit.placement import unwrap_model
 
 if TYPE_CHECKING:
     from gpukit.accelerators import Accelerator
-    from gpukit.precision import Precision
     from gpukit.session._memory import SessionMemory
-    from gpukit.session._runstate import RunState
-    from gpukit.session._steps import TrainingSteps
     from gpukit.strategies import Strategy
 
 __all__ = ["FitChoice", "SessionFit", "fit_at_setup", "FREE_MEMORY_SHARE"]
@@ -119,7 +116,8 @@ class SessionFit:
     Args:
         fit: True (GPU free memory) or a budget per device ("20GiB" or bytes).
         config: the Session's arguments as given (which options the user set).
-        strategy, accelerator: the session's; ``precision``: its precision before the choice.
+        strategy, accelerator: the session's (the strategy's precision is the one before the choice,
+            and the one ``apply`` replaces).
         verbose: print the choice on rank 0.
 
     Raises:
@@ -128,7 +126,7 @@ class SessionFit:
     """
 
     def __init__(self, fit: Any, *, config: dict[str, Any], strategy: Strategy, accelerator: Accelerator,
-                 precision: Precision, verbose: bool) -> None:
+                 verbose: bool) -> None:
         if fit is True:
             if accelerator.is_host:
                 raise ConfigurationError(
@@ -144,6 +142,7 @@ class SessionFit:
         self._strategy, self._accelerator, self._verbose = strategy, accelerator, verbose
         self.plan_strategy = _plan_strategy(strategy)
         self.kept: list[str] = [f"strategy {strategy.name}" + (f" x{strategy.world_size}" if strategy.world_size > 1 else "")]
+        precision = strategy.precision
         if config.get("precision", "auto") == "auto":
             self.precisions = _preferred_precisions(precision.name, accelerator, strategy.root_device)
         else:
@@ -168,18 +167,15 @@ class SessionFit:
         self.choice: FitChoice | None = None
 
     @classmethod
-    def create(cls, fit: Any, config: dict[str, Any], strategy: Strategy, precision: Precision, *,
-               verbose: bool) -> SessionFit | None:
+    def create(cls, fit: Any, config: dict[str, Any], strategy: Strategy, *, verbose: bool) -> SessionFit | None:
         """The component for ``Session(fit=fit)``; ``None`` for ``fit=None`` or ``False``."""
         if fit is None or fit is False:
             return None
-        return cls(fit, config=config, strategy=strategy, accelerator=strategy.accelerator, precision=precision,
-                   verbose=verbose)
+        return cls(fit, config=config, strategy=strategy, accelerator=strategy.accelerator, verbose=verbose)
 
-    def apply(self, model: nn.Module, optimizer: Any, example_input: Any, *, steps: TrainingSteps,
-              memory: SessionMemory, runstate: RunState) -> Precision | None:
-        """Choose (rank 0, broadcast) and apply to the strategy and the session's components:
-        returns the new precision, or ``None`` when it stays."""
+    def apply(self, model: nn.Module, optimizer: Any, example_input: Any, *, memory: SessionMemory) -> None:
+        """Choose (rank 0, broadcast) and apply: the precision and checkpointing to the strategy, which
+        owns them (every component reads the precision through it), the micro-batch to ``memory``."""
         from gpukit.precision import get_precision
 
         if example_input is None:
@@ -207,20 +203,19 @@ class SessionFit:
         self._strategy.activation_checkpointing = choice.activation_checkpointing
         if choice.micro_batch < choice.batch_size:
             memory.use_micro_batch(choice.micro_batch)
-        if choice.precision == self._strategy.precision.name:
-            return None
-        precision = get_precision(choice.precision, self._accelerator, self._strategy.root_device)
-        self._strategy.precision = precision
-        for part in (steps, memory, runstate):
-            part.use_precision(precision)
-        return precision
+        if choice.precision != self._strategy.precision.name:
+            self._strategy.precision = get_precision(choice.precision, self._accelerator, self._strategy.root_device)
 
     # -- choosing ----------------------------------------------------------------------------------
     def _budget(self, model: nn.Module) -> tuple[int, str]:
         if self.budget is not None:
             return self.budget, "given"
         device = self._strategy.root_device
-        free, _ = torch.cuda.mem_get_info(device)
+        free = self._accelerator.free_memory_bytes(device)
+        if free is None:
+            raise ConfigurationError(
+                f"Session(fit=True) on {device}: the device does not report its free memory. Give the budget per "
+                "process: Session(fit='8GiB').")
         stats = self._accelerator.memory_stats(device)
         cached = (stats.get("reserved_bytes") or 0) - (stats.get("allocated_bytes") or 0)
         held = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()) if t.device == device)
@@ -280,15 +275,13 @@ class SessionFit:
 
 
 def fit_at_setup(fit: SessionFit | None, model: nn.Module, optimizer: Any, example_input: Any, *,
-                 steps: TrainingSteps, memory: SessionMemory, runstate: RunState) -> Precision | None:
-    """``session.setup``'s part for ``fit``: the first model set up decides, later ones follow it.
-    Returns the new precision (``None``: unchanged)."""
+                 memory: SessionMemory) -> None:
+    """``session.setup``'s part for ``fit``: the first model set up decides, later ones follow it."""
     if fit is None:
         raise ConfigurationError("session.setup(example_input=...) is for Session(fit=...), which this session was "
                                  "not given: add fit='20GiB' (or fit=True on a GPU), or drop example_input.")
-    if fit.choice is not None:
-        return None
-    return fit.apply(model, optimizer, example_input, steps=steps, memory=memory, runstate=runstate)
+    if fit.choice is None:
+        fit.apply(model, optimizer, example_input, memory=memory)
 
 
 def _plan_strategy(strategy: Strategy) -> str:

@@ -36,7 +36,6 @@ from gpukit.placement import device_mover, unwrap_model
 
 if TYPE_CHECKING:
     from gpukit.accelerators import Accelerator
-    from gpukit.precision import Precision
     from gpukit.session._steps import TrainingSteps
     from gpukit.strategies import Strategy
 
@@ -87,19 +86,18 @@ class SessionMemory:
     Args:
         oom: the Session's ``oom`` option (already checked by :func:`check_memory_options`).
         watch_every: steps between leak checks from the first step, or ``None``.
-        strategy, precision, accelerator: the Session's (``precision`` autocasts ``step_fn``).
+        strategy, accelerator: the Session's (the strategy's precision autocasts ``step_fn``).
         steps: the Session's training step (accumulation window, backward), composed around ``step_fn``.
     """
 
     def __init__(
-        self, oom: str | None, watch_every: int | None, *, strategy: Strategy, precision: Precision,
-        accelerator: Accelerator, steps: TrainingSteps,
+        self, oom: str | None, watch_every: int | None, *, strategy: Strategy, accelerator: Accelerator,
+        steps: TrainingSteps,
     ) -> None:
         self._oom = oom
         self._watch_every = watch_every
         self._strategy = strategy
         self._accelerator = accelerator
-        self._precision = precision
         self._steps = steps
         self._backoff: _memory.OomBackoff | None = None
         self._micro_batch: int | None = None  # Session(fit=...): run_step splits batches into these
@@ -232,7 +230,7 @@ class SessionMemory:
         if self._mover is None or self._mover[0] != device:
             self._mover = (device, device_mover(device))
         batch = self._mover[1](batch)
-        with self._precision.autocast():
+        with self._strategy.precision.autocast():
             loss = step_fn(batch)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
@@ -241,10 +239,6 @@ class SessionMemory:
                 "tensor (the mean over the batch), e.g. `return F.cross_entropy(model(x), y)`."
             )
         return loss
-
-    def use_precision(self, precision: Precision) -> None:
-        """Autocast ``run_step`` with ``precision`` from now on (``Session(fit=...)`` chose it)."""
-        self._precision = precision
 
     def use_micro_batch(self, size: int) -> None:
         """Split every ``run_step`` batch into micro-batches of ``size`` (``Session(fit=...)``).
@@ -271,7 +265,7 @@ class SessionMemory:
         backoff.sync_module = model  # DDP's forward buffer-sync flag is reset for each attempt
         backoff.zero_grad = lambda: _drop_grads(params)
         if len(self._models) == 1:  # its planned fixes name the options for the micro-batch that failed
-            backoff.model, backoff.precision = unwrap_model(self._models[0]), self._precision.name
+            backoff.model, backoff.precision = unwrap_model(self._models[0]), self._strategy.precision.name
             backoff.activation_checkpointing = self._strategy.activation_checkpointing
         boundary = self._steps.next_is_boundary()
         held = [p.grad for p in params]  # earlier batches of this accumulation window
@@ -322,7 +316,7 @@ class SessionMemory:
 
         if len(self._models) != 1:
             return None
-        return planned_fixes(unwrap_model(self._models[0]), batch, precision=self._precision.name,
+        return planned_fixes(unwrap_model(self._models[0]), batch, precision=self._strategy.precision.name,
                              activation_checkpointing=self._strategy.activation_checkpointing, device=self._device)
 
     def _raise_out_of_memory(

@@ -20,7 +20,6 @@ from gpukit.errors import CheckpointError
 from gpukit.session._resume import ResumeInfo, loader_position, resume_line
 
 if TYPE_CHECKING:
-    from gpukit.precision import Precision
     from gpukit.session._memory import SessionMemory
     from gpukit.session._schedulers import SessionScheduler
     from gpukit.session._steps import TrainingSteps
@@ -33,15 +32,14 @@ class RunState:
     """Stop agreement and session state (see the module docstring).
 
     Args:
-        strategy, precision: the Session's.
+        strategy: the Session's (its precision's state is saved and restored).
         steps: the Session's step counter (saved and restored).
         memory: the Session's memory component (its back-off micro-batch size is saved).
     """
 
-    def __init__(self, *, strategy: Strategy, precision: Precision, steps: TrainingSteps,
-                 memory: SessionMemory, verbose: bool = False) -> None:
+    def __init__(self, *, strategy: Strategy, steps: TrainingSteps, memory: SessionMemory,
+                 verbose: bool = False) -> None:
         self._strategy = strategy
-        self._precision = precision
         self._steps = steps
         self._memory = memory
         self._verbose = verbose
@@ -49,10 +47,6 @@ class RunState:
         self.schedulers: list[SessionScheduler] = []
         #: what the last ``resume`` did (``session.resumed``)
         self.resumed: ResumeInfo | None = None
-
-    def use_precision(self, precision: Precision) -> None:
-        """Save and restore ``precision``'s state (``Session(fit=...)`` chose it at setup)."""
-        self._precision = precision
 
     def should_stop(self) -> bool:
         """Whether any rank was asked to stop; every rank gets the same answer (one all-reduce)."""
@@ -106,14 +100,14 @@ class RunState:
         backoff = self._memory.oom_backoff
         return {
             **self._steps.state_dict(),
-            "precision": self._precision.state_dict(),
+            "precision": self._strategy.precision.state_dict(),
             "oom_micro_batch_size": backoff.micro_batch_size if backoff else None,
             "schedulers": [s.state_dict() for s in self.schedulers],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._steps.load_state_dict(state)
-        self._precision.load_state_dict(state.get("precision", {}))
+        self._strategy.precision.load_state_dict(state.get("precision", {}))
         self._memory.restore_backoff(state.get("oom_micro_batch_size"))
         saved = state.get("schedulers") or []
         if saved and len(saved) != len(self.schedulers):

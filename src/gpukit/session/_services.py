@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from gpukit.accelerators import Accelerator
     from gpukit.data import StepTimings
     from gpukit.monitor import Recorder, TrackerHub
-    from gpukit.precision import Precision
     from gpukit.strategies import Strategy
     from gpukit.worker import WorkerEnv
 
@@ -31,7 +30,7 @@ class SessionServices:
     """Start the Session's process services (see the module docstring).
 
     Args:
-        strategy, precision, accelerator: the Session's (the environment is already set up).
+        strategy, accelerator: the Session's (the environment is already set up; the precision is the strategy's).
         timings: the Session's step-time breakdown; the recorder listens to it.
         record: the run-record directory, ``None`` for ``GPUKIT_RECORD_DIR`` or no record.
         worker: what a launcher told this process (``WorkerEnv.from_env()``).
@@ -42,11 +41,11 @@ class SessionServices:
     """
 
     def __init__(
-        self, *, strategy: Strategy, precision: Precision, accelerator: Accelerator, timings: StepTimings,
+        self, *, strategy: Strategy, accelerator: Accelerator, timings: StepTimings,
         record: str | os.PathLike[str] | None, worker: WorkerEnv, verbose: bool, log_with: Any = None,
         settings: dict[str, Any] | None = None, accumulate_grad_batches: int = 1,
     ) -> None:
-        from gpukit.monitor import start_recorder
+        from gpukit.monitor import RecordedRank, start_recorder
         from gpukit.worker import install_preemption_handler, is_kernel, session_stop_signals
 
         if not is_kernel():  # a notebook kernel keeps its own SIGTERM (and its forked workers inherit none)
@@ -60,19 +59,23 @@ class SessionServices:
 
             # once, rank 0: the SLURM / Kubernetes job this process belongs to (its gpukit launcher said it)
             announce(under_gpukit=worker.launcher_pid is not None)
-        #: the run recorder, ``None`` unless recording
-        self.recorder: Recorder | None = start_recorder(
-            record if record is not None else worker.record_dir,
-            strategy=strategy, precision=precision, accelerator=accelerator, timings=timings,
-        )
+        #: the run recorder, ``None`` unless recording (a launched session given a directory)
+        self.recorder: Recorder | None = None
+        directory = record if record is not None else worker.record_dir
+        if directory is not None and strategy.launched:
+            who = RecordedRank(rank=strategy.rank, world_size=strategy.world_size, local_rank=strategy.local_rank,
+                               device=strategy.root_device, strategy=strategy.describe(),
+                               precision=strategy.precision.name)
+            self.recorder = start_recorder(directory, who, accelerator)
+            timings.add_listener(self.recorder.on_step)
         from gpukit.monitor import TrackerHub, make_trackers
 
         trackers = make_trackers(log_with)  # checked on every rank: the same error everywhere
-        directory = self.recorder.directory if self.recorder is not None else None
         logged = {k: _plain(v) for k, v in (settings or {}).items()}
-        logged.update(strategy=strategy.describe(), precision=precision.name, world_size=strategy.world_size,
-                      accumulate_grad_batches=accumulate_grad_batches)
-        self.trackers: TrackerHub = TrackerHub(trackers, rank=strategy.rank, directory=directory, settings=logged)
+        logged.update(strategy=strategy.describe(), precision=strategy.precision.name,
+                      world_size=strategy.world_size, accumulate_grad_batches=accumulate_grad_batches)
+        self.trackers: TrackerHub = TrackerHub(trackers, rank=strategy.rank, settings=logged,
+                                               directory=self.recorder.directory if self.recorder is not None else None)
 
     @property
     def logging(self) -> bool:

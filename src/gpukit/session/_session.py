@@ -131,15 +131,15 @@ class Session:
         if timeout_s is not None:  # before setup_environment creates the process group
             self.strategy.timeout_s = parse_timeout_s(timeout_s)
         self.accelerator: Accelerator = self.strategy.accelerator
-        self.precision: Precision = get_precision(precision, self.accelerator, self.strategy.root_device)
-        self.strategy.precision = self.precision
-        self._fit = SessionFit.create(fit, self._config, self.strategy, self.precision, verbose=verbose)
+        # the strategy owns the precision; every component reads it there (Session(fit=) may change it)
+        self.strategy.precision = get_precision(precision, self.accelerator, self.strategy.root_device)
+        self._fit = SessionFit.create(fit, self._config, self.strategy, verbose=verbose)
         self.seed = seed
         batches = plan_batches(global_batch_size, micro_batch_size, accumulate_grad_batches,
                                self.strategy.world_size)
         self._micro_batch_size = batches.micro_batch_size
         self._loaders = LoaderTracker(self.strategy.world_size)  # the gpukit loader whose batch is in hand
-        self._steps = TrainingSteps(self.strategy, self.precision, batches.accumulate_grad_batches,
+        self._steps = TrainingSteps(self.strategy, batches.accumulate_grad_batches,
                                     loaders=self._loaders, step_at_loader_end=step_at_loader_end)
         self._loaders.on_pass_end = self._steps.pass_ended
         self._seeding = RankSeeding(seed, self.strategy.rank, self.strategy.world_size, self.accelerator,
@@ -154,22 +154,25 @@ class Session:
         if self.strategy.launched:
             self.strategy.setup_environment()
         self._services = SessionServices(  # stop signals, heartbeat, the run record
-            strategy=self.strategy, precision=self.precision, accelerator=self.accelerator,
-            timings=self.timings, record=record, worker=worker, verbose=verbose, log_with=log_with,
-            settings=self._config, accumulate_grad_batches=self._steps.accumulate_grad_batches,
+            strategy=self.strategy, accelerator=self.accelerator, timings=self.timings, record=record,
+            worker=worker, verbose=verbose, log_with=log_with, settings=self._config,
+            accumulate_grad_batches=self._steps.accumulate_grad_batches,
         )
         #: the run recorder (``Session(record=...)``), ``None`` unless recording
         self.recorder = self._services.recorder
         self._memory = SessionMemory(
-            oom, watch_every, strategy=self.strategy, precision=self.precision,
-            accelerator=self.accelerator, steps=self._steps,
+            oom, watch_every, strategy=self.strategy, accelerator=self.accelerator, steps=self._steps,
         )
-        self._runstate = RunState(strategy=self.strategy, precision=self.precision, steps=self._steps,
-                                  memory=self._memory, verbose=verbose)
+        self._runstate = RunState(strategy=self.strategy, steps=self._steps, memory=self._memory, verbose=verbose)
         if self.strategy.launched and verbose and self.is_main:
             print(choice_banner(self.strategy, self.precision, self._config), file=sys.stderr)
 
     # -- where this process sits -------------------------------------------------------------
+    @property
+    def precision(self) -> Precision:
+        """The precision the session trains at: its strategy's (``Session(fit=...)`` may change it at setup)."""
+        return self.strategy.precision
+
     @property
     def device(self) -> torch.device:
         """This process's device (the main GPU under DataParallel)."""
@@ -234,8 +237,7 @@ class Session:
         if optimizer is not None:
             check_optimizer(model, optimizer)
         if self._fit is not None or example_input is not None:  # Session(fit=...): choose before wrapping
-            self.precision = fit_at_setup(self._fit, model, optimizer, example_input, steps=self._steps,
-                                          memory=self._memory, runstate=self._runstate) or self.precision
+            fit_at_setup(self._fit, model, optimizer, example_input, memory=self._memory)
         model, compiling = compile_request(model, self._compile)  # a torch.compile wrapper comes off here
         model = self.strategy.materialise_meta(model)  # built on the meta device: allocated, initialised
         model = self.strategy.prepare_module(model)

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from gpukit.precision import Precision
     from gpukit.session._loaders import LoaderTracker
     from gpukit.strategies import Strategy
 
@@ -53,17 +52,16 @@ class TrainingSteps:
     """Backward and optimizer steps for ``accumulate_grad_batches`` micro-batches a step.
 
     Args:
-        strategy: skips the gradient sync inside a window (``no_backward_sync``), clips gradients.
-        precision: scales the loss (fp16), unscales and steps the optimizer.
+        strategy: skips the gradient sync inside a window (``no_backward_sync``), clips gradients;
+            its precision scales the loss (fp16), unscales and steps the optimizer.
         accumulate_grad_batches: micro-batches per optimizer step (checked by the Session).
         loaders: the gpukit loader handing out batches (how many are left in its pass).
         step_at_loader_end: end a window with the loader's pass (see the module docstring).
     """
 
-    def __init__(self, strategy: Strategy, precision: Precision, accumulate_grad_batches: int,
+    def __init__(self, strategy: Strategy, accumulate_grad_batches: int,
                  loaders: LoaderTracker | None = None, step_at_loader_end: bool = True) -> None:
         self._strategy = strategy
-        self._precision = precision
         self._k = check_accumulation(accumulate_grad_batches)
         self._loaders = loaders
         self.step_at_loader_end = bool(step_at_loader_end)
@@ -88,10 +86,6 @@ class TrainingSteps:
             )
         self._k = value
         self._window = None  # a size decided for the next window (by a query before its first step) is stale
-
-    def use_precision(self, precision: Precision) -> None:
-        """Scale and step with ``precision`` from now on (``Session(fit=...)`` chose it at setup)."""
-        self._precision = precision
 
     def window_size(self) -> int:
         """Micro-batches in the open window: ``k``, or fewer where the loader's pass ends sooner."""
@@ -120,7 +114,7 @@ class TrainingSteps:
         if size > 1:
             # summed over the micro-batches this gives the gradient of the mean loss
             loss = loss / size
-        self._precision.scale_loss(loss).backward(**kwargs)
+        self._strategy.precision.scale_loss(loss).backward(**kwargs)
 
     def step(self, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None) -> bool:
         """Count a micro-batch; at the end of a window clip, step and zero the grads (True: it stepped)."""
@@ -131,9 +125,9 @@ class TrainingSteps:
             return False
         self.in_window, self._window = 0, None
         if clip_grad_norm is not None:
-            self._precision.unscale_(optimizer)  # the norm of the true gradients (fp16: found inf/nan too)
+            self._strategy.precision.unscale_(optimizer)  # the norm of the true gradients (fp16: found inf/nan too)
             self.grad_norm = self._strategy.clip_gradients(optimizer, clip_grad_norm)
-        stepped = self._precision.optimizer_step(optimizer)  # 16-mixed: skipped when inf/nan were found
+        stepped = self._strategy.precision.optimizer_step(optimizer)  # 16-mixed: skipped when inf/nan were found
         optimizer.zero_grad(set_to_none=True)
         self.optimizer_steps += int(stepped)
         return stepped

@@ -29,7 +29,9 @@ class Strategy:
     def __init__(self, accelerator: Accelerator, device: torch.device) -> None:
         self.accelerator = accelerator
         self.root_device = device
-        #: set by the Session before ``setup_module``; DataParallel needs its autocast dtype
+        #: the run's precision, owned here (as Fabric's strategy owns it): the Session sets it and every
+        #: component reads it here -- the steps scale and step with it, run_step autocasts with it,
+        #: checkpoints save its state, DataParallel and FSDP wrap with its dtypes
         self.precision: Precision = Precision(device)
         #: which blocks recompute their activations in backward (see ``_checkpointing``);
         #: ``Session(activation_checkpointing=...)`` sets it, ``setup_module`` applies it
