@@ -166,12 +166,12 @@ def test_rng_capture_restore_round_trip() -> None:
 
 def test_resuming_a_mid_epoch_loader_under_another_world_size_says_how_to_fix(tmp_path: Path) -> None:
     from gpukit.accelerators import CPUAccelerator
-    from gpukit.data._loader import build_loader
+    from gpukit.data import LoaderPlace, LoaderRequest, build_loader
 
     def make(world: int):  # type: ignore[no-untyped-def]
-        return build_loader(list(range(16)), device=torch.device("cpu"), accelerator=CPUAccelerator(),
-                            rank=0, world_size=world, local_world_size=world, seed=3, batch_size=2,
-                            shuffle=True, num_workers=0)
+        place = LoaderPlace(torch.device("cpu"), CPUAccelerator(), rank=0, world_size=world, local_world_size=world,
+                            seed=3)
+        return build_loader(list(range(16)), place, LoaderRequest(batch_size=2, shuffle=True, num_workers=0))
 
     first = make(2)  # rank 0 of a 2-process job, stopped mid-epoch
     batches = iter(first)

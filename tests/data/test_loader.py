@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, WeightedRandomSampler
 
 from gpukit.accelerators import CPUAccelerator, CUDAAccelerator
-from gpukit.data import DeviceLoader, auto_num_workers, build_loader
+from gpukit.data import DeviceLoader, LoaderPlace, LoaderRequest, auto_num_workers, build_loader
 from gpukit.errors import CheckpointError, ConfigurationError
 
 CPU = torch.device("cpu")
@@ -32,8 +32,8 @@ class CountingDataset(Dataset):
 def loader(data: object, rank: int = 0, world: int = 1, seed: int = 7, **kw: object) -> DeviceLoader:
     kw.setdefault("batch_size", 4)
     kw.setdefault("shuffle", True)
-    return build_loader(data, device=CPU, accelerator=CPUAccelerator(), rank=rank, world_size=world,
-                        local_world_size=world, seed=seed, **kw)
+    place = LoaderPlace(CPU, CPUAccelerator(), rank=rank, world_size=world, local_world_size=world, seed=seed)
+    return build_loader(data, place, LoaderRequest.of(**kw))
 
 
 def flat(batches: list) -> list[int]:
@@ -155,11 +155,41 @@ def test_workers_are_seeded_reproducibly_and_differently() -> None:
 
 
 def test_gpu_pins_host_data_but_not_a_dataset_already_on_the_device() -> None:
-    gpu = dict(device=CPU, accelerator=CUDAAccelerator(), rank=0, world_size=1, local_world_size=1, seed=0,
-               batch_size=4, move_to_device=False)
+    gpu = LoaderPlace(CPU, CUDAAccelerator())
     host = TensorDataset(torch.zeros(8, 2))
-    assert build_loader(host, **gpu).loader.pin_memory is True
+    assert build_loader(host, gpu, LoaderRequest(batch_size=4, move_to_device=False)).loader.pin_memory is True
     # meta stands in for cuda here: DataLoader would fail pinning it ("only dense CPU tensors can be pinned")
     on_device = TensorDataset(torch.zeros(8, 2, device="meta"))
-    assert build_loader(on_device, **gpu).loader.pin_memory is False
-    assert build_loader(on_device, pin_memory=True, **gpu).loader.pin_memory is True  # explicit wins
+    assert build_loader(on_device, gpu, LoaderRequest(batch_size=4, move_to_device=False)).loader.pin_memory is False
+    explicit = LoaderRequest(batch_size=4, move_to_device=False, pin_memory=True)
+    assert build_loader(on_device, gpu, explicit).loader.pin_memory is True  # explicit wins
+
+
+def test_request_takes_setup_dataloaders_keywords_and_the_given_loaders_settings() -> None:
+    request = LoaderRequest.of(4, None, 2, drop_last=True, data_timeout_s=5.0, collate_fn=list)
+    assert (request.drop_last, request.data_timeout_s, dict(request.extra)) == (True, 5.0, {"collate_fn": list})
+
+    def init(worker: int) -> None:
+        pass
+
+    given = DataLoader(CountingDataset(8), batch_size=2, num_workers=0, collate_fn=tuple, worker_init_fn=init)
+    completed = LoaderRequest().completed_from(given)
+    assert (completed.batch_size, completed.num_workers, completed.drop_last) == (2, 0, False)
+    assert completed.extra["collate_fn"] is tuple and completed.extra["worker_init_fn"] is init
+    overridden = LoaderRequest(batch_size=4, extra={"collate_fn": list}).completed_from(given)
+    assert overridden.batch_size == 4 and overridden.extra["collate_fn"] is list  # what was asked wins
+
+
+def test_worker_settings_reach_the_dataloader() -> None:
+    with_workers = loader(CountingDataset(8), num_workers=1, persistent_workers=False, prefetch_factor=3,
+                          data_timeout_s=7.0).loader
+    assert (with_workers.persistent_workers, with_workers.prefetch_factor, with_workers.timeout) == (False, 3, 7.0)
+    assert loader(CountingDataset(8), num_workers=1).loader.persistent_workers is True  # the default
+    # without workers torch refuses a timeout and a prefetch factor: both are left out
+    alone = loader(CountingDataset(8), num_workers=0, prefetch_factor=3, timeout=5).loader
+    assert (alone.timeout, alone.prefetch_factor, alone.persistent_workers) == (0, None, False)
+
+
+def test_a_generator_of_the_users_own_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigurationError, match=r"generator=.*Session\(seed="):
+        loader(CountingDataset(8), generator=torch.Generator())

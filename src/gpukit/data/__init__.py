@@ -8,7 +8,8 @@ end-of-epoch diagnosis, loader tuning (``tune_loader``) and stalled-loader error
 from __future__ import annotations
 
 from gpukit.data._advice import EpochReport
-from gpukit.data._loader import DeviceLoader, LoaderListener, build_loader
+from gpukit.data._build import LoaderPlace, LoaderRequest, build_loader
+from gpukit.data._loader import DeviceLoader, LoaderListener
 from gpukit.data._loader_settings import LoaderSettings
 from gpukit.data._sampler import ResumableBatchSampler
 from gpukit.data._stall import DEFAULT_DATA_TIMEOUT_S, SharedMemoryWarning
@@ -22,6 +23,8 @@ __all__ = [
     "DeviceLoader",
     "EpochReport",
     "LoaderListener",
+    "LoaderPlace",
+    "LoaderRequest",
     "LoaderSettings",
     "ResumableBatchSampler",
     "SharedMemoryWarning",

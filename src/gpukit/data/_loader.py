@@ -1,9 +1,8 @@
 """DeviceLoader: a DataLoader whose batches arrive on the device and whose epochs resume.
 
-``build_loader`` (what ``Session.setup_dataloader`` calls) turns a dataset or an existing
-DataLoader into one with a DistributedSampler (one shard per process, ``num_replicas=1`` in a
-single process), pinned memory when the device benefits, seeded workers and a resumable
-batch sampler.
+``build_loader`` (``_build.py``, what ``Session.setup_dataloader`` calls) makes one from a dataset
+or an existing DataLoader: one shard per process, pinned memory when the device benefits, seeded
+workers and a resumable batch sampler.
 """
 
 from __future__ import annotations
@@ -13,31 +12,19 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import (
-    BatchSampler,
-    DataLoader,
-    Dataset,
-    DistributedSampler,
-    IterableDataset,
-    RandomSampler,
-    SequentialSampler,
-    TensorDataset,
-)
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from gpukit.accelerators import Accelerator
-from gpukit.errors import CheckpointError, ConfigurationError
+from gpukit.errors import CheckpointError
 from gpukit.placement import device_mover
 from gpukit.data._advice import LoaderFacts, diagnose, loader_facts
 from gpukit.data._sampler import ResumableBatchSampler
-from gpukit.data._shard import batches_per_rank, make_sampler, parse_even_batches, real_samples, shard_note
+from gpukit.data._shard import batches_per_rank, real_samples, shard_note
 from gpukit.data._stall import StallGuard, resolve_data_timeout
 from gpukit.data._timing import PassTotals, StepTimings
 from gpukit.data._epoch_gather import EpochGather
-from gpukit.data._tune import tune_for_ranks
 from gpukit.data._tune_result import TuneResult
-from gpukit.data._workers import auto_num_workers, chain_worker_init, track_worker_pool
 
-__all__ = ["DeviceLoader", "LoaderListener", "build_loader"]
+__all__ = ["DeviceLoader", "LoaderListener"]
 
 class LoaderListener:
     """Told where a :class:`DeviceLoader` is (the Session's accumulation and ``gather_for_metrics``
@@ -53,10 +40,6 @@ class LoaderListener:
         """The pass ran to its end."""
 
 
-# DataLoader settings carried over from a loader the user built
-_CARRIED = (
-    "collate_fn", "timeout", "multiprocessing_context", "prefetch_factor",
-)
 
 
 class DeviceLoader:
@@ -274,134 +257,3 @@ class DeviceLoader:
             f"DeviceLoader(batches={len(self)}, device={self.device}, epoch={self._epoch}, "
             f"batches_consumed={self._consumed})"
         )
-
-
-def build_loader(
-    data: Dataset | DataLoader,
-    *,
-    device: torch.device,
-    accelerator: Accelerator,
-    rank: int,
-    world_size: int,
-    local_world_size: int,
-    seed: int,
-    batch_size: int | None = None,
-    shuffle: bool | None = None,
-    num_workers: int | str | None = None,
-    drop_last: bool | None = None,
-    pin_memory: bool | None = None,
-    move_to_device: bool = True,
-    timings: StepTimings | None = None,
-    data_timeout_s: float | None = None,
-    broadcast: Callable[[Any], Any] | None = None,
-    even_batches: str | bool = "pad",
-    listener: LoaderListener | None = None,
-    **loader_kwargs: Any,
-) -> DeviceLoader:
-    """Build the session's loader; see ``Session.setup_dataloader`` for the arguments.
-
-    Raises:
-        ConfigurationError: bad arguments, or a custom sampler under several processes.
-    """
-    even_batches = parse_even_batches(even_batches)
-    given = data if isinstance(data, DataLoader) else None
-    explicit_persistent = loader_kwargs.pop("persistent_workers", None)
-    dataset = given.dataset if given is not None else data
-    if given is not None:
-        for key in _CARRIED:
-            loader_kwargs.setdefault(key, getattr(given, key))
-        user_init = loader_kwargs.pop("worker_init_fn", given.worker_init_fn)
-    else:
-        user_init = loader_kwargs.pop("worker_init_fn", None)
-    if batch_size is None:
-        batch_size = given.batch_size if given is not None else 1
-    if drop_last is None:
-        drop_last = given.drop_last if given is not None else False
-    if num_workers is None:
-        num_workers = given.num_workers if given is not None else "auto"
-    tuned: TuneResult | None = None
-    if num_workers == "auto":
-        num_workers = auto_num_workers(dataset, accelerator, local_world_size)
-    elif num_workers == "tune":
-        tuned = tune_for_ranks(
-            dataset, batch_size, device=device if move_to_device else None, rank=rank,
-            world_size=world_size, local_world_size=local_world_size, broadcast=broadcast,
-            verbose=timings is not None and timings.report,
-        )
-        chosen = tuned.settings
-        num_workers = chosen.num_workers
-        pin_memory = chosen.pin_memory if pin_memory is None else pin_memory
-        if num_workers:
-            loader_kwargs["prefetch_factor"] = chosen.prefetch_factor
-            if explicit_persistent is None:
-                explicit_persistent = chosen.persistent_workers
-    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
-        raise ConfigurationError(
-            f"num_workers={num_workers!r}; use 'auto', 'tune' (measure on this machine) or an "
-            "int >= 0."
-        )
-    if pin_memory is None:
-        # pinning a tensor already on the GPU raises "cannot pin 'torch.cuda.FloatTensor' only
-        # dense CPU tensors can be pinned": a TensorDataset preloaded on the device gets none
-        pin_memory = accelerator.benefits_from_pinned_memory and not _holds_device_tensors(dataset)
-    if num_workers == 0:
-        loader_kwargs.pop("prefetch_factor", None)
-        loader_kwargs["persistent_workers"] = False
-        loader_kwargs.pop("timeout", None)  # torch refuses a timeout without workers
-    else:
-        if not loader_kwargs.get("timeout"):  # a stuck worker ends in an error, not a hang
-            loader_kwargs["timeout"] = resolve_data_timeout(data_timeout_s)
-        # workers that outlive an epoch skip re-forking and re-importing every epoch
-        loader_kwargs["persistent_workers"] = explicit_persistent is not False
-    common = dict(
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        worker_init_fn=chain_worker_init(user_init),
-        generator=torch.Generator().manual_seed(seed + rank),  # worker seeds, distinct per rank
-        **loader_kwargs,
-    )
-    target = device if move_to_device else None
-    wrap = dict(seed=seed, world_size=world_size, timings=timings, data_timeout_s=data_timeout_s,
-                local_world_size=local_world_size, tuned=tuned, listener=listener)
-
-    custom = given is not None and not _plain_sampling(given)
-    if isinstance(dataset, IterableDataset) or custom:
-        if custom and world_size > 1:
-            raise ConfigurationError(
-                f"This DataLoader uses its own sampler ({type(given.sampler).__name__}/"
-                f"{type(given.batch_sampler).__name__}); under {world_size} processes gpukit "
-                "cannot shard it. Pass the dataset instead, or shard it in your sampler and "
-                "call setup_dataloader on each rank's own loader with move_to_device only."
-            )
-        if given is not None:
-            return DeviceLoader(given, target, seed=seed, world_size=world_size, resumable=False,
-                                timings=timings, listener=listener)
-        loader = DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, **common)
-        track_worker_pool(loader)
-        return DeviceLoader(loader, target, resumable=False, **wrap)
-
-    if shuffle is None:
-        old = given.sampler if given is not None else None
-        shuffle = isinstance(old, RandomSampler) or (
-            isinstance(old, DistributedSampler) and old.shuffle
-        )
-    sampler = make_sampler(dataset, world_size=world_size, rank=rank, shuffle=bool(shuffle), seed=seed,
-                           even_batches=even_batches)
-    batch_sampler = ResumableBatchSampler(sampler, batch_size, drop_last)
-    loader = DataLoader(dataset, batch_sampler=batch_sampler, **common)
-    track_worker_pool(loader)
-    return DeviceLoader(loader, target, **wrap)
-
-
-def _holds_device_tensors(dataset: Any) -> bool:
-    """Whether ``dataset`` is a TensorDataset whose tensors are not in host memory."""
-    return isinstance(dataset, TensorDataset) and any(t.device.type != "cpu" for t in dataset.tensors)
-
-
-def _plain_sampling(loader: DataLoader) -> bool:
-    """Whether the loader samples in a way gpukit can reproduce (plain batches, std sampler)."""
-    return (
-        loader.batch_size is not None
-        and type(loader.batch_sampler) is BatchSampler
-        and type(loader.sampler) in (RandomSampler, SequentialSampler, DistributedSampler)
-    )

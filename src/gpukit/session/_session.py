@@ -28,7 +28,9 @@ from torch import nn
 from gpukit import memory as _memory
 from gpukit._util.timeouts import parse_timeout_s
 from gpukit.accelerators import Accelerator
-from gpukit.data import DeviceLoader, StepTimings, TimingSummary, build_loader, timed_progress
+from gpukit.data import (
+    DeviceLoader, LoaderPlace, LoaderRequest, StepTimings, TimingSummary, build_loader, timed_progress,
+)
 from gpukit.launch import LaunchSpec
 from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
@@ -287,13 +289,11 @@ class Session:
             seed = self.broadcast(fresh_seed()) if self.world_size > 1 else fresh_seed()
         if batch_size is None and self._micro_batch_size is not None and not hasattr(data, "batch_sampler"):
             batch_size = self._micro_batch_size
-        loader = build_loader(
-            data, device=self.device, accelerator=self.accelerator, rank=self.rank,
-            world_size=self.world_size, local_world_size=self.strategy.num_processes,
-            seed=int(seed), batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
-            timings=self.timings, broadcast=self.broadcast, even_batches=even_batches,
-            listener=self._loaders, **kwargs,
-        )
+        place = LoaderPlace(self.device, self.accelerator, rank=self.rank, world_size=self.world_size,
+                            local_world_size=self.strategy.num_processes, seed=int(seed), broadcast=self.broadcast,
+                            timings=self.timings, listener=self._loaders)
+        request = LoaderRequest.of(batch_size, shuffle, num_workers, even_batches, **kwargs)
+        loader = build_loader(data, place, request)
         note = loader.shard_note()  # padding or dropping: said once, on rank 0
         if note and self.timings.report:
             self.print(f"gpukit: {note}")
