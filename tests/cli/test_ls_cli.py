@@ -67,7 +67,7 @@ def test_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str
 
 def test_claims_are_shown(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from gpukit.devices import claim_gpus
-    from gpukit.devices._select import current_user
+    from gpukit.devices._criteria import current_user
 
     _spec(monkeypatch, "shared-4gpu")
     with claim_gpus(gpus=[1], share=True) as claim:

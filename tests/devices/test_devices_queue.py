@@ -17,7 +17,7 @@ from gpukit.devices import _nvml, claim_gpus, list_gpus
 from gpukit.devices import _queue as queue
 from gpukit.devices._claim_dir import open_claim_folder
 from gpukit.devices._queue import QueuedTicket, Ticket, read_queue, request_of, reserve
-from gpukit.devices._select import Criteria, make_criteria
+from gpukit.devices._criteria import Criteria, make_criteria
 from gpukit.errors import GpuSelectionError
 
 FOUR = {"gpus": [{"name": "Fake A100", "uuid": f"GPU-{i}aaaaaaa-0000-4000-8000-00000000000{i}",

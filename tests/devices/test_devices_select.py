@@ -34,7 +34,7 @@ def test_most_free_memory_first(use_spec: Callable[[Any], Any]) -> None:
 def test_other_users_processes_make_a_gpu_busy(use_spec: Callable[[Any], Any]) -> None:
     """Another user's process on a GPU (or one whose owner cannot be seen) makes it busy whatever
     the claims say; this user's own processes do not; share=True takes such GPUs too."""
-    from gpukit.devices._select import current_user
+    from gpukit.devices._criteria import current_user
 
     me = current_user()
     use_spec({"gpus": [_gpu(processes=[{"pid": 5, "user": "mallory", "command": "x\x1b]0;owned\x07"}]),

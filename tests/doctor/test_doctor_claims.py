@@ -10,7 +10,7 @@ import pytest
 from gpukit.devices import _claim_dir, claim_gpus
 from gpukit.devices._claim_dir import open_claim_folder
 from gpukit.devices._queue import Ticket, request_of
-from gpukit.devices._select import Criteria
+from gpukit.devices._criteria import Criteria
 from gpukit.doctor._claims import check_claims
 
 _SPEC = {"driver_version": "550.54.15", "gpus": [

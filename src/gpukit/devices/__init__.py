@@ -18,7 +18,7 @@ from gpukit._util.lazy import lazy_exports
 _LAZY: dict[str, str] = {
     "GpuSnapshot": "_snapshot", "GpuProcess": "_snapshot", "list_gpus": "_snapshot",
     "selectable_units": "_snapshot",
-    "select_gpus": "_select", "ORDERS": "_select",
+    "select_gpus": "_select", "ORDERS": "_criteria",
     "claim_gpus": "_claims", "GpuClaim": "_claims",
     "claim_holders": "_claim_files", "claim_owners": "_claim_files",
     "CLAIM_DIR_ENV": "_claim_dir", "SYSTEM_CLAIM_DIR": "_claim_dir", "default_claim_dir": "_claim_dir",
@@ -52,7 +52,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from gpukit.devices._fake import FakeNvml
     from gpukit.devices._health import GpuHealth, gpu_health, persistence_mode
     from gpukit.devices._nvml import FAKE_ENV, driver_version, is_fake_backend, silence_notice, unavailable_reason
-    from gpukit.devices._select import ORDERS, select_gpus
+    from gpukit.devices._criteria import ORDERS
+    from gpukit.devices._select import select_gpus
     from gpukit.devices._snapshot import GpuProcess, GpuSnapshot, list_gpus, selectable_units
     from gpukit.devices._spec import FakeSpec
     from gpukit.devices._visible import (

@@ -15,10 +15,11 @@ from typing import Callable, Iterable, Sequence
 
 from gpukit.devices._claim_dir import CLAIM_DIR_ENV, ClaimFolder, default_claim_dir, notice_once, open_claim_folder
 from gpukit.devices._claim_files import acquire, claim_holders, claim_owners, remove_owner, write_owner
-from gpukit.devices._select import (
-    Criteria, allowed_units, check_count, check_exclude, check_order, evaluate, make_criteria, selection_error,
+from gpukit.devices._criteria import (
+    Criteria, allowed_units, check_count, check_exclude, check_order, evaluate, make_criteria,
 )
-from gpukit.devices._select import rank as rank_gpus
+from gpukit.devices._criteria import rank as rank_gpus
+from gpukit.devices._select import selection_error
 from gpukit.devices._snapshot import GpuSnapshot, list_gpus, selectable_units
 from gpukit.devices._wait import poll
 from gpukit.errors import ConfigurationError, DeviceError, GpuSelectionError

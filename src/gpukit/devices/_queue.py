@@ -46,7 +46,7 @@ from gpukit._util.safe_files import (
     UnsafeEntry, create_entry, open_entry, read_bounded, try_flock, user_name,
 )
 from gpukit.devices._claim_dir import ClaimFolder
-from gpukit.devices._select import ORDERS, Criteria, failures, rank
+from gpukit.devices._criteria import ORDERS, Criteria, failures, rank
 from gpukit.devices._snapshot import GpuSnapshot
 
 __all__ = ["Ticket", "QueuedTicket", "read_queue", "reserve", "stall_after_s", "MAX_ENTRIES"]
