@@ -15,8 +15,8 @@ join lets the finished ranks shadow the others' all-reduces.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from gpukit.data import LoaderListener
 from gpukit.errors import ConfigurationError
@@ -25,12 +25,9 @@ if TYPE_CHECKING:
     from torch import nn
 
     from gpukit.data import DeviceLoader
-    from gpukit.session._steps import TrainingSteps
     from gpukit.strategies import Strategy
 
-T = TypeVar("T")
-
-__all__ = ["LoaderTracker", "join_uneven", "warn_pending_at_end"]
+__all__ = ["LoaderTracker", "join_uneven"]
 
 
 class LoaderTracker(LoaderListener):
@@ -128,13 +125,3 @@ def join_uneven(tracker: LoaderTracker, strategy: Strategy, model: nn.Module) ->
             yield
     finally:
         tracker.joined = False
-
-
-def warn_pending_at_end(batches: Iterator[T], source: Iterable[Any], steps: TrainingSteps) -> Iterator[T]:
-    """``batches`` (``session.progress`` over ``source``); at their end, warn when ``source`` is not a
-    gpukit loader (which ends its windows itself) and gradients are left waiting for a step."""
-    yield from batches
-    from gpukit.data import DeviceLoader
-
-    if not isinstance(source, DeviceLoader):
-        steps.warn_if_pending("the loop over a non-gpukit iterable ended")

@@ -40,7 +40,7 @@ from gpukit.session._first import main_process_first
 from gpukit.session._fit import FitChoice, SessionFit, fit_at_setup
 from gpukit.session._gather import all_gather_checked, gather_for_metrics
 from gpukit.session._launch import launch_workers
-from gpukit.session._loaders import LoaderTracker, join_uneven, warn_pending_at_end
+from gpukit.session._loaders import LoaderTracker, join_uneven
 from gpukit.session._memory import DEFAULT_WATCH_EVERY_N_STEPS, SessionMemory, check_memory_options
 from gpukit.session._resume import ResumeInfo
 from gpukit.session._runstate import RunState
@@ -462,7 +462,7 @@ class Session:
     def progress(self, iterable: Iterable[T], total: int | None = None, description: str = "") -> Iterator[T]:
         """Iterate ``iterable`` with a live bar (samples/s, data share) drawn on rank 0 only."""
         bar = timed_progress(iterable, self.timings, total=total, description=description, enabled=self.is_main)
-        return warn_pending_at_end(bar, iterable, self._steps)  # a plain iterable: its end is seen here
+        return self._steps.warn_pending_at_end(bar, iterable)  # a plain iterable: its end is seen here
 
     def throughput(self) -> TimingSummary:
         """Samples/s, steps/s and where step time went so far (see ``session.timings``)."""

@@ -18,7 +18,8 @@ old behaviour: windows of ``k`` that run on into the next epoch.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpukit._util.warnings import warn_at_user_code
 from gpukit.errors import ConfigurationError
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 
     from gpukit.session._loaders import LoaderTracker
     from gpukit.strategies import Strategy
+
+T = TypeVar("T")
 
 __all__ = ["PendingGradientsWarning", "TrainingSteps", "check_accumulation"]
 
@@ -141,6 +144,15 @@ class TrainingSteps:
                 "(session.setup_dataloader) ends each window with its pass; over other iterables, make "
                 "the number of batches a multiple of accumulate_grad_batches, or step yourself."
             ))
+
+    def warn_pending_at_end(self, batches: Iterator[T], source: Iterable[Any]) -> Iterator[T]:
+        """``batches`` (``session.progress`` over ``source``); at their end, warn when ``source`` is not a
+        gpukit loader (which ends its windows itself) and gradients are left waiting for a step."""
+        yield from batches
+        from gpukit.data import DeviceLoader
+
+        if not isinstance(source, DeviceLoader):
+            self.warn_if_pending("the loop over a non-gpukit iterable ended")
 
     def pass_ended(self, has_length: bool) -> None:
         """A gpukit loader finished its pass: without a length its last window could not be cut short."""
