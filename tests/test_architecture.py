@@ -3,6 +3,8 @@
 The list is read from the page (its ```text block under "## Layers"), so the page and the code
 cannot drift apart. Lazy imports inside functions and ``TYPE_CHECKING`` imports count too; the
 package's face (``gpukit/__init__.py``, ``__main__.py``) re-exports from every layer and is exempt.
+No two files import each other (lazy and type-checking imports included); no package imports another's
+private modules; each package's lazy table, ``__all__`` and type-checking imports agree.
 """
 
 from __future__ import annotations
@@ -81,6 +83,81 @@ def test_the_check_sees_an_import_that_runs_up(tmp_path: Path) -> None:
     bad = tmp_path / "x.py"
     bad.write_text("def f():\n    from gpukit.session import Session\n")
     assert _imports(bad) == [(2, "gpukit.session")]
+
+
+# -- no import circles --------------------------------------------------------------------------------
+def _module_file(module: str) -> Path | None:
+    """The file of ``gpukit.a.b``: ``a/b.py`` or ``a/b/__init__.py`` (``None``: a name, not a module)."""
+    base = PACKAGE.joinpath(*module.split(".")[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _imported_files(path: Path) -> set[Path]:
+    """The files ``path`` imports: ``from gpukit.a import b`` is a/b.py when b is a module, else a's
+    ``__init__`` (a module's import of its own package's __init__, which Python runs first, is no
+    arrow: every file in a package would be in a circle with it). Lazy imports inside functions and ``TYPE_CHECKING`` imports count: a circle that
+    only a function-level import keeps from failing is still two files that each need the other."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("gpukit"):
+            found |= {_module_file(f"{node.module}.{alias.name}") or _module_file(node.module) for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {_module_file(alias.name) for alias in node.names if alias.name.startswith("gpukit.")}
+    return {file for file in found if file is not None and file != path}
+
+
+def _circles(files: list[Path]) -> list[list[Path]]:
+    """The strongly connected groups (of two files or more) of the import graph (Tarjan)."""
+    graph = {file: _imported_files(file) for file in files}
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    circles = []
+
+    def visit(file: Path) -> None:
+        index[file] = low[file] = len(index)
+        stack.append(file)
+        for other in graph.get(file, ()):
+            if other not in index:
+                visit(other)
+                low[file] = min(low[file], low[other])
+            elif other in stack:
+                low[file] = min(low[file], index[other])
+        if low[file] == index[file]:
+            group = []
+            while (member := stack.pop()) != file:
+                group.append(member)
+            if group:
+                circles.append(sorted([file, *group]))
+
+    for file in files:
+        if file not in index:
+            visit(file)
+    return circles
+
+
+def test_no_import_circles() -> None:
+    circles = _circles(sorted(PACKAGE.rglob("*.py")))
+    shown = [" <-> ".join(str(file.relative_to(PACKAGE)) for file in group) for group in circles]
+    assert not shown, ("files that import each other (move what both need below them, or to the one that "
+                       "owns it):\n" + "\n".join(shown))
+
+
+def test_the_circle_check_sees_a_function_level_circle(tmp_path: Path) -> None:
+    session = PACKAGE / "session"
+    first, second = session / "_probe_circle_a.py", session / "_probe_circle_b.py"
+    try:
+        first.write_text("from gpukit.session._probe_circle_b import g\n")
+        second.write_text("def g():\n    from gpukit.session import _probe_circle_a\n")
+        assert _circles([first, second]) == [[first, second]]
+        second.write_text("def g():\n    pass\n")
+        assert _circles([first, second]) == []
+    finally:
+        first.unlink(missing_ok=True)
+        second.unlink(missing_ok=True)
 
 
 ENV_NAMES = PACKAGE / "_util" / "envvars.py"
