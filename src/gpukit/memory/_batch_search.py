@@ -117,6 +117,24 @@ def find_batch_size(
         ConfigurationError: for invalid arguments.
         MemoryPlanError: when even ``start`` runs out of memory.
     """
+    _check_arguments(start, max, margin, tolerance, model, example_input)
+    accelerator = get_accelerator(device if device is not None else auto_device_type())
+    # the device's own counters ("cuda:1"); None is the current device of the accelerator
+    target = torch.device(device) if device is not None else None
+    search = _Search(step_fn, accelerator, target, on_trial, max_trials)
+    # 1. double from start: the last size that ran and the first that did not bracket the limit
+    lo, hi = search.double(start, max)
+    if lo == 0:
+        raise MemoryPlanError(_start_does_not_fit(start, accelerator, model, example_input, precision,
+                                                  activation_checkpointing))
+    # 2. bisect the bracket at its geometric mean until lo is within tolerance of the limit
+    lo, hi = search.bisect(lo, hi, tolerance)
+    chosen = lo if margin == 0 else _larger(1, math.floor(lo * (1 - margin)))
+    return BatchSizeResult(chosen, lo, hi, tuple(search.trials))
+
+
+def _check_arguments(start: Any, max: Any, margin: float, tolerance: float,  # noqa: A002
+                     model: torch.nn.Module | None, example_input: Any) -> None:
     start = _positive_int("start", start)
     if max is not None and _positive_int("max", max) < start:
         raise ConfigurationError(f"find_batch_size(start={start}, max={max}): max must be >= start.")
@@ -127,63 +145,78 @@ def find_batch_size(
             f"find_batch_size(model={type(model).__name__ if model is not None else None}, example_input="
             f"{type(example_input).__name__ if example_input is not None else None}): give both (the planner sizes "
             "the fixes it names from the model and one batch of its input) or neither.")
-    accelerator = get_accelerator(device if device is not None else auto_device_type())
-    # the device's own counters ("cuda:1"); None is the current device of the accelerator
-    target = torch.device(device) if device is not None else None
-    trials: list[BatchSizeTrial] = []
 
-    ram = HostRamBudget() if accelerator.is_host else None
 
-    def run(size: int) -> bool:
-        predicted = ram.too_big(size) if ram is not None else None
-        if ram is not None and predicted is not None:
+class _Search:
+    """The trials of one search, at most ``max_trials``: each size runs ``step_fn`` once -- on the CPU,
+    unless the RAM it is predicted to need (from the trials before) is more than the search allows."""
+
+    def __init__(self, step_fn: Callable[[int], Any], accelerator: Accelerator, target: torch.device | None,
+                 on_trial: Callable[[BatchSizeTrial], None] | None, max_trials: int) -> None:
+        self.step_fn, self.accelerator, self.target = step_fn, accelerator, target
+        self.on_trial, self.max_trials = on_trial, max_trials
+        self.ram = HostRamBudget() if accelerator.is_host else None  # what is available as the search begins
+        self.trials: list[BatchSizeTrial] = []
+
+    @property
+    def spent(self) -> bool:
+        return len(self.trials) >= self.max_trials
+
+    def double(self, start: int, most: int | None) -> tuple[int, int | None]:
+        """``(largest size that ran or 0, smallest that did not or None)`` doubling from ``start``."""
+        size, ran = start, 0
+        while not self.spent:
+            if not self.run(size):
+                return ran, size
+            ran = size
+            if most is not None and size >= most:
+                break
+            size = size * 2 if most is None else min(size * 2, most)
+        return ran, None
+
+    def bisect(self, lo: int, hi: int | None, tolerance: float) -> tuple[int, int | None]:
+        """Narrow ``[lo, hi - 1]``, where the limit lies, until ``lo`` is within ``tolerance`` of its top."""
+        while hi is not None and lo < (1 - tolerance) * (hi - 1) and not self.spent:
+            mid = min(hi - 1, _larger(int(round(math.sqrt(lo * (hi - 1)))), lo + 1))
+            if self.run(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo, hi
+
+    def run(self, size: int) -> bool:
+        """One trial at ``size``, recorded, logged and reported; whether it fitted."""
+        predicted = self.ram.too_big(size) if self.ram is not None else None
+        if self.ram is not None and predicted is not None:
             trial = BatchSizeTrial(size, False, 0.0, None, ram_limited=True)
             log.info("batch size %d: not run, predicted to need %s more RAM; the search allows %s "
-                     "(available RAM less %d%%)", size, format_bytes(predicted), format_bytes(ram.budget_bytes),
+                     "(available RAM less %d%%)", size, format_bytes(predicted), format_bytes(self.ram.budget_bytes),
                      round(RAM_HEADROOM * 100))
         else:
             def attempt() -> tuple[bool, float, int | None]:
-                return _trial(step_fn, size, accelerator, target)
+                return _trial(self.step_fn, size, self.accelerator, self.target)
 
-            fits = attempt() if ram is None else ram.measure(size, attempt)
+            fits = attempt() if self.ram is None else self.ram.measure(size, attempt)
             trial = BatchSizeTrial(size, fits[0], fits[1], fits[2])
             log.info("batch size %d: %s (%.2f s)", size, "fits" if trial.fits else "out of memory", trial.duration_s)
-        trials.append(trial)
-        if on_trial is not None:
-            on_trial(trial)
+        self.trials.append(trial)
+        if self.on_trial is not None:
+            self.on_trial(trial)
         return trial.fits
 
-    lo, hi = 0, None  # largest size that ran; smallest that did not
-    size = start
-    while len(trials) < max_trials:
-        if run(size):
-            lo = size
-            if max is not None and size >= max:
-                break
-            size = size * 2 if max is None else min(size * 2, max)
-        else:
-            hi = size
-            break
-    if lo == 0:
-        fixes = None
-        if model is not None:
-            from gpukit.memory._advice import planned_fixes
 
-            fixes = planned_fixes(model, _resized(example_input, start), precision=precision, device=accelerator.type,
-                                  activation_checkpointing=activation_checkpointing, smaller_batch=start > 1)
-        raise MemoryPlanError(f"find_batch_size: even the start size {start} runs out of memory. " + (fixes or (
-            "Try start=1, a lower precision (bf16-mixed), activation checkpointing, or check "
-            "estimate_memory(...) for what does not fit (or pass model= and example_input= for planned fixes).")))
-    # the true limit lies in [lo, hi - 1]: stop once lo is within tolerance of that top
-    while hi is not None and lo < (1 - tolerance) * (hi - 1) and len(trials) < max_trials:
-        mid = int(round(math.sqrt(lo * (hi - 1))))
-        mid = min(hi - 1, _larger(mid, lo + 1))
-        if run(mid):
-            lo = mid
-        else:
-            hi = mid
-    chosen = lo if margin == 0 else _larger(1, math.floor(lo * (1 - margin)))
-    return BatchSizeResult(chosen, lo, hi, tuple(trials))
+def _start_does_not_fit(start: int, accelerator: Accelerator, model: torch.nn.Module | None, example_input: Any,
+                        precision: str, activation_checkpointing: Any) -> str:
+    """The error when even ``start`` runs out of memory: the planner's fixes when the model is given."""
+    fixes = None
+    if model is not None:
+        from gpukit.memory._advice import planned_fixes
+
+        fixes = planned_fixes(model, _resized(example_input, start), precision=precision, device=accelerator.type,
+                              activation_checkpointing=activation_checkpointing, smaller_batch=start > 1)
+    return f"find_batch_size: even the start size {start} runs out of memory. " + (fixes or (
+        "Try start=1, a lower precision (bf16-mixed), activation checkpointing, or check "
+        "estimate_memory(...) for what does not fit (or pass model= and example_input= for planned fixes)."))
 
 
 def _resized(example: Any, size: int) -> Any:
