@@ -171,78 +171,106 @@ def fit(
         MemoryPlanError: the model cannot run on fake tensors.
     """
     budget = parse_size(memory)
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise ConfigurationError(f"fit(devices={devices!r}): use an int >= 1.")
-    batch = example_batch_size(example_input) if global_batch is None else global_batch
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ConfigurationError(f"fit(global_batch={global_batch!r}): use an int >= 1.")
-    chosen = _strategies(strategies, devices)
-    if "pipeline" in chosen and not isinstance(model, torch.nn.Sequential):
-        chosen.remove("pipeline")  # split() needs the layers named for other models: not guessed here
-        notes_pipeline = ["pipeline not considered: the model is no nn.Sequential (split(layers=[...]) names its layers)"]
-    else:
-        notes_pipeline = []
-    has_blocks = _has_blocks(model)
-    bad = [p for p in precisions if p not in PRECISIONS] + [c for c in checkpointing if c not in CHECKPOINTING]
-    if bad or not precisions or not checkpointing:
-        raise ConfigurationError(f"fit: unknown or no precisions/checkpointing {bad or '(empty)'}; choose from "
-                                 f"{', '.join(PRECISIONS)} and {', '.join(CHECKPOINTING)}.")
-    policies = list(checkpointing) if has_blocks else ["none"]
-    notes = notes_pipeline + ([] if has_blocks else ["no blocks found: activation checkpointing not considered"])
+    batch = _global_batch(devices, global_batch, example_input)
+    chosen, notes = _strategies(strategies, devices, model)
+    policies = _policies(model, precisions, checkpointing, notes)
     # FSDP's units as the Session would make them: norm layers of their own under some precisions
     units = {p: unit_param_counts(model, units_to_shard(model, always=fsdp_own_unit_layers(p))) for p in precisions}
-    costs = _Costs(flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s)
-    if planner is None:
-        planner = FitPlanner(model, example_input, optimizer, device)
-    elif planner.model is not model or planner.example is not example_input or planner.device != device:
-        raise ConfigurationError("fit(planner=...): the planner was built for another model, example_input or "
-                                 "device; build one with FitPlanner(model, example_input, optimizer, device).")
-    candidates: list[FitOption] = []
-    for precision in precisions:
-        for ckpt in policies:
-            for strategy in chosen:
-                n = 1 if strategy == "single" else devices
-                per_device = batch if strategy in ("single", "pipeline") else batch // n
-                if per_device < 1 or (strategy not in ("single", "pipeline") and batch % n):
-                    continue
-                for micro in _micro_batches(per_device):
-                    estimate = planner.interpolated(precision, ckpt, micro)
-                    candidates.append(_option(estimate, precision, ckpt, strategy, n, micro,
-                                              per_device // micro, units[precision], costs))
+    costs = _Costs(flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s, units)
+    planner = _planner_for(planner, model, example_input, optimizer, device)
+
+    # 1. every configuration, ranked by the step time predicted from interpolated plans (cheap)
+    candidates = [
+        _option(planner.interpolated(precision, ckpt, micro), precision, ckpt, strategy, n, micro, per_device // micro,
+                costs)
+        for precision in precisions for ckpt in policies for strategy in chosen
+        for n, per_device in _per_device(strategy, devices, batch) for micro in _micro_batches(per_device)
+    ]
     candidates.sort(key=lambda o: (o.step_s, o.peak_bytes))
+    # 2. cheapest first, the ones near the budget planned exactly, until `top` of them fit
     fitting: list[FitOption] = []
     rejected: FitOption | None = None
-    for option in candidates:  # cheapest first; plan the promising ones exactly
+    for option in candidates:
         if option.peak_bytes > budget * 1.25:
             rejected = rejected or option
             continue
-        exact = _option(planner.exact(option.precision, option.activation_checkpointing, option.micro_batch),
-                        option.precision, option.activation_checkpointing, option.strategy, option.devices,
-                        option.micro_batch, option.accumulate, units[option.precision], costs, exact=True)
+        exact = _exactly(option, planner, costs)
         if exact.peak_bytes <= budget:
             fitting.append(exact)
             if len(fitting) >= top:
                 break
         elif not fitting:
             rejected = rejected or exact
-    closest = None if fitting else min(candidates, key=lambda o: o.peak_bytes, default=None)
-    if closest is not None:
-        closest = _option(planner.exact(closest.precision, closest.activation_checkpointing, closest.micro_batch),
-                          closest.precision, closest.activation_checkpointing, closest.strategy, closest.devices,
-                          closest.micro_batch, closest.accumulate, units[closest.precision], costs, exact=True)
-    return FitResult(budget, batch, tuple(fitting), closest, tuple(notes), rejected if fitting else None)
+    if fitting:
+        return FitResult(budget, batch, tuple(fitting), None, tuple(notes), rejected)
+    # 3. none fits: the one of least memory, planned exactly, says how far off the budget is
+    closest = min(candidates, key=lambda o: o.peak_bytes, default=None)
+    return FitResult(budget, batch, (), None if closest is None else _exactly(closest, planner, costs), tuple(notes),
+                     None)
+
+
+def _global_batch(devices: Any, global_batch: Any, example_input: Any) -> int:
+    """The checked global batch (dim 0 of ``example_input`` unless given); ``devices`` checked too."""
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ConfigurationError(f"fit(devices={devices!r}): use an int >= 1.")
+    batch = example_batch_size(example_input) if global_batch is None else global_batch
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigurationError(f"fit(global_batch={global_batch!r}): use an int >= 1.")
+    return batch
+
+
+def _policies(model: torch.nn.Module, precisions: Sequence[str], checkpointing: Sequence[str],
+              notes: list[str]) -> list[str]:
+    """The checkpointing policies worth planning (only "none" for a model without blocks, said in ``notes``)."""
+    bad = [p for p in precisions if p not in PRECISIONS] + [c for c in checkpointing if c not in CHECKPOINTING]
+    if bad or not precisions or not checkpointing:
+        raise ConfigurationError(f"fit: unknown or no precisions/checkpointing {bad or '(empty)'}; choose from "
+                                 f"{', '.join(PRECISIONS)} and {', '.join(CHECKPOINTING)}.")
+    if _has_blocks(model):
+        return list(checkpointing)
+    notes.append("no blocks found: activation checkpointing not considered")
+    return ["none"]
+
+
+def _planner_for(planner: FitPlanner | None, model: torch.nn.Module, example_input: Any, optimizer: Any,
+                 device: str) -> FitPlanner:
+    """The planner given (checked to be of this model, input and device), else a new one."""
+    if planner is None:
+        return FitPlanner(model, example_input, optimizer, device)
+    if planner.model is not model or planner.example is not example_input or planner.device != device:
+        raise ConfigurationError("fit(planner=...): the planner was built for another model, example_input or "
+                                 "device; build one with FitPlanner(model, example_input, optimizer, device).")
+    return planner
+
+
+def _per_device(strategy: str, devices: int, batch: int) -> list[tuple[int, int]]:
+    """``[(devices used, samples per device)]`` for ``strategy``; empty when the batch does not divide."""
+    n = 1 if strategy == "single" else devices
+    if strategy in ("single", "pipeline"):
+        return [(n, batch)]  # one model replica sees the whole batch
+    return [(n, batch // n)] if batch % n == 0 and batch >= n else []
+
+
+def _exactly(option: FitOption, planner: FitPlanner, costs: _Costs) -> FitOption:
+    """``option`` again from the exact plan of its micro-batch (it was from an interpolated one)."""
+    estimate = planner.exact(option.precision, option.activation_checkpointing, option.micro_batch)
+    return _option(estimate, option.precision, option.activation_checkpointing, option.strategy, option.devices,
+                   option.micro_batch, option.accumulate, costs, exact=True)
 
 
 @dataclass
 class _Costs:
+    """The cost model's constants, and FSDP's unit sizes per precision (what a rank gathers)."""
+
     flops_per_s: float
     link_bytes_per_s: float
     host_bytes_per_s: float
     micro_batch_overhead_s: float
+    units: dict[str, list[int]]
 
 
 def _option(estimate: MemoryEstimate, precision: str, ckpt: str, strategy: str, n: int, micro: int,
-            accumulate: int, units: list[int], costs: _Costs, exact: bool = False) -> FitOption:
+            accumulate: int, costs: _Costs, exact: bool = False) -> FitOption:
     rate = costs.flops_per_s * (1 if precision == "32-true" else 2)
     compute_s = accumulate * (estimate.flops / rate + costs.micro_batch_overhead_s)
     share = (n - 1) / n if n > 1 else 0.0
@@ -255,7 +283,7 @@ def _option(estimate: MemoryEstimate, precision: str, ckpt: str, strategy: str, 
         peak += grads  # DDP's gradient buckets
         step_s = compute_s + 2 * share * grads / costs.link_bytes_per_s
     elif strategy in ("fsdp", "fsdp-offload"):
-        sharded = shard_estimate(estimate, n, units)
+        sharded = shard_estimate(estimate, n, costs.units[precision])
         peak = sharded.peak_bytes
         comm = accumulate * share * (2 * gathered + grads) / costs.link_bytes_per_s
         step_s = compute_s + comm
@@ -320,12 +348,17 @@ def _micro_batches(per_device: int) -> list[int]:
     return sizes
 
 
-def _strategies(strategies: Sequence[str] | None, devices: int) -> list[str]:
+def _strategies(strategies: Sequence[str] | None, devices: int, model: torch.nn.Module) -> tuple[list[str], list[str]]:
+    """The strategies to plan (multi-device ones only with ``devices > 1``) and the notes on those left out."""
     names = list(STRATEGIES if strategies is None else strategies)
     unknown = [s for s in names if s not in STRATEGIES]
     if unknown:
         raise ConfigurationError(f"fit(strategies={names!r}): unknown {unknown}; choose from {', '.join(STRATEGIES)}.")
-    return [s for s in names if s == "single" or devices > 1]
+    chosen = [s for s in names if s == "single" or devices > 1]
+    if "pipeline" in chosen and not isinstance(model, torch.nn.Sequential):
+        chosen.remove("pipeline")  # split() needs the layers named for other models: not guessed here
+        return chosen, ["pipeline not considered: the model is no nn.Sequential (split(layers=[...]) names its layers)"]
+    return chosen, []
 
 
 def _has_blocks(model: torch.nn.Module) -> bool:
