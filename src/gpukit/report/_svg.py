@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from gpukit.report._axis import axis_for, nice_ticks
+from gpukit.report._axis import Axis, axis_for, nice_ticks
 
 __all__ = ["MAX_MARKERS", "MAX_POINTS", "Series", "chart", "nice_ticks"]
 
@@ -23,6 +23,7 @@ MAX_POINTS = 600
 MAX_MARKERS = 200  # event lines drawn per chart
 _W, _H = 600, 230
 _L, _R, _T, _B = 68, 12, 26, 34  # margins: left (y labels), right, top (title), bottom (x labels)
+_PLOT_H = _H - _T - _B
 
 
 @dataclass
@@ -112,62 +113,94 @@ def chart(series: Sequence[Series], *, title: str, x_label: str, x_kind: str = "
     heading = f'<figcaption>{html.escape(title)}</figcaption>'
     if not points:
         return f'<figure class="chart empty">{heading}<p class="nodata">Not recorded in this run.</p></figure>'
-    x_low, x_high = min(p[0] for p in points), max(p[0] for p in points)
-    y_values = [p[1] for p in points] + ([0.0] if stacked else [])
-    low = min(y_values) if y_min is None else min(y_min, min(y_values))
-    high = max(y_values) if y_max is None else max(y_max, low)
-    y_axis = axis_for(low, high, y_kind)
-    x_axis = axis_for(x_low, x_high, x_kind, count=6)
-    y0, y1 = y_axis.ticks[0], y_axis.ticks[-1]
-    # the x axis spans the data, not the round ticks around it: 320 steps end at step 319, not at 400
-    x0, x1 = (x_low, x_high) if x_high > x_low else (x_axis.ticks[0], x_axis.ticks[-1])
-    x_ticks = [t for t in x_axis.ticks if x0 - 1e-9 * abs(x1 - x0) <= t <= x1 + 1e-9 * abs(x1 - x0)]
-    plot_w, plot_h = _W - _L - _R, _H - _T - _B
-
-    def px(x: float) -> float:
-        return _L + (x - x0) / ((x1 - x0) or 1.0) * plot_w
-
-    def py(y: float) -> float:
-        return _T + plot_h - (y - y0) / ((y1 - y0) or 1.0) * plot_h
-
+    plot = _Plot.around(points, x_kind, y_kind, y_min=y_min, y_max=y_max, with_zero=stacked)
     out = [f'<svg viewBox="0 0 {_W} {_H}" role="img" '
            f'xmlns="http://www.w3.org/2000/svg"><title>{html.escape(title)}</title>']
-    for tick in y_axis.ticks:
-        out.append(f'<line class="grid" x1="{_L}" x2="{_W - _R}" y1="{py(tick):.1f}" y2="{py(tick):.1f}"/>'
-                   f'<text class="tick" x="{_L - 6}" y="{py(tick) + 4:.1f}" text-anchor="end">'
-                   f'{html.escape(y_axis.label(tick))}</text>')
-    for tick in x_ticks:
-        out.append(f'<text class="tick" x="{px(tick):.1f}" y="{_H - _B + 15}" text-anchor="middle">'
-                   f'{html.escape(x_axis.label(tick))}</text>')
-    out.append(f'<text class="axis" x="{_L + plot_w / 2:.0f}" y="{_H - 4}" text-anchor="middle">'
-               f'{html.escape(x_label)}</text>')
-    out.append(f'<rect class="frame" x="{_L}" y="{_T}" width="{plot_w}" height="{plot_h}"/>')
-    for x, label in list(markers)[:MAX_MARKERS]:
-        if x0 <= x <= x1:
-            out.append(f'<line class="marker" x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{_T}" y2="{_T + plot_h}">'
-                       f'<title>{html.escape(label)}</title></line>')
-    for x, label in list(run_starts)[:MAX_MARKERS]:
-        if x0 <= x <= x1:
-            out.append(f'<line class="run-start" x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{_T}" y2="{_T + plot_h}"/>'
-                       f'<text class="run-label" x="{px(x) + 3:.1f}" y="{_T + 11}">{html.escape(label)}</text>')
-    if stacked:
-        for s, xs, top, base in stacked_lines:
-            for seg_x, seg_top, seg_base in _stack_segments(xs, top, base):
-                upper = " L".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(seg_x, seg_top))
-                lower = " L".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(reversed(seg_x), reversed(seg_base)))
-                out.append(f'<path class="series area" d="M{upper} L{lower} Z" fill="{s.color}" '
-                           f'stroke="{s.color}"><title>{html.escape(s.name)}</title></path>')
-    else:
-        for s, xs, ys in reversed(lines):  # the first series (rank 0) on top: where lines agree it shows
-            d = _path(xs, ys, px, py)
-            if d:
-                dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
-                out.append(f'<path class="series" d="{d}" fill="none" stroke="{s.color}" '
-                           f'stroke-width="{s.width}"{dash}><title>{html.escape(s.name)}</title></path>')
+    out += plot.axes(x_label)
+    out += plot.vertical_lines(markers, run_starts)
+    out += plot.areas(stacked_lines) if stacked else plot.lines(lines)
     out.append("</svg>")
     legend = "".join(f'<span><i style="background:{s.color}"></i>{html.escape(s.name)}</span>'
                      for s, _, _ in lines)
     return f'<figure class="chart">{heading}{"".join(out)}<div class="legend">{legend}</div></figure>'
+
+
+@dataclass(frozen=True)
+class _Plot:
+    """The plotting area: the axes, the data range they span, and data -> pixel positions."""
+
+    x_axis: Axis
+    y_axis: Axis
+    x0: float
+    x1: float
+
+    @classmethod
+    def around(cls, points: list[tuple[float, float]], x_kind: str, y_kind: str, *, y_min: float | None,
+               y_max: float | None, with_zero: bool) -> _Plot:
+        """The plot of ``points`` (``with_zero``: the y axis reaches 0, as stacked areas stand on it)."""
+        x_low, x_high = min(p[0] for p in points), max(p[0] for p in points)
+        y_values = [p[1] for p in points] + ([0.0] if with_zero else [])
+        low = min(y_values) if y_min is None else min(y_min, min(y_values))
+        high = max(y_values) if y_max is None else max(y_max, low)
+        x_axis = axis_for(x_low, x_high, x_kind, count=6)
+        # the x axis spans the data, not the round ticks around it: 320 steps end at step 319, not at 400
+        x0, x1 = (x_low, x_high) if x_high > x_low else (x_axis.ticks[0], x_axis.ticks[-1])
+        return cls(x_axis, axis_for(low, high, y_kind), x0, x1)
+
+    def px(self, x: float) -> float:
+        return _L + (x - self.x0) / ((self.x1 - self.x0) or 1.0) * (_W - _L - _R)
+
+    def py(self, y: float) -> float:
+        y0, y1 = self.y_axis.ticks[0], self.y_axis.ticks[-1]
+        return _T + _PLOT_H - (y - y0) / ((y1 - y0) or 1.0) * _PLOT_H
+
+    def axes(self, x_label: str) -> list[str]:
+        """Grid lines with the y ticks, the x ticks inside the data range, the x label and the frame."""
+        slack = 1e-9 * abs(self.x1 - self.x0)
+        x_ticks = [t for t in self.x_axis.ticks if self.x0 - slack <= t <= self.x1 + slack]
+        out = [f'<line class="grid" x1="{_L}" x2="{_W - _R}" y1="{self.py(tick):.1f}" y2="{self.py(tick):.1f}"/>'
+               f'<text class="tick" x="{_L - 6}" y="{self.py(tick) + 4:.1f}" text-anchor="end">'
+               f'{html.escape(self.y_axis.label(tick))}</text>' for tick in self.y_axis.ticks]
+        out += [f'<text class="tick" x="{self.px(tick):.1f}" y="{_H - _B + 15}" text-anchor="middle">'
+                f'{html.escape(self.x_axis.label(tick))}</text>' for tick in x_ticks]
+        out.append(f'<text class="axis" x="{_L + (_W - _L - _R) / 2:.0f}" y="{_H - 4}" text-anchor="middle">'
+                   f'{html.escape(x_label)}</text>')
+        out.append(f'<rect class="frame" x="{_L}" y="{_T}" width="{_W - _L - _R}" height="{_PLOT_H}"/>')
+        return out
+
+    def vertical_lines(self, markers: Sequence[tuple[float, str]],
+                       run_starts: Sequence[tuple[float, str]]) -> list[str]:
+        """Events (dashed, labelled on hover) and run starts (labelled) inside the x range."""
+        out = [f'<line class="marker" x1="{self.px(x):.1f}" x2="{self.px(x):.1f}" y1="{_T}" y2="{_T + _PLOT_H}">'
+               f'<title>{html.escape(label)}</title></line>'
+               for x, label in list(markers)[:MAX_MARKERS] if self.x0 <= x <= self.x1]
+        out += [f'<line class="run-start" x1="{self.px(x):.1f}" x2="{self.px(x):.1f}" y1="{_T}" y2="{_T + _PLOT_H}"/>'
+                f'<text class="run-label" x="{self.px(x) + 3:.1f}" y="{_T + 11}">{html.escape(label)}</text>'
+                for x, label in list(run_starts)[:MAX_MARKERS] if self.x0 <= x <= self.x1]
+        return out
+
+    def areas(self, stacked_lines: list[tuple[Series, list, list, list]]) -> list[str]:
+        """Each series filled between its base and its top."""
+        out = []
+        for s, xs, top, base in stacked_lines:
+            for seg_x, seg_top, seg_base in _stack_segments(xs, top, base):
+                upper = " L".join(f"{self.px(x):.1f},{self.py(y):.1f}" for x, y in zip(seg_x, seg_top))
+                lower = " L".join(f"{self.px(x):.1f},{self.py(y):.1f}"
+                                  for x, y in zip(reversed(seg_x), reversed(seg_base)))
+                out.append(f'<path class="series area" d="M{upper} L{lower} Z" fill="{s.color}" '
+                           f'stroke="{s.color}"><title>{html.escape(s.name)}</title></path>')
+        return out
+
+    def lines(self, lines: list[tuple[Series, list[float | None], list[float | None]]]) -> list[str]:
+        """Each series as a line; the first series (rank 0) on top: where lines agree it shows."""
+        out = []
+        for s, xs, ys in reversed(lines):
+            d = _path(xs, ys, self.px, self.py)
+            if d:
+                dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+                out.append(f'<path class="series" d="{d}" fill="none" stroke="{s.color}" '
+                           f'stroke-width="{s.width}"{dash}><title>{html.escape(s.name)}</title></path>')
+        return out
 
 
 def _stack_segments(xs: list, top: list, base: list) -> list[tuple[list[float], list[float], list[float]]]:
