@@ -57,6 +57,21 @@ def test_a_hanging_dataset_in_process_ends_within_the_timeout_naming_the_line() 
     assert signal.getitimer(signal.ITIMER_REAL)[0] == 0.0
 
 
+
+@pytest.mark.timeout(60, method="thread")
+def test_a_loader_with_its_own_sampler_keeps_the_data_timeout_given() -> None:
+    from torch.utils.data import DataLoader, WeightedRandomSampler
+
+    # gpukit does not shard a sampler of the user's own; the timeout asked for still applies (it fell back
+    # to the 600 s default before)
+    always_the_hanging_item = WeightedRandomSampler([1.0] + [0.0] * 7, 4)
+    own = DataLoader(Faulty(at=0), batch_size=1, sampler=always_the_hanging_item)
+    loader = gpukit.Session(devices="cpu", verbose=False).setup_dataloader(own, data_timeout_s=1.0)
+    start = time.monotonic()
+    with pytest.raises(DataStallError, match=r"within the data timeout \(1 s\)"):
+        next(iter(loader))
+    assert time.monotonic() - start < 20
+
 def _steps(dataset: Dataset, batch_size: int, timeout_s: float, step: object) -> int:
     """Batches drawn from ``dataset`` through a gpukit loader, running ``step(loader)`` after each."""
     loader = gpukit.Session(devices="cpu", verbose=False).setup_dataloader(

@@ -8,8 +8,8 @@ end-of-epoch diagnosis, loader tuning (``tune_loader``) and stalled-loader error
 from __future__ import annotations
 
 from gpukit.data._advice import EpochReport
-from gpukit.data._build import LoaderPlace, LoaderRequest, build_loader
-from gpukit.data._loader import DeviceLoader, LoaderListener
+from gpukit.data._build import LoaderRequest, build_loader
+from gpukit.data._loader import DeviceLoader, LoaderListener, LoaderPlace
 from gpukit.data._loader_settings import LoaderSettings
 from gpukit.data._sampler import ResumableBatchSampler
 from gpukit.data._stall import DEFAULT_DATA_TIMEOUT_S, SharedMemoryWarning

@@ -12,12 +12,12 @@ What ``Session.setup_dataloader`` calls, in four steps:
 4. the loader: this rank's shard in a batch sampler that resumes mid-epoch -- or, for an
    iterable dataset or a sampler of the user's own, a loader only moved to the device.
 
-Where the loader runs (device, ranks, seed, the session's timings) is a :class:`LoaderPlace`.
+Where the loader runs (device, ranks, seed, the session's timings) is a :class:`~gpukit.data.LoaderPlace`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,49 +33,22 @@ from torch.utils.data import (
     TensorDataset,
 )
 
-from gpukit.accelerators import Accelerator
-from gpukit.data._loader import DeviceLoader, LoaderListener
+from gpukit.data._loader import DeviceLoader, LoaderPlace
 from gpukit.data._loader_settings import LoaderSettings
 from gpukit.data._sampler import ResumableBatchSampler
 from gpukit.data._shard import make_sampler, parse_even_batches
 from gpukit.data._stall import resolve_data_timeout
-from gpukit.data._timing import StepTimings
 from gpukit.data._tune import tune_for_ranks
 from gpukit.data._tune_result import TuneResult
 from gpukit.data._workers import auto_num_workers, chain_worker_init, track_worker_pool
 from gpukit.errors import ConfigurationError
 
-__all__ = ["LoaderPlace", "LoaderRequest", "build_loader"]
+__all__ = ["LoaderRequest", "build_loader"]
 
 # DataLoader settings carried over from a loader the user built
 _CARRIED = ("collate_fn", "timeout", "multiprocessing_context", "prefetch_factor")
 # setup_dataloader's keywords that are not the DataLoader's own
 _OWN = ("drop_last", "pin_memory", "move_to_device", "data_timeout_s")
-
-
-@dataclass(frozen=True)
-class LoaderPlace:
-    """Where a loader runs: this process's device and its place among the ranks.
-
-    Attributes:
-        device, accelerator: where batches go, and what its backend gains from (pinned memory).
-        rank, world_size, local_world_size: this process's rank, the ranks in all, on this node.
-        seed: the shuffle's and the workers' seed (the same on every rank).
-        broadcast: rank 0's value to every rank (``num_workers="tune"`` measures once); ``None``:
-            each process on its own.
-        timings: the session's step-time breakdown (``None``: the loader keeps its own).
-        listener: told which batch is in hand (the session's accumulation and gathers).
-    """
-
-    device: torch.device
-    accelerator: Accelerator
-    rank: int = 0
-    world_size: int = 1
-    local_world_size: int = 1
-    seed: int = 0
-    broadcast: Callable[[Any], Any] | None = None
-    timings: StepTimings | None = None
-    listener: LoaderListener | None = None
 
 
 @dataclass(frozen=True)
@@ -138,10 +111,6 @@ def build_loader(data: Dataset | DataLoader, place: LoaderPlace, request: Loader
     request = request.completed_from(given)
     settings, tuned = _worker_settings(dataset, request, place)
     kwargs = _dataloader_kwargs(settings, request, place)
-    target = place.device if request.move_to_device else None
-    wrap = dict(seed=place.seed, world_size=place.world_size, timings=place.timings, listener=place.listener,
-                data_timeout_s=request.data_timeout_s, local_world_size=place.local_world_size, tuned=tuned)
-
     # An iterable dataset, or a sampler of the user's own: batches moved to the device, not sharded nor resumed.
     custom = given is not None and not _plain_sampling(given)
     if isinstance(dataset, IterableDataset) or custom:
@@ -153,11 +122,12 @@ def build_loader(data: Dataset | DataLoader, place: LoaderPlace, request: Loader
                 "call setup_dataloader on each rank's own loader with move_to_device only."
             )
         if given is not None:
-            return DeviceLoader(given, target, seed=place.seed, world_size=place.world_size, resumable=False,
-                                timings=place.timings, listener=place.listener)
+            return DeviceLoader(given, place, move_to_device=request.move_to_device, resumable=False,
+                                data_timeout_s=request.data_timeout_s)
         loader = DataLoader(dataset, batch_size=request.batch_size, drop_last=request.drop_last, **kwargs)
         track_worker_pool(loader)
-        return DeviceLoader(loader, target, resumable=False, **wrap)
+        return DeviceLoader(loader, place, move_to_device=request.move_to_device, resumable=False,
+                            data_timeout_s=request.data_timeout_s, tuned=tuned)
 
     # A map-style dataset: this rank's shard, in a batch sampler that resumes mid-epoch.
     shuffle = bool(request.shuffle) if request.shuffle is not None else _shuffles(given)
@@ -166,7 +136,8 @@ def build_loader(data: Dataset | DataLoader, place: LoaderPlace, request: Loader
     batch_sampler = ResumableBatchSampler(sampler, request.batch_size, request.drop_last)
     loader = DataLoader(dataset, batch_sampler=batch_sampler, **kwargs)
     track_worker_pool(loader)
-    return DeviceLoader(loader, target, **wrap)
+    return DeviceLoader(loader, place, move_to_device=request.move_to_device, data_timeout_s=request.data_timeout_s,
+                        tuned=tuned)
 
 
 def _worker_settings(dataset: Any, request: LoaderRequest,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from gpukit.accelerators import Accelerator
 from gpukit.errors import CheckpointError
 from gpukit.placement import device_mover
 from gpukit.data._advice import LoaderFacts, diagnose, loader_facts
@@ -24,7 +26,7 @@ from gpukit.data._timing import PassTotals, StepTimings
 from gpukit.data._epoch_gather import EpochGather
 from gpukit.data._tune_result import TuneResult
 
-__all__ = ["DeviceLoader", "LoaderListener"]
+__all__ = ["DeviceLoader", "LoaderListener", "LoaderPlace"]
 
 class LoaderListener:
     """Told where a :class:`DeviceLoader` is (the Session's accumulation and ``gather_for_metrics``
@@ -40,6 +42,29 @@ class LoaderListener:
         """The pass ran to its end."""
 
 
+@dataclass(frozen=True)
+class LoaderPlace:
+    """Where a loader runs: this process's device and its place among the ranks.
+
+    Attributes:
+        device, accelerator: where batches go, and what its backend gains from (pinned memory).
+        rank, world_size, local_world_size: this process's rank, the ranks in all, on this node.
+        seed: the shuffle's and the workers' seed (the same on every rank).
+        broadcast: rank 0's value to every rank (``num_workers="tune"`` measures once); ``None``:
+            each process on its own.
+        timings: the session's step-time breakdown (``None``: the loader keeps its own).
+        listener: told which batch is in hand (the session's accumulation and gathers).
+    """
+
+    device: torch.device
+    accelerator: Accelerator
+    rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    seed: int = 0
+    broadcast: Callable[[Any], Any] | None = None
+    timings: StepTimings | None = None
+    listener: LoaderListener | None = None
 
 
 class DeviceLoader:
@@ -59,25 +84,21 @@ class DeviceLoader:
     def __init__(
         self,
         loader: DataLoader,
-        device: torch.device | None,
+        place: LoaderPlace,
         *,
-        seed: int,
-        world_size: int = 1,
+        move_to_device: bool = True,
         resumable: bool = True,
-        timings: StepTimings | None = None,
         data_timeout_s: float | None = None,
-        local_world_size: int = 1,
         tuned: TuneResult | None = None,
-        listener: LoaderListener | None = None,
     ) -> None:
         self.loader = loader
-        self._listener = listener if listener is not None else LoaderListener()
-        self.timings = timings if timings is not None else StepTimings()
-        self.local_world_size = local_world_size
+        self._listener = place.listener if place.listener is not None else LoaderListener()
+        self.timings = place.timings if place.timings is not None else StepTimings()
+        self.local_world_size = place.local_world_size
         self._guard = StallGuard(loader, resolve_data_timeout(data_timeout_s))
-        self.device = device
-        self.seed = seed
-        self.world_size = world_size
+        self.device = place.device if move_to_device else None
+        self.seed = place.seed
+        self.world_size = world_size = place.world_size
         self._batch_sampler = loader.batch_sampler if resumable else None
         # only gpukit's sharding gives every rank the same passes, so only then is the
         # end-of-epoch report gathered from every rank (through the store: no collective)
