@@ -195,6 +195,49 @@ def _stalled(failure: WorkerFailure, stalls: Mapping[int, Stall]) -> WorkerFailu
     return dataclasses.replace(failure, stalled=stall.message(), traceback=stall.stack or None)
 
 
+def _rendezvous_handler(topology: Topology, run_id: str, grace_s: float) -> Any:
+    """This node's rendezvous handler; a stop or a failure while reaching it is the run's error."""
+    from torch.distributed.elastic.rendezvous import RendezvousError, registry
+
+    try:
+        return registry.get_rendezvous_handler(rendezvous_parameters(topology, run_id))
+    except StopSignal as exc:  # stopped while still reaching the master: no worker ran
+        raise RunInterruptedError(exc.signum, preempted=True, grace_s=grace_s,
+                                  detail="no worker had started yet, nothing to save") from None
+    except (RendezvousError, RuntimeError, ValueError, TimeoutError) as exc:
+        raise rendezvous_error(exc, topology) from exc
+
+
+def _agent(entrypoint: Callable[..., Any] | str, args: tuple[Any, ...], nproc: int, handler: Any, spec: LaunchSpec,
+           log_dir: str, start_method: str) -> Any:
+    """The elastic agent of ``nproc`` workers (gpukit's subclass: see the module docstring)."""
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    worker_spec = WorkerSpec(
+        role="worker",
+        local_world_size=nproc,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        rdzv_handler=handler,
+        max_restarts=spec.max_restarts,
+        monitor_interval=_MONITOR_INTERVAL_S,
+    )
+    return _make_agent_class()(worker_spec, DefaultLogsSpecs(log_dir=log_dir), spec.grace_s, spec.preempt_signal,
+                               start_method)
+
+
+def _failed(result: Any, agent: Any, stalls: Mapping[int, Stall]) -> WorkerFailedError:
+    """The error of a failed run: every failed rank, the first failure first, stalls named."""
+    # elastic records failures in the order it found them: the real one first,
+    # then the workers it stopped (timestamps alone have 1 s resolution)
+    failures = [
+        _stalled(_failure(rank, failure, sequence, agent.failed_before_stop or set()), stalls)
+        for sequence, (rank, failure) in enumerate(result.failures.items())
+    ]
+    return WorkerFailedError(failures, attempts=agent.attempts)
+
+
 def run_workers(
     entrypoint: Callable[..., Any] | str,
     args: tuple[Any, ...],
@@ -234,37 +277,21 @@ def run_workers(
             all exited cleanly after their Sessions agreed to stop on a signal one of them got.
         LaunchError: the rendezvous could not be reached or completed.
     """
-    topology, grace_s, preempt_signal = cast(Topology, spec.topology), spec.grace_s, spec.preempt_signal
+    topology, grace_s = cast(Topology, spec.topology), spec.grace_s
     _import_torch_quietly(spec.verbose)
-    from torch.distributed.elastic.agent.server.api import WorkerSpec
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
-    from torch.distributed.elastic.rendezvous import RendezvousError, registry
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.rendezvous import RendezvousError
 
     log_dir = tempfile.mkdtemp(prefix="gpukit-run-")
     run_dir = os.path.join(log_dir, "run")  # GPUKIT_RUN_DIR: the workers' stop markers
     os.mkdir(run_dir)
     env = {**env, **dataclasses.replace(worker, run_dir=run_dir).to_env()}
     try:
-        with _environ(env), _quiet_torch_logs(spec.verbose), launcher_signals(preempt_signal), \
+        with _environ(env), _quiet_torch_logs(spec.verbose), launcher_signals(spec.preempt_signal), \
                 cheaper_rendezvous(topology.single_machine):
-            try:
-                handler = registry.get_rendezvous_handler(rendezvous_parameters(topology, run_id))
-            except StopSignal as exc:  # stopped while still reaching the master: no worker ran
-                raise RunInterruptedError(exc.signum, preempted=True, grace_s=grace_s,
-                                          detail="no worker had started yet, nothing to save") from None
-            except (RendezvousError, RuntimeError, ValueError, TimeoutError) as exc:
-                raise rendezvous_error(exc, topology) from exc
-            worker_spec = WorkerSpec(
-                role="worker",
-                local_world_size=nproc,
-                entrypoint=entrypoint,
-                args=tuple(args),
-                rdzv_handler=handler,
-                max_restarts=spec.max_restarts,
-                monitor_interval=_MONITOR_INTERVAL_S,
-            )
-            agent = _make_agent_class()(worker_spec, DefaultLogsSpecs(log_dir=log_dir), grace_s, preempt_signal,
-                                        start_method)
+            # 1. reach the rendezvous (node 0 hosts it), then start the workers under the agent
+            handler = _rendezvous_handler(topology, run_id, grace_s)
+            agent = _agent(entrypoint, args, nproc, handler, spec, log_dir, start_method)
             close_rendezvous = True
             monitor = StallMonitor(run_dir, stall_threshold_s(collective_timeout_s()), _stderr_line)
             try:
@@ -292,16 +319,11 @@ def run_workers(
                         handler.shutdown()
                     except Exception:  # noqa: BLE001 - the run's outcome matters more
                         pass
+            # 2. the outcome: the workers' results, a failure, or a stop the workers agreed on
             if result is None:  # the rendezvous was closed by another node
                 raise LaunchError(f"{rendezvous_where(topology)} was closed by another node before this one finished.")
             if result.is_failed():
-                # elastic records failures in the order it found them: the real one first,
-                # then the workers it stopped (timestamps alone have 1 s resolution)
-                failures = [
-                    _stalled(_failure(rank, failure, sequence, agent.failed_before_stop or set()), monitor.stalls)
-                    for sequence, (rank, failure) in enumerate(result.failures.items())
-                ]
-                raise WorkerFailedError(failures, attempts=agent.attempts)
+                raise _failed(result, agent, monitor.stalls)
             markers = stop_markers(run_dir)
             if markers and isinstance(entrypoint, str):
                 # a worker was told to stop (not the launcher) and the ranks agreed: preempted
