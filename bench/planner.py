@@ -36,7 +36,7 @@ from gpukit.accelerators import get_accelerator
 from gpukit.memory import estimate_memory, measure_peak_memory, shard_estimate
 from gpukit.memory._measure_cpu import measure_step_memory
 from gpukit.precision import get_precision
-from gpukit.strategies._wrap import unit_param_counts, units_to_shard
+from gpukit.memory import unit_param_counts, units_to_shard
 from gpukit.precision import fsdp_own_unit_layers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "memory"))

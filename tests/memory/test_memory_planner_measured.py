@@ -57,7 +57,7 @@ def test_fsdp_per_rank_peak_at_two_ranks(tmp_path: Path) -> None:
     import subprocess
 
     from gpukit.memory import shard_estimate
-    from gpukit.strategies._wrap import unit_param_counts, units_to_shard
+    from gpukit.memory import unit_param_counts, units_to_shard
     from gpukit.precision import fsdp_own_unit_layers
     from gpukit.precision import get_precision
     from gpukit.accelerators import get_accelerator

@@ -7,7 +7,7 @@ from torch import nn
 
 from gpukit.errors import ConfigurationError
 from gpukit.memory import estimate_memory, shard_estimate
-from gpukit.strategies._wrap import unit_param_counts, units_to_shard
+from gpukit.memory import unit_param_counts, units_to_shard
 
 
 def _model() -> nn.Module:

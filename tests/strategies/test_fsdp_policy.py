@@ -10,7 +10,7 @@ from torch import nn
 
 from gpukit.errors import ConfigurationError
 from gpukit.strategies import FSDPStrategy, select_strategy
-from gpukit.strategies._wrap import units_to_shard
+from gpukit.memory import units_to_shard
 
 
 class Block(nn.Module):

@@ -1,7 +1,7 @@
 """A model's blocks, and which sub-modules FSDP shards as units of their own (the wrapping policy).
 
-It lives in ``gpukit.memory`` because the planner needs it as much as the strategies do
-(``gpukit.strategies._wrap`` re-exports it).
+It lives in ``gpukit.memory`` because the planner needs it as much as the FSDP strategy does
+(both import it from ``gpukit.memory``).
 
 Each unit's parameters are gathered just before it runs and freed right after, so the peak
 holds one unit's full parameters, not the model's. The default policy, in this order:

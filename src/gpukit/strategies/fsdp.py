@@ -3,7 +3,7 @@
 Each process keeps 1/world_size of every parameter, gradient and optimizer state; a unit's
 full parameters are all-gathered just before it runs and freed after, and gradients are
 reduce-scattered. Which sub-modules are units is the wrapping policy of
-:mod:`gpukit.strategies._wrap` (transformer blocks, stacks of blocks and large layers by
+``gpukit.memory.units_to_shard`` (transformer blocks, stacks of blocks and large layers by
 default; the root last). Works with nccl on GPUs and gloo on CPU processes.
 
 Precision names map onto FSDP's ``MixedPrecisionPolicy``: "bf16-mixed" gathers parameters
@@ -32,13 +32,13 @@ from torch import nn
 
 from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
+from gpukit.memory import DEFAULT_MIN_UNIT_PARAMS, AutoWrap, units_to_shard
 from gpukit.placement import unwrap_model
 from gpukit.precision import STATS_NORM_LAYERS, MixedPrecision, fsdp_own_unit_layers
 from gpukit.strategies._checkpointing import check_policy
 from gpukit.strategies._fsdp_api import check_fsdp_device, fsdp_api
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies._meta import has_meta_tensors, materialise
-from gpukit.strategies._wrap import DEFAULT_MIN_UNIT_PARAMS, AutoWrap, units_to_shard
 from gpukit.strategies.ddp import DDPStrategy
 
 __all__ = ["FSDPStrategy"]
@@ -54,7 +54,7 @@ class FSDPStrategy(DDPStrategy):
     Args:
         accelerator, device, env, num_processes: filled in by the session (leave them out).
         auto_wrap: the wrapping policy: ``None`` (default policy, see
-            :mod:`gpukit.strategies._wrap`), a set of module classes, or a callable
+            ``gpukit.memory.units_to_shard``), a set of module classes, or a callable
             ``(module, qualified_name) -> bool``.
         min_unit_params: own parameters from which the default policy makes a layer a unit.
         cpu_offload: keep sharded parameters, gradients and optimizer state in host memory
