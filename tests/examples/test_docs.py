@@ -193,6 +193,37 @@ def test_the_option_check_catches_what_it_should() -> None:
     assert "no such command" in _check_invocation(["ckpt", "show"])[0]
 
 
+def _cli_sections() -> dict[str, str]:
+    """docs/cli.md's ``## `gpukit NAME``` sections: NAME -> the section's text."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    parts = re.split(r"^## `gpukit ([a-z-]+)`[^\n]*\n", text, flags=re.M)
+    return {parts[i]: parts[i + 1].split("\n## ", 1)[0] for i in range(1, len(parts), 2)}
+
+
+def _option_names(command: click.Command) -> list[tuple[str, ...]]:
+    """Each option of ``command`` (and, for a group, of its subcommands) as all its names
+    (``("-m", "--module")``, ``("--record", "--no-record")``)."""
+    names = [(*param.opts, *param.secondary_opts) for param in command.params
+             if isinstance(param, click.Option) and "--help" not in param.opts]
+    if isinstance(command, click.Group):
+        for sub in command.list_commands(click.Context(command)):
+            names += _option_names(command.get_command(click.Context(command), sub))  # type: ignore[arg-type]
+    return names
+
+
+def test_the_cli_reference_has_every_command_and_option() -> None:
+    """docs/cli.md has a section per command naming each of its options (by any of its names)."""
+    sections = _cli_sections()
+    commands = cli.list_commands(click.Context(cli))
+    missing = [f"no section `gpukit {name}`" for name in commands if name not in sections]
+    for name in (n for n in commands if n in sections):
+        for option in _option_names(cli.get_command(click.Context(cli), name)):  # type: ignore[arg-type]
+            if not any(re.search(re.escape(alias) + r"(?![\w-])", sections[name]) for alias in option):
+                missing.append(f"`gpukit {name}` {'/'.join(option)}: not named in its section")
+    assert not missing, "docs/cli.md:\n" + "\n".join(missing)
+    assert len(sections) >= 8 and ("--gpus",) in _option_names(cli.get_command(click.Context(cli), "run"))  # type: ignore[arg-type]
+
+
 # -- (d) environment variables ---------------------------------------------------------------------
 def _source_text() -> str:
     files = [p for d in ("src", "tests", "bench") for p in (ROOT / d).rglob("*.py") if p != Path(__file__)]
