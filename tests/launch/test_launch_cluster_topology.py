@@ -51,16 +51,17 @@ def test_gpus_slurm_gave_are_used_and_never_widened(tmp_path, monkeypatch) -> No
     from pathlib import Path
 
     from gpukit.errors import GpuSelectionError
-    from gpukit.launch._gpus import GpuRequest, plan_devices
+    from gpukit.launch import GpuRequest, LaunchSpec
+    from gpukit.launch._gpus import plan_devices
 
     spec = Path(__file__).resolve().parents[2] / "examples" / "fake-gpus" / "idle-8gpu.json"
     monkeypatch.setenv("GPUKIT_FAKE_GPUS", str(spec))
     monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(tmp_path / "claims"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")  # as SLURM sets it with SLURM_STEP_GPUS=4,5
-    plan = plan_devices(GpuRequest.of(scheduler_gpu_count(environment(NODE_1))))
+    plan = plan_devices(LaunchSpec(gpus=GpuRequest.of(scheduler_gpu_count(environment(NODE_1)))))
     try:
         assert plan.gpu_count == 2 and plan.env["CUDA_VISIBLE_DEVICES"] == "4,5"
     finally:
         plan.release()
     with pytest.raises(GpuSelectionError):  # a third GPU of the machine is not the job's
-        plan_devices(GpuRequest(count=3))
+        plan_devices(LaunchSpec(gpus=GpuRequest(count=3)))

@@ -122,14 +122,15 @@ def test_unreachable_master_fails_within_the_rendezvous_timeout(tmp_path):
 
 
 def test_several_mig_instances_for_one_run_are_refused(tmp_path, monkeypatch):
-    from gpukit.launch._gpus import GpuRequest, plan_devices
+    from gpukit.launch import GpuRequest, LaunchSpec
+    from gpukit.launch._gpus import plan_devices
 
     examples = Path(__file__).resolve().parents[2] / "examples" / "fake-gpus"
     monkeypatch.setenv("GPUKIT_FAKE_GPUS", str(examples / "mig-a100.json"))
     monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(tmp_path / "claims"))
     with pytest.raises(ConfigurationError, match="only one MIG instance"):
-        plan_devices(GpuRequest(count=2), nproc=2)
-    plan = plan_devices(GpuRequest(count=1), nproc=1)  # one device (here the whole GPU, most free memory) is fine
+        plan_devices(LaunchSpec(gpus=GpuRequest(count=2), nproc=2))
+    plan = plan_devices(LaunchSpec(gpus=GpuRequest(count=1), nproc=1))  # one device (here the whole GPU, most free memory) is fine
     try:
         assert plan.gpu_count == 1
     finally:

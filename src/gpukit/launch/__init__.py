@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gpukit._util.envvars import CPU_ENV, LAUNCHER_PID_ENV
 from gpukit.launch._api import GRACE_ENV, RUN_ID_ENV, launch_function, launch_script
-from gpukit.launch._gpus import GpuRequest
+from gpukit.launch._gpu_request import GpuRequest
 from gpukit.launch._signals import RunInterruptedError
 from gpukit.launch._spec import DEFAULT_GRACE_S, LaunchSpec
 from gpukit.launch._summary import WorkerFailedError, WorkerFailure

@@ -24,7 +24,8 @@ from gpukit._util.envvars import GRACE_ENV, MAX_NPROC_ENV, RUN_ID_ENV
 from gpukit.cluster import ClusterEnvironment, announce, environment
 from gpukit.errors import ConfigurationError
 from gpukit.launch._elastic import run_workers
-from gpukit.launch._gpus import DevicePlan, GpuRequest, plan_devices
+from gpukit.launch._gpu_request import GpuRequest
+from gpukit.launch._gpus import DevicePlan, plan_devices
 from gpukit.launch._notebook import check_fork, needs_fork
 from gpukit.launch._signals import RunInterruptedError, StopSignal, held_signals_raise, raise_if_held
 from gpukit.launch._spec import DEFAULT_GRACE_S, LaunchSpec, spec_from
@@ -116,9 +117,7 @@ def _process_env(plan: DevicePlan, nproc: int) -> dict[str, str]:
 
 
 def _plan(spec: LaunchSpec, run_id: str) -> DevicePlan:
-    return plan_devices(spec.gpus, cpu=spec.cpu, nproc=spec.nproc, min_free_memory=spec.min_free_memory,
-                        max_utilization=spec.max_utilization, wait=spec.wait, wait_timeout_s=spec.wait_timeout_s,
-                        share=spec.share_gpus, run=run_id)
+    return plan_devices(spec, run=run_id)
 
 
 def _run_id(topology: Topology) -> str:

@@ -19,7 +19,7 @@ from gpukit._util.timeouts import parse_timeout_s
 from gpukit._util.units import whole_number
 from gpukit.cluster import check_max_requeues
 from gpukit.errors import ConfigurationError
-from gpukit.launch._gpus import GpuRequest
+from gpukit.launch._gpu_request import GpuRequest
 from gpukit.launch._topology import Topology
 from gpukit.worker import parse_preempt_signal
 
