@@ -220,10 +220,6 @@ def _private_reaches(path: Path) -> list[str]:
     return found
 
 
-#: files another branch is rewriting now (issue 27: the planner); their imports are mended when it lands
-_WAITING = {"memory/_simulate.py"}
-
-
 def test_no_package_imports_another_packages_private_modules() -> None:
     """``from gpukit.memory._fit import fit`` outside memory/ is refused: memory exports ``fit``.
 
@@ -231,7 +227,7 @@ def test_no_package_imports_another_packages_private_modules() -> None:
     and ``__main__`` are the face and may name any layer's public names.
     """
     reaches = [f"{path.relative_to(ROOT)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
-               if _package_of(path) not in EXEMPT and path.relative_to(PACKAGE).as_posix() not in _WAITING
+               if _package_of(path) not in EXEMPT
                for line in _private_reaches(path)]
     assert not reaches, ("import what the package's __init__ exports (add the name there):\n" + "\n".join(reaches))
 

@@ -34,6 +34,8 @@ from gpukit.errors import ConfigurationError
 
 __all__ = [
     "PRECISIONS",
+    "cast_inputs_hook",
+    "cast_outputs_hook",
     "Precision",
     "MixedPrecision",
     "TruePrecision",
@@ -211,10 +213,10 @@ class TruePrecision(Precision):
         for sub in module.modules():
             if isinstance(sub, NORM_LAYERS):
                 sub.float()
-                sub.register_forward_pre_hook(_cast_hook(torch.float32), with_kwargs=True)
-                sub.register_forward_hook(_cast_output_hook(low))
-        module.register_forward_pre_hook(_cast_hook(low), with_kwargs=True)
-        module.register_forward_hook(_cast_output_hook(torch.get_default_dtype()))
+                sub.register_forward_pre_hook(cast_inputs_hook(torch.float32), with_kwargs=True)
+                sub.register_forward_hook(cast_outputs_hook(low))
+        module.register_forward_pre_hook(cast_inputs_hook(low), with_kwargs=True)
+        module.register_forward_hook(cast_outputs_hook(torch.get_default_dtype()))
         module._gpukit_precision = self.name
         return module
 
@@ -268,14 +270,17 @@ def _same_sequence(obj: list[Any] | tuple[Any, ...], values: list[Any]) -> Any:
         return tuple(values)
 
 
-def _cast_hook(dtype: torch.dtype) -> Any:
+def cast_inputs_hook(dtype: torch.dtype) -> Any:
+    """A forward pre-hook (``with_kwargs=True``) casting a module's floating inputs to ``dtype``
+    (the '-true' precisions' norm layers and model input; the planner simulates the same)."""
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         return _cast(args, dtype), _cast(kwargs, dtype)
 
     return hook
 
 
-def _cast_output_hook(dtype: torch.dtype) -> Any:
+def cast_outputs_hook(dtype: torch.dtype) -> Any:
+    """A forward hook casting a module's floating outputs to ``dtype`` (see :func:`cast_inputs_hook`)."""
     def hook(module: nn.Module, args: tuple, output: Any) -> Any:
         return _cast(output, dtype)
 

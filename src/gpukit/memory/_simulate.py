@@ -23,7 +23,7 @@ from torch.utils.flop_counter import flop_registry
 from gpukit.errors import MemoryPlanError
 from gpukit.memory._activation import checkpointing_applied
 from gpukit.memory._fake_optimizer import make_optimizer, state_bytes
-from gpukit.precision import NORM_LAYERS, _cast_hook, _cast_output_hook
+from gpukit.precision import NORM_LAYERS, cast_inputs_hook, cast_outputs_hook
 
 __all__ = ["LiveBytes", "StepSpec", "call_model", "default_loss", "norm_tensor_names", "simulate_step",
            "simulated", "true_precision_casts"]
@@ -166,9 +166,9 @@ def true_precision_casts(model: torch.nn.Module, low: torch.dtype | None) -> Ite
     handles = []
     for sub in model.modules():
         if isinstance(sub, NORM_LAYERS):
-            handles.append(sub.register_forward_pre_hook(_cast_hook(torch.float32), with_kwargs=True))
-            handles.append(sub.register_forward_hook(_cast_output_hook(low)))
-    handles.append(model.register_forward_hook(_cast_output_hook(torch.get_default_dtype())))
+            handles.append(sub.register_forward_pre_hook(cast_inputs_hook(torch.float32), with_kwargs=True))
+            handles.append(sub.register_forward_hook(cast_outputs_hook(low)))
+    handles.append(model.register_forward_hook(cast_outputs_hook(torch.get_default_dtype())))
     try:
         yield
     finally:
