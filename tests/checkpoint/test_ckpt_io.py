@@ -228,7 +228,7 @@ def test_unsafe_message_names_the_global(tmp_path: Path) -> None:
 
 def test_auto_map_location_sends_gpu_tensors_to_this_ranks_gpu_under_ddp(monkeypatch) -> None:
     """Every rank loading a cuda:0 checkpoint must not land on cuda:0 (extra contexts, OOM)."""
-    from gpukit.checkpoint import _io
+    from gpukit.checkpoint import _read as _io  # auto_map_location lives with the readers
     from gpukit.checkpoint._dist import DistContext
 
     class TwoGpus(_io.get_accelerator("cuda").__class__):

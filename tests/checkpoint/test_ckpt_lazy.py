@@ -15,7 +15,7 @@ from torch import nn
 
 import gpukit
 from gpukit import CheckpointManager
-from gpukit.checkpoint._io import load_lazy
+from gpukit.checkpoint._read import load_lazy
 from gpukit.errors import CheckpointError, ConfigurationError, StateDictMismatchError
 
 

@@ -19,9 +19,11 @@ from gpukit.checkpoint._background import SaveTimings, last_save_timings, wait_f
 from gpukit.checkpoint._atomic import atomic_write
 from gpukit.checkpoint._hf_export import export_pretrained
 from gpukit.checkpoint._inspect import convert_checkpoint, inspect_checkpoint
-from gpukit.checkpoint._io import auto_map_location, load, save
+from gpukit.checkpoint._direct import load_state_dict
+from gpukit.checkpoint._io import load, save
 from gpukit.checkpoint._manager import CheckpointManager
-from gpukit.checkpoint._prefixes import detect_prefixes, load_state_dict, strip_wrapper_prefixes
+from gpukit.checkpoint._prefixes import detect_prefixes, strip_wrapper_prefixes
+from gpukit.checkpoint._read import auto_map_location
 from gpukit.checkpoint._rng import capture_rng_state, restore_rng_state
 
 __all__ = [

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -30,8 +31,37 @@ from gpukit.checkpoint._formats import (
 )
 from gpukit.checkpoint._lazy import LazyCheckpoint
 from gpukit.checkpoint._prefixes import match_state_dict
+from gpukit.checkpoint._read import load_lazy
 
-__all__ = ["load_into"]
+__all__ = ["load_state_dict", "load_into"]
+
+
+def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any] | str | os.PathLike[str], strict: bool = True,
+                    *, trust: bool = False) -> Any:
+    """Load ``state_dict`` into ``model``, whatever wrapper prefixes either side has.
+
+    Args:
+        model: a plain, DataParallel-, DistributedDataParallel- or torch.compile-wrapped model.
+        state_dict: keys with or without ``module.`` / ``_orig_mod.`` prefixes, in any
+            combination; or the path of a file holding one (torch or safetensors), whose tensors
+            are then read straight into the model's own (no second copy of the weights; see
+            this module's docstring), checked first as ``gpukit.load`` checks files.
+        strict: require every model key and only model keys (as ``nn.Module.load_state_dict``).
+        trust: for a path: allow full unpickling (files from a source you trust only).
+
+    Returns:
+        torch's ``_IncompatibleKeys(missing_keys, unexpected_keys)``, in unwrapped key names.
+
+    Raises:
+        ConfigurationError: ``state_dict`` is neither a mapping nor a path, or
+            is a whole training state (``{"model": {...}, "optimizer": {...}, ...}``).
+        StateDictMismatchError: missing or unexpected keys (with ``strict``), or shape
+            mismatches (always), listed grouped, with the prefixes and wrappers detected.
+    """
+    if isinstance(state_dict, str) or hasattr(state_dict, "__fspath__"):
+        return load_into(model, state_dict, strict=strict, trust=trust)  # type: ignore[arg-type]
+    inner, remapped, _ = match_state_dict(model, state_dict, strict)  # type: ignore[arg-type]
+    return inner.load_state_dict(remapped, strict=strict)
 
 
 def load_into(model: nn.Module, path: str | os.PathLike[str], *, strict: bool = True, trust: bool = False) -> Any:
@@ -49,8 +79,6 @@ def load_into(model: nn.Module, path: str | os.PathLike[str], *, strict: bool = 
     size = check_readable_file(source)
     if sniff_format(source, size) == SAFETENSORS:
         return _from_safetensors(model, source, size, strict)
-    from gpukit.checkpoint._io import load_lazy
-
     with load_lazy(source, trust=trust) as lazy:
         inner, remapped, own = match_state_dict(model, lazy.tree, strict=strict)  # shapes only: nothing read yet
         filled = OrderedDict(lazy.fill_state_dict(remapped, own))

@@ -34,7 +34,8 @@ from gpukit.checkpoint._background import SaveTimings, background_saves
 from gpukit.checkpoint._ddp_buckets import check_ddp_buckets, record_ddp_buckets, replay_ddp_buckets
 from gpukit.checkpoint._dist import DistContext, background_dist, current_dist
 from gpukit.checkpoint._formats import MARKER_NAME, metadata_entry
-from gpukit.checkpoint._io import load, load_lazy, save, to_saveable
+from gpukit.checkpoint._io import load, save, to_saveable
+from gpukit.checkpoint._read import load_lazy
 from gpukit.checkpoint._lazy import LazyCheckpoint
 from gpukit.checkpoint._prefixes import match_state_dict
 from gpukit.checkpoint._resume_checks import (

@@ -7,7 +7,6 @@ without them and loads keys with or without them into models wrapped or not.
 
 from __future__ import annotations
 
-import os
 
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -25,7 +24,6 @@ __all__ = [
     "strip_wrapper_prefixes",
     "detect_prefixes",
     "describe_wrappers",
-    "load_state_dict",
     "match_state_dict",
 ]
 
@@ -172,36 +170,6 @@ def _extra_prefix_hint(missing: list[str], unexpected: list[str]) -> str | None:
             return (f"Hint: every unexpected key starts with '{prefix}'; strip it first: "
                     f"{{k.removeprefix('{prefix}'): v for k, v in state_dict.items()}}.")
     return None
-
-
-def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any] | str | os.PathLike[str], strict: bool = True,
-                    *, trust: bool = False) -> Any:
-    """Load ``state_dict`` into ``model``, whatever wrapper prefixes either side has.
-
-    Args:
-        model: a plain, DataParallel-, DistributedDataParallel- or torch.compile-wrapped model.
-        state_dict: keys with or without ``module.`` / ``_orig_mod.`` prefixes, in any
-            combination; or the path of a file holding one (torch or safetensors), whose tensors
-            are then read straight into the model's own (no second copy of the weights; see
-            ``_direct.py``), checked first as ``gpukit.load`` checks files.
-        strict: require every model key and only model keys (as ``nn.Module.load_state_dict``).
-        trust: for a path: allow full unpickling (files from a source you trust only).
-
-    Returns:
-        torch's ``_IncompatibleKeys(missing_keys, unexpected_keys)``, in unwrapped key names.
-
-    Raises:
-        ConfigurationError: ``state_dict`` is neither a mapping nor a path, or
-            is a whole training state (``{"model": {...}, "optimizer": {...}, ...}``).
-        StateDictMismatchError: missing or unexpected keys (with ``strict``), or shape
-            mismatches (always), listed grouped, with the prefixes and wrappers detected.
-    """
-    if isinstance(state_dict, str) or hasattr(state_dict, "__fspath__"):
-        from gpukit.checkpoint._direct import load_into
-
-        return load_into(model, state_dict, strict=strict, trust=trust)  # type: ignore[arg-type]
-    inner, remapped, _ = match_state_dict(model, state_dict, strict)  # type: ignore[arg-type]
-    return inner.load_state_dict(remapped, strict=strict)
 
 
 def match_state_dict(
