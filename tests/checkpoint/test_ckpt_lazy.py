@@ -194,6 +194,10 @@ def test_load_with_a_model_does_not_hold_the_weights_twice(tmp_path: Path, name:
         assert found[how]["same"], how
     # gpukit.load then load_state_dict holds a second copy of all 64 MiB; straight into the model a few MiB
     assert found["whole"]["extra"] > 0.9 * found["whole"]["weights"], found
+    if name.endswith(".pt") and not _torch_locates_records():  # torch 2.5: read whole, as resume is (documented)
+        assert found["direct"]["extra"] > 0.9 * found["direct"]["weights"], found
+        pytest.skip(f"torch {torch.__version__}'s map_location='meta' does not locate tensor records: a torch file "
+                    "is read whole there (docs/checkpoints.md); the safetensors case reads in place")
     assert found["direct"]["extra"] < 0.25 * found["direct"]["weights"], found
 
 

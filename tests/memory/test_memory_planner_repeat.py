@@ -88,11 +88,16 @@ def test_short_copies_with_other_optimizers(optimizer: object, whole, short_copi
 
 
 def test_a_hugging_face_model_with_layer_indices(whole, short_copies_used: list[int]) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="transformers (in the test extra) is not installed")
     config = transformers.LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=86, num_hidden_layers=13,
                                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
                                       attn_implementation="eager", use_cache=False)
-    model, batch = transformers.LlamaForCausalLM(config), torch.randint(0, 1000, (2, 8))
+    try:
+        model = transformers.LlamaForCausalLM(config)
+    except ImportError as exc:  # a transformers newer than this torch (5.x needs torch >= 2.6)
+        pytest.skip(f"transformers {transformers.__version__} does not run on torch {torch.__version__}: "
+                    f"{str(exc).strip().splitlines()[0]}")
+    batch = torch.randint(0, 1000, (2, 8))
     for checkpointing in (None, "selective"):
         got = estimate_memory(model, "adamw", batch, precision="bf16-true", activation_checkpointing=checkpointing)
         expected = whole(lambda: estimate_memory(model, "adamw", batch, precision="bf16-true",
