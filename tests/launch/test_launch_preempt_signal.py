@@ -195,28 +195,20 @@ def test_srun_python_whose_requeues_are_used_up_does_not_end_as_success(tmp_path
 
 
 @pytest.mark.slow
-def test_a_warning_after_the_training_ended_is_no_preemption(start_run) -> None:
-    # Both workers ended their scripts by themselves and are tearing down when SIGUSR2 comes:
-    # the run is finished (exit 0), not preempted (75, which under SLURM requeued the job, to start
-    # again only to find nothing left to do).
+@pytest.mark.parametrize(("sig", "code", "said", "not_said"), [
+    # a scheduler's warning while both workers tear down after ending their scripts by themselves: the run
+    # is finished (0), not preempted (75, which under SLURM requeued the job only to find nothing left to do)
+    (signal.SIGUSR2, 0, "SIGUSR2 came after the training had ended (every worker completed): nothing to stop or "
+                        "requeue", "run preempted"),
+    # issue 28's rule holds in the teardown too: Ctrl-C reads and exits as an interrupt (130)
+    (signal.SIGINT, 130, "run interrupted (SIGINT, Ctrl-C)", "came after the training had ended"),
+], ids=["scheduler-warning-is-no-preemption", "ctrl-c-is-still-an-interrupt"])
+def test_a_signal_after_the_training_ended(start_run, sig: signal.Signals, code: int, said: str,
+                                           not_said: str) -> None:
     run = start_run("--cpu", "--nproc", "2", "--grace", "30", str(SCRIPTS / "finished_teardown.py"), "{out}")
     run.files("teardown-0", "teardown-1")
-    run.proc.send_signal(signal.SIGUSR2)
-    assert run.wait(90) == 0, run.output()
-    assert "SIGUSR2 came after the training had ended (every worker completed): nothing to stop or requeue" \
-        in run.output()
-    assert "run preempted" not in run.output()
-    assert_none_survive(run.marker)
-
-
-@pytest.mark.slow
-def test_ctrl_c_after_the_training_ended_is_still_an_interrupt(start_run) -> None:
-    # issue 28's rule holds in the teardown too: Ctrl-C reads and exits as an interrupt (130),
-    # never as the finished run a scheduler's late warning finds (0)
-    run = start_run("--cpu", "--nproc", "2", "--grace", "30", str(SCRIPTS / "finished_teardown.py"), "{out}")
-    run.files("teardown-0", "teardown-1")
-    run.proc.send_signal(signal.SIGINT)
-    assert run.wait(90) == 130, run.output()
-    assert "run interrupted (SIGINT, Ctrl-C)" in run.output()
-    assert "came after the training had ended" not in run.output()
+    run.proc.send_signal(sig)
+    assert run.wait(90) == code, run.output()
+    assert said in run.output()
+    assert not_said not in run.output()
     assert_none_survive(run.marker)
