@@ -17,7 +17,6 @@ bit-exact; nothing left behind.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch_helpers import processes_with_marker
-from slurm_helpers import SCRIPT, SRC, TRAIN, job_script, steps_gone
+from slurm_helpers import SRC, TRAIN, job_script, steps_gone
 
 PYTHON = sys.executable
 MOMENTS = ("start-up", "worker start", "training", "save", "teardown")
@@ -131,14 +130,22 @@ def trial(cluster: Cluster, way: str, moment: str, delay_s: float, reference: di
             released = True
         time.sleep(0.2)
     shown = cluster.show(job)
-    time.sleep(5)
-    left = len(processes_with_marker(marker))
+    left = _processes_left(marker, within_s=10.0)
     result = out / "result.json"
     exact = result.exists() and json.loads(result.read_text())["params"] == reference["params"]
     output = log.read_text(errors="replace") if log.exists() else ""
     return {"way": way, "moment": moment, "reached": reached, "delay_s": delay_s, "job": job,
             "requeues": int(shown.get("Restarts", "-1")), "state": f"{shown.get('JobState', '?')} {shown.get('ExitCode', '?')}",
             "exact": exact, "left": left, "landed": _landed(output, after_training), "tail": output[-2000:]}
+
+
+def _processes_left(marker: str, within_s: float) -> int:
+    """How many of the trial's processes are still alive once the job has left the queue: they get
+    ``within_s`` to finish exiting (slurmd reaps a step's tasks after the job's state is gone)."""
+    deadline = time.monotonic() + within_s
+    while (left := len(processes_with_marker(marker))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 def reference(cluster: Cluster, way: str, workdir: Path) -> dict:
