@@ -20,7 +20,6 @@ and processes left behind (bench/preemption_slurm.py).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal

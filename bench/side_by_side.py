@@ -297,7 +297,7 @@ def extras(session: gpukit.Session, peers: Peers, directory: Path) -> dict[str, 
 
     def accelerate() -> str:
         a = peers.accelerator
-        model = a.prepare(_linear())
+        a.prepare(_linear())  # registered with the accelerator: save_state saves it
         a.save_state(str(directory / "accelerate"))
         return str(a.load_state(str(directory / "accelerate")))  # returns nothing; extras need an object
 
