@@ -288,13 +288,15 @@ def busy_units(folder: ClaimFolder, gpus: list[GpuSnapshot], mine: Ticket | None
     from gpukit.errors import DeviceError
 
     units = [u for u in selectable_units(gpus) if u.uuid is not None]
-    holders = claim_owners([u.uuid or "" for u in units], folder=folder)
-    busy = {uuid: holder_text(owner) for uuid, owner in holders.items()}
-    try:
+    try:  # the queue before the holders: a waiter claims its GPUs before it drops its ticket, so a
+        # ticket gone by now has its GPUs among the holders read next (the other order let a waiter
+        # that had just claimed count as neither, and a younger one took the GPU an older one needed)
         tickets, _ignored = read_queue(folder, len(units))
     except OverflowError as exc:
         raise DeviceError(f"GPU claims: {exc}, more than any queue needs (another user flooding it?); an "
                           "administrator can empty it with `sudo gpukit claims clean`.") from None
+    holders = claim_owners([u.uuid or "" for u in units], folder=folder)
+    busy = {uuid: holder_text(owner) for uuid, owner in holders.items()}
     older = [t for t in tickets if mine is None or t.key < mine.key]
     free = {u.uuid or "" for u in units if u.uuid not in holders}
     busy.update(reserve(older, units, free, {} if stalls is None else stalls))
