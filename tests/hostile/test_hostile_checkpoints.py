@@ -1,12 +1,12 @@
 """Hostile checkpoints never run code, hang or leak a traceback (see corpus_checkpoints.py).
 
-Each probe runs one reader in a fresh process; the planted-pickle probes also check that the
-canary file the pickle would create does not exist. Resume probes that damage only the newest
-step must resume from the step before it, with a warning naming the damaged one.
-
-Every probe costs a fresh process (2-4 s, more under load), and the DDP/FSDP templates a
-2-process launch each: the default run takes the one-process probes of each kind of fault
-(~40 s idle), the full battery (50 probes, ~4 min idle) runs with the slow tests.
+Each probe runs one reader in its own process, forked from one that imported torch and gpukit
+once (`_zygote.py`: a fresh interpreter per probe cost 2-4 s of imports, the fork ~0.3 s;
+test_probe_harness.py shows a fork is classified as a fresh interpreter is). The planted-pickle
+probes also check that the canary file the pickle would create does not exist. Resume probes
+that damage only the newest step must resume from the step before it, with a warning naming
+the damaged one. The DDP/FSDP templates cost a 2-process launch each; `-m "not slow"` keeps
+the one-process probes of each kind of fault.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ QUICK = {"metadata-pickle-single-inspect", "metadata-pickle-single-convert", "me
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in QUICK else pytest.mark.slow) for n in sorted(PROBES)])
 def test_hostile_checkpoint(name: str, tmp_path: Path) -> None:
     run = PROBES[name](tmp_path)
-    result = execute(run)
+    result = execute(run, forked=True)
     assert result.outcome in SAFE, result.describe()
     if getattr(run.check, "falls_back", False):
         assert result.outcome == "correct", result.describe()
