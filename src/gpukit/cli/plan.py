@@ -40,9 +40,21 @@ def _load_factory(target: str) -> object:
 
 
 def _build(target: str, factory: object) -> tuple[object, object]:
-    """Call the factory: ``(model, example batch or None)``; its errors become one line naming it."""
+    """Call the factory: ``(model, example batch or None)``; its errors become one line naming it.
+
+    The factory runs under ``torch.device("meta")`` first: the plan needs shapes, dtypes and the
+    module tree, never values, and making a large model's weights costs seconds. A factory that
+    cannot run there (it reads a value, loads a file, copies to a device) is called again as it
+    is, and its errors are reported from that call."""
     import torch
 
+    try:
+        with torch.device("meta"):
+            built = factory()  # type: ignore[operator]
+    except Exception:  # noqa: BLE001 - any failure on meta: run it as written (below)
+        built = None
+    if built is not None and _is_model(built):
+        return _checked(target, built)
     try:
         built = factory()  # type: ignore[operator]
     except Exception as exc:  # noqa: BLE001 - any failure of user code is reported the same way
@@ -56,6 +68,21 @@ def _build(target: str, factory: object) -> tuple[object, object]:
             f"Model {target!r}: {target.partition(':')[2]}() raised {type(exc).__name__}: {exc}{where} "
             "(gpukit plan calls the factory with no arguments)."
         ) from None
+    return _checked(target, built)
+
+
+def _is_model(built: object) -> bool:
+    """A module, or a (module, inputs) pair: what a factory built on meta may be kept as."""
+    import torch
+
+    return isinstance(built, torch.nn.Module) or (
+        isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module))
+
+
+def _checked(target: str, built: object) -> tuple[object, object]:
+    """``(model, example batch or None)`` from what the factory returned, or a one-line error."""
+    import torch
+
     example = None
     if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
         built, example = built  # (model, example inputs): a dict for model(**inputs), a tensor or a tuple

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry
 
@@ -43,12 +42,12 @@ class StepSpec:
     steps: int = 1
 
 
-class LiveBytes(TorchDispatchMode):
-    """Counts live storage bytes through every operator, freed via weakref callbacks (and, while
-    ``count_flops``, the FLOPs of the operators ``torch.utils.flop_counter`` knows)."""
+class LiveBytes:
+    """Counts live storage bytes of what operators create, freed via weakref callbacks (and, while
+    ``count_flops``, the FLOPs of the operators ``torch.utils.flop_counter`` knows). Counting is on
+    inside ``with tracker:``; the operators reach it through :class:`_CountingFakeMode`."""
 
     def __init__(self, block: int) -> None:
-        super().__init__()
         self.block = block
         self.live = 0
         self.peak = 0
@@ -58,6 +57,14 @@ class LiveBytes(TorchDispatchMode):
         self.segment_peak = 0  # peak since the last mark (see mark)
         self.frozen = False  # frees no longer counted: the count was set from a known step
         self.marks: list[tuple[tuple[Any, ...], int, int]] = []
+        self.active = False
+
+    def __enter__(self) -> LiveBytes:
+        self.active = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.active = False
 
     def size(self, storage: Any) -> int:
         nbytes = int(storage.nbytes())
@@ -90,13 +97,42 @@ class LiveBytes(TorchDispatchMode):
         self.marks.append((label, self.live, self.segment_peak))
         self.segment_peak = self.live
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+    def record(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        """Count what one operator made (its outputs' storages) and its FLOPs."""
         if self.count_flops and func.overloadpacket in flop_registry:  # as FlopCounterMode counts
-            self.flops += flop_registry[func.overloadpacket](*args, **(kwargs or {}), out_val=out)
+            self.flops += flop_registry[func.overloadpacket](*args, **kwargs, out_val=out)
+        if isinstance(out, torch.Tensor):
+            self.track(out)
+            return
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self.track(leaf)
+
+
+_DEVICE_QUERY = torch.ops.prim.device.default
+
+
+class _CountingFakeMode(FakeTensorMode):
+    """The fake-tensor mode that also hands every operator it runs, called from outside it, to a
+    :class:`LiveBytes` while that counts: one Python mode per operator instead of a counting mode
+    stacked on the fake one (the operators it runs for itself -- decompositions -- are not
+    counted, as a mode above it would not see them)."""
+
+    def __init__(self, tracker: LiveBytes) -> None:
+        super().__init__(allow_non_fake_inputs=True)
+        self.tracker = tracker
+        self._depth = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self._depth or func is _DEVICE_QUERY or not self.tracker.active:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        self._depth += 1
+        try:
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            self.tracker.record(func, args, kwargs, out)
+        finally:
+            self._depth -= 1
         return out
 
 
@@ -198,7 +234,7 @@ def simulate_step(model: torch.nn.Module, step: StepSpec, checkpointing: Any,
         return fake
 
     param_dtype = step.param_dtype
-    with _quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True):
+    with _quiet_fake_tensor_log(), _CountingFakeMode(tracker):
         # "-true" precisions keep norm layers in fp32 (gpukit.precision.TruePrecision)
         fp32 = norm_tensor_names(model) if param_dtype != torch.float32 else set()
 
