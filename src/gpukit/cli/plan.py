@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import warnings
 
 import click
 
@@ -49,11 +50,14 @@ def _build(target: str, factory: object) -> tuple[object, object]:
     import torch
 
     try:
-        with torch.device("meta"):
+        with warnings.catch_warnings(record=True) as said, torch.device("meta"):
+            warnings.simplefilter("always")
             built = factory()  # type: ignore[operator]
-    except Exception:  # noqa: BLE001 - any failure on meta: run it as written (below)
+    except Exception:  # noqa: BLE001 - any failure on meta: run it as written (below), its warnings unsaid
         built = None
     if built is not None and _is_model(built):
+        for w in said:  # the factory's own warnings, as a plain call would have given them
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
         return _checked(target, built)
     try:
         built = factory()  # type: ignore[operator]

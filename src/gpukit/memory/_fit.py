@@ -36,7 +36,7 @@ from gpukit._util.units import format_bytes, parse_size
 from gpukit.errors import ConfigurationError
 from gpukit.memory._activation import checkpoint_targets
 from gpukit.memory._blocks import unit_param_counts, units_to_shard
-from gpukit.memory._planner import MemoryEstimate, estimate_memory
+from gpukit.memory._planner import MemoryEstimate, estimate_memory, same_model
 from gpukit.memory._shard_plan import shard_estimate
 from gpukit.precision import fsdp_own_unit_layers
 
@@ -179,34 +179,35 @@ def fit(
     costs = _Costs(flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s, units)
     planner = _planner_for(planner, model, example_input, optimizer, device)
 
-    # 1. every configuration, ranked by the step time predicted from interpolated plans (cheap)
-    candidates = [
-        _option(planner.interpolated(precision, ckpt, micro), precision, ckpt, strategy, n, micro, per_device // micro,
-                costs)
-        for precision in precisions for ckpt in policies for strategy in chosen
-        for n, per_device in _per_device(strategy, devices, batch) for micro in _micro_batches(per_device)
-    ]
-    candidates.sort(key=lambda o: (o.step_s, o.peak_bytes))
-    # 2. cheapest first, the ones near the budget planned exactly, until `top` of them fit
-    fitting: list[FitOption] = []
-    rejected: FitOption | None = None
-    for option in candidates:
-        if option.peak_bytes > budget * 1.25:
-            rejected = rejected or option
-            continue
-        exact = _exactly(option, planner, costs)
-        if exact.peak_bytes <= budget:
-            fitting.append(exact)
-            if len(fitting) >= top:
-                break
-        elif not fitting:
-            rejected = rejected or exact
-    if fitting:
-        return FitResult(budget, batch, tuple(fitting), None, tuple(notes), rejected)
-    # 3. none fits: the one of least memory, planned exactly, says how far off the budget is
-    closest = min(candidates, key=lambda o: o.peak_bytes, default=None)
-    return FitResult(budget, batch, (), None if closest is None else _exactly(closest, planner, costs), tuple(notes),
-                     None)
+    with same_model():  # one model, planned many times: its structure is found once
+        # 1. every configuration, ranked by the step time predicted from interpolated plans (cheap)
+        candidates = [
+            _option(planner.interpolated(precision, ckpt, micro), precision, ckpt, strategy, n, micro,
+                    per_device // micro, costs)
+            for precision in precisions for ckpt in policies for strategy in chosen
+            for n, per_device in _per_device(strategy, devices, batch) for micro in _micro_batches(per_device)
+        ]
+        candidates.sort(key=lambda o: (o.step_s, o.peak_bytes))
+        # 2. cheapest first, the ones near the budget planned exactly, until `top` of them fit
+        fitting: list[FitOption] = []
+        rejected: FitOption | None = None
+        for option in candidates:
+            if option.peak_bytes > budget * 1.25:
+                rejected = rejected or option
+                continue
+            exact = _exactly(option, planner, costs)
+            if exact.peak_bytes <= budget:
+                fitting.append(exact)
+                if len(fitting) >= top:
+                    break
+            elif not fitting:
+                rejected = rejected or exact
+        if fitting:
+            return FitResult(budget, batch, tuple(fitting), None, tuple(notes), rejected)
+        # 3. none fits: the one of least memory, planned exactly, says how far off the budget is
+        closest = min(candidates, key=lambda o: o.peak_bytes, default=None)
+        return FitResult(budget, batch, (), None if closest is None else _exactly(closest, planner, costs), tuple(notes),
+                         None)
 
 
 def _global_batch(devices: Any, global_batch: Any, example_input: Any) -> int:

@@ -19,7 +19,9 @@ in ``torch.cuda.memory_allocated`` either) and allocator fragmentation (``reserv
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -184,16 +186,47 @@ def estimate_memory(
     )
 
 
+#: within :func:`same_model`: what the planner found of a model's structure, by (model, what, policy)
+_STRUCTURE: ContextVar[dict[tuple[Any, ...], Any] | None] = ContextVar("gpukit_planner_structure", default=None)
+
+
+@contextlib.contextmanager
+def same_model() -> Iterator[None]:
+    """Plans made inside find a model's run of alike blocks and the blocks a policy checkpoints
+    once per model and policy, not once per plan: for callers that plan one model, unchanged,
+    many times (``fit``: every precision, policy and micro-batch)."""
+    token = _STRUCTURE.set({})
+    try:
+        yield
+    finally:
+        _STRUCTURE.reset(token)
+
+
+def _structure(model: torch.nn.Module, what: str, checkpointing: Any, compute: Callable[[], Any]) -> Any:
+    memo = _STRUCTURE.get()
+    if memo is None:
+        return compute()
+    try:
+        key: tuple[Any, ...] = (id(model), what, checkpointing, hash(checkpointing))
+    except TypeError:  # an unhashable policy (a list of classes): this very object
+        key = (id(model), what, "id", id(checkpointing))
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
+
+
 def _from_short_copies(model: torch.nn.Module, step: StepSpec, checkpointing: Any) -> dict[str, Any] | None:
     """The figures of ``model`` from two copies with its run of alike blocks cut short (see
     ``_repeat.py``), or ``None`` when it has no such run or the copies do not behave as expected."""
-    run = find_run(model, checkpointing)
+    run = _structure(model, "run", checkpointing, lambda: find_run(model, checkpointing))
     if run is None:
         return None
+    targets = _structure(model, "targets", checkpointing,
+                         lambda: checkpoint_targets(model, checkpointing) if checkpointing is not None else [])
     found = []
     for units in _SHORT_UNITS:
         try:
-            with reduced(model, run, units, checkpointing) as (blocks, policy):
+            with reduced(model, run, units, checkpointing, targets) as (blocks, policy):
                 figures = simulate_step(model, step, policy, marks=(blocks, run.unit))
         except (RuntimeError, TypeError, NotImplementedError, ValueError, IndexError, KeyError):
             return None  # a model that cannot run cut short: simulate it whole
@@ -207,7 +240,7 @@ def _from_short_copies(model: torch.nn.Module, step: StepSpec, checkpointing: An
     peak = max(full["fwd_bwd_peak_abs"], full["opt_peak"], full["live_after"] + fwd_bwd_peak)
     return {**full, "peak": peak, "fwd_bwd_peak": fwd_bwd_peak, "notes": figures["notes"],
             "simulated_optimizer": figures["simulated_optimizer"],
-            "checkpointed": len(checkpoint_targets(model, checkpointing)) if checkpointing is not None else 0}
+            "checkpointed": len(targets)}
 
 
 def _precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None, str]:

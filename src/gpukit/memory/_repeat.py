@@ -153,15 +153,19 @@ def find_run(model: nn.Module, checkpointing: Any) -> RepeatedRun | None:
 
 
 @contextlib.contextmanager
-def reduced(model: nn.Module, run: RepeatedRun, units: int, checkpointing: Any) -> Iterator[tuple[list[nn.Module], Any]]:
+def reduced(model: nn.Module, run: RepeatedRun, units: int, checkpointing: Any,
+            targets: list[tuple[str, nn.Module]] | None = None) -> Iterator[tuple[list[nn.Module], Any]]:
     """The model with its run cut to ``units`` units, for the ``with`` body (put back afterwards).
 
     Yields the blocks kept and the checkpointing policy for the cut model: the modules the
-    policy chose in the whole model (by identity), so each kept block keeps its status.
+    policy chose in the whole model (by identity; ``targets``: ``checkpoint_targets`` of the
+    whole model, when known), so each kept block keeps its status.
     """
     depth = run.depth(units)
     kept_blocks = list(run.blocks[:depth - run.remainder - run.unit]) + list(run.blocks[-(run.unit + run.remainder):])
-    chosen = {id(m) for _, m in checkpoint_targets(model, checkpointing)} if check_policy(checkpointing) else set()
+    if targets is None:
+        targets = checkpoint_targets(model, checkpointing) if check_policy(checkpointing) else []
+    chosen = {id(m) for _, m in targets}
     policy = (lambda module, name: id(module) in chosen) if chosen else None  # noqa: E731
     modules = run.parent._modules
     original = list(modules.items())
