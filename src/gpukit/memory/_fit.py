@@ -206,8 +206,8 @@ def fit(
             return FitResult(budget, batch, tuple(fitting), None, tuple(notes), rejected)
         # 3. none fits: the one of least memory, planned exactly, says how far off the budget is
         closest = min(candidates, key=lambda o: o.peak_bytes, default=None)
-        return FitResult(budget, batch, (), None if closest is None else _exactly(closest, planner, costs), tuple(notes),
-                         None)
+        exact_closest = None if closest is None else _exactly(closest, planner, costs)
+        return FitResult(budget, batch, (), exact_closest, tuple(notes), None)
 
 
 def _global_batch(devices: Any, global_batch: Any, example_input: Any) -> int:

@@ -2,9 +2,9 @@
 
 The model's parameters, buffers and an example batch are recreated as *fake* tensors
 (``FakeTensorMode``: shapes and dtypes, no memory), and a training step -- forward,
-backward, optimizer step, zero_grad -- runs under a ``TorchDispatchMode`` that counts the
-bytes of every storage an operator creates and subtracts them when the storage is freed (a
-weak-reference callback). The high-water mark is the predicted peak; CUDA sizes are rounded up
+backward, optimizer step, zero_grad -- runs with the fake mode counting the bytes of every
+storage an operator creates and subtracting them when the storage is freed (a weak-reference
+callback; ``_simulate.py``). The high-water mark is the predicted peak; CUDA sizes are rounded up
 to the allocator's 512-byte blocks. The steady state -- the next forward and backward with the
 optimizer state now held -- is the first step's forward-and-backward peak on top of what the
 step leaves live: simulating that second step gave the same figures in all 120 configurations
