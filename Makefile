@@ -36,8 +36,12 @@ $(FLOOR_VENV)/.installed: pyproject.toml
 demo: $(DEMO_VENV)/.installed
 	$(DEMO_VENV)/bin/gpukit demo
 
+# Two test processes (pytest-xdist): most tests wait on the processes they start, and one
+# process left a 2-core machine half idle. TEST_JOBS=0 runs the suite in one process.
+TEST_JOBS ?= 2
+
 test: $(TEST_VENV)/.installed
-	$(TEST_VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(TEST_VENV)/bin/python -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS)) $(PYTEST_ARGS)
 
 test-floor: $(FLOOR_VENV)/.installed
 	$(FLOOR_VENV)/bin/python -m pytest $(FLOOR_TESTS)

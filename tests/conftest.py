@@ -1,8 +1,43 @@
-"""Shared test set-up: GPU markers that skip cleanly on CPU-only machines."""
+"""Shared test set-up: GPU markers that skip cleanly on CPU-only machines; one process per
+SLURM cluster and a script-like ``__main__`` under ``pytest -n``."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
+
+
+def _main_is_a_file_under_xdist() -> None:
+    # `python -m pytest`'s __main__ is pytest's own __main__.py; a pytest-xdist worker's is execnet's,
+    # with no file, which gpukit (rightly) takes for a notebook or `python -c`: launch_function would
+    # fork instead of spawn and the tests of the script path would test the notebook path. Give the
+    # worker the __main__ a plain `python -m pytest` run has.
+    main = sys.modules.get("__main__")
+    if os.environ.get("PYTEST_XDIST_WORKER") and main is not None and not getattr(main, "__file__", None):
+        main.__file__ = os.path.join(os.path.dirname(pytest.__file__), "__main__.py")
+
+
+_main_is_a_file_under_xdist()
+
+# The tests that share the session's SLURM cluster (tests/cluster/conftest.py): under `pytest -n`
+# (make test) each test process would start a cluster of its own on the same ports, so they all
+# go to one process. (xdist's own `--dist loadgroup` marks do not group with pytest >= 9.2.)
+_ONE_CLUSTER = ("tests/cluster/test_slurm_cluster.py", "tests/cluster/test_slurm_trials.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneClusterScheduling(LoadScopeScheduling):
+        """Every test its own unit of work, except the SLURM tests: one unit, one process."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return "slurm" if nodeid.startswith(_ONE_CLUSTER) else nodeid
+
+    return OneClusterScheduling(config, log)
 
 
 def _cuda_device_count() -> int:

@@ -11,6 +11,7 @@ what the child imports later must then already be imported, hence :data:`PRELOAD
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import io
 import os
@@ -48,6 +49,19 @@ class User:
     gid: int
 
 
+def _user(useradd: str, name: str) -> User | str:
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        done = subprocess.run([useradd, "--system", "--no-create-home", "--user-group",
+                               "--shell", "/usr/sbin/nologin", name], capture_output=True, text=True)
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            return f"useradd {name} failed: {done.stderr.strip() or done.returncode}"
+    return User(name, entry.pw_uid, entry.pw_gid)
+
+
 def unprivileged_users() -> list[User] | str:
     """Two unprivileged users (made with ``useradd`` if missing), or why they cannot be had."""
     if os.geteuid() != 0:
@@ -57,17 +71,14 @@ def unprivileged_users() -> list[User] | str:
     if useradd is None:
         return "no useradd on this machine (Debian: apt-get install passwd)"
     users = []
-    for name in NAMES:
-        try:
-            entry = pwd.getpwnam(name)
-        except KeyError:
-            done = subprocess.run([useradd, "--system", "--no-create-home", "--user-group",
-                                   "--shell", "/usr/sbin/nologin", name], capture_output=True, text=True)
-            try:
-                entry = pwd.getpwnam(name)
-            except KeyError:
-                return f"useradd {name} failed: {done.stderr.strip() or done.returncode}"
-        users.append(User(name, entry.pw_uid, entry.pw_gid))
+    with open(os.path.join(tempfile.gettempdir(), "gpukit-tests-useradd.lock"), "a") as lock:
+        # test processes side by side (pytest -n) would each run useradd: one at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name in NAMES:
+            found = _user(useradd, name)
+            if isinstance(found, str):
+                return found
+            users.append(found)
     for module in PRELOAD:
         try:
             importlib.import_module(module)
