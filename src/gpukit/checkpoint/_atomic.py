@@ -68,6 +68,20 @@ class _GuardedFile(io.FileIO):
         self.bytes_written += written
         return written
 
+    def pwritev(self, buffers: list[memoryview], offset: int) -> int:
+        """``os.pwritev`` at ``offset`` (adjacent buffers in one call; one ``pwrite`` each where
+        the OS has no ``pwritev``)."""
+        try:
+            if hasattr(os, "pwritev"):
+                written = os.pwritev(self.fileno(), buffers, offset)
+            else:
+                written = os.pwrite(self.fileno(), buffers[0], offset)
+        except OSError as exc:
+            self.os_error = exc
+            raise
+        self.bytes_written += written
+        return written
+
 
 def drop_cached_pages(path: Path) -> None:
     """Ask the kernel to drop the cached pages of a file about to be replaced or deleted.

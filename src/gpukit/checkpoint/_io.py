@@ -84,8 +84,9 @@ def _write_torch(state: Any) -> Callable[[BinaryIO], None]:
         if hasattr(torch.serialization, "_save"):  # torch's serializer, gpukit's writer (_zipwrite.py)
             handle.flush()
             raw = getattr(handle, "raw", None)  # atomic_write's guarded file: it keeps the OS error
-            size = write_torch_zip(raw.pwrite if hasattr(raw, "pwrite") else handle.fileno(), state,
-                                   metadata_entry())
+            guarded = hasattr(raw, "pwrite")
+            size = write_torch_zip(raw.pwrite if guarded else handle.fileno(), state, metadata_entry(),
+                                   pwritev=raw.pwritev if guarded else None)
             handle.seek(size)  # the end (pwrite leaves the position alone): a reused file is cut here
             return
         torch.save(state, handle)
