@@ -68,6 +68,20 @@ class _GuardedFile(io.FileIO):
         self.bytes_written += written
         return written
 
+    def pwritev(self, buffers: list[memoryview], offset: int) -> int:
+        """``os.pwritev`` at ``offset`` (adjacent buffers in one call; one ``pwrite`` each where
+        the OS has no ``pwritev``)."""
+        try:
+            if hasattr(os, "pwritev"):
+                written = os.pwritev(self.fileno(), buffers, offset)
+            else:
+                written = os.pwrite(self.fileno(), buffers[0], offset)
+        except OSError as exc:
+            self.os_error = exc
+            raise
+        self.bytes_written += written
+        return written
+
 
 def drop_cached_pages(path: Path) -> None:
     """Ask the kernel to drop the cached pages of a file about to be replaced or deleted.
@@ -96,6 +110,12 @@ def drop_cached_pages(path: Path) -> None:
 def _open_temp_file(path: Path) -> tuple[BinaryIO, _GuardedFile]:
     """Open ``path`` for exclusive creation; returns (buffered file, raw guarded file)."""
     raw = _GuardedFile(path, "x+b")
+    return io.BufferedRandom(raw, buffer_size=1024 * 1024), raw  # type: ignore[return-value]
+
+
+def _open_reused_file(path: Path) -> tuple[BinaryIO, _GuardedFile]:
+    """Open the existing file ``path`` (adopted for reuse) for overwriting in place."""
+    raw = _GuardedFile(path, "r+b")
     return io.BufferedRandom(raw, buffer_size=1024 * 1024), raw  # type: ignore[return-value]
 
 
@@ -208,12 +228,29 @@ def write_error(exc: BaseException, path: Path, bytes_written: int | None = None
     return CheckpointError(f"Could not write {path}: {type(exc).__name__}: {exc}. {kept}")
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]) -> int:
+def _adopt(reuse: Path | None, temp: Path) -> bool:
+    """Rename the file ``reuse`` to ``temp`` (the write overwrites it in place); whether it was."""
+    if reuse is None:
+        return False
+    try:
+        os.rename(reuse, temp)  # atomic: if another writer took it first, this one fails
+    except OSError:
+        return False
+    return True
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None],
+                 reuse: Path | None = None) -> int:
     """Write ``path`` atomically through ``write(file)``.
 
     Args:
         path: the final file. Its directory is created if missing.
-        write: fills the file object it is given (readable, writable and seekable).
+        write: fills the file object it is given (readable, writable and seekable). With
+            ``reuse`` the file already has content: ``write`` must leave the file position at
+            the end of what it wrote (the rest is cut off).
+        reuse: an existing file on the same file system to overwrite instead of creating a new
+            one (its blocks are reused: see ``_reuse.py``); it is renamed to the temporary
+            name first, so it is this write's alone. A new file is created if it is gone.
 
     Returns:
         The size of the written file in bytes.
@@ -233,10 +270,13 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]
         clean_temp_files(directory, for_name=target.name)
         temp = temp_path_for(target)
         drop_cached_pages(target)
-        handle, raw = _open_temp_file(temp)
+        reused = _adopt(reuse, temp)
+        handle, raw = _open_reused_file(temp) if reused else _open_temp_file(temp)
         with handle:
             write(handle)
             handle.flush()
+            if reused:
+                handle.truncate()  # what is left of the old content past the new end
             os.fsync(handle.fileno())
             size = handle.seek(0, os.SEEK_END)
         os.replace(temp, target)

@@ -84,7 +84,10 @@ def _write_torch(state: Any) -> Callable[[BinaryIO], None]:
         if hasattr(torch.serialization, "_save"):  # torch's serializer, gpukit's writer (_zipwrite.py)
             handle.flush()
             raw = getattr(handle, "raw", None)  # atomic_write's guarded file: it keeps the OS error
-            write_torch_zip(raw.pwrite if hasattr(raw, "pwrite") else handle.fileno(), state, metadata_entry())
+            guarded = hasattr(raw, "pwrite")
+            size = write_torch_zip(raw.pwrite if guarded else handle.fileno(), state, metadata_entry(),
+                                   pwritev=raw.pwritev if guarded else None)
+            handle.seek(size)  # the end (pwrite leaves the position alone): a reused file is cut here
             return
         torch.save(state, handle)
         append_zip_metadata(handle, metadata_entry())
@@ -99,12 +102,14 @@ def _write_safetensors(tensors: dict[str, torch.Tensor]) -> Callable[[BinaryIO],
     return write
 
 
-def _save_here(state: Any, path: Path, format: str) -> None:
+def _save_here(state: Any, path: Path, format: str, reuse: Path | None = None) -> None:
+    """Write ``state`` to ``path`` atomically (overwriting the file ``reuse`` in place if given)."""
     saveable = to_saveable(state)
     if format == "safetensors":
         atomic_write(path, _write_safetensors(_safetensors_tensors(saveable, path)))
     else:
-        atomic_write(path, _write_torch(saveable))
+        # only gpukit's writer (pwrite at known offsets, then cut) can overwrite a file in place
+        atomic_write(path, _write_torch(saveable), reuse=reuse if hasattr(torch.serialization, "_save") else None)
 
 
 def save(

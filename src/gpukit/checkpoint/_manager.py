@@ -34,7 +34,8 @@ from gpukit.checkpoint._background import SaveTimings, background_saves
 from gpukit.checkpoint._ddp_buckets import check_ddp_buckets, record_ddp_buckets, replay_ddp_buckets
 from gpukit.checkpoint._dist import DistContext, background_dist, current_dist
 from gpukit.checkpoint._formats import MARKER_NAME, metadata_entry
-from gpukit.checkpoint._io import load, save, to_saveable
+from gpukit.checkpoint._gather import gather_sharded
+from gpukit.checkpoint._io import _save_here, load, to_saveable
 from gpukit.checkpoint._read import load_lazy
 from gpukit.checkpoint._lazy import LazyCheckpoint
 from gpukit.checkpoint._prefixes import match_state_dict
@@ -44,6 +45,7 @@ from gpukit.checkpoint._resume_checks import (
     open_newest,
     read_marker,
 )
+from gpukit.checkpoint._reuse import REUSE_DIR, clear, retire, take
 from gpukit.checkpoint._rng import capture_rng_state, restore_rng_state
 from gpukit.checkpoint._sharded import (
     METADATA_FILE,
@@ -103,16 +105,22 @@ class CheckpointManager:
     Args:
         directory: where the step directories live (created on first save).
         keep_last: complete checkpoints to keep; ``None`` keeps all.
+        reuse_files: keep the large files of a rotated-out checkpoint in ``directory/.reuse``
+            and overwrite them with the next save instead of deleting them and writing new
+            ones (deleting a large file can cost more than writing it: see ``_reuse.py``).
+            Costs the disk space of one checkpoint between saves; ``False`` deletes them.
 
     Raises:
         ConfigurationError: ``keep_last`` below 1.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], keep_last: int | None = 3) -> None:
+    def __init__(self, directory: str | os.PathLike[str], keep_last: int | None = 3, *,
+                 reuse_files: bool = True) -> None:
         if keep_last is not None and (isinstance(keep_last, bool) or int(keep_last) < 1):
             raise ConfigurationError(f"keep_last={keep_last!r}: keep at least 1 checkpoint, or None for all.")
         self.directory = Path(directory)
         self.keep_last = keep_last
+        self.reuse_files = bool(reuse_files)
         #: the ``extra`` values of the checkpoint last resumed (empty before a resume)
         self.extra: dict[str, Any] = {}
 
@@ -266,12 +274,17 @@ class CheckpointManager:
         error: str | None = None
         try:
             if shared is not None:
-                save(shared, staging / SHARED_FILE, rank_zero_only=False)
-            save(rank_state, staging / rank_file_name(dist.rank), rank_zero_only=False)
+                self._save_file(shared, staging / SHARED_FILE)
+            self._save_file(rank_state, staging / rank_file_name(dist.rank))
         except Exception as exc:  # reported to every rank, so none waits forever
             error = f"rank {dist.rank}: {exc}"
         errors = [e for e in dist.gather_all(error) if e is not None]
         return "; ".join(errors) if errors else None
+
+    def _save_file(self, state: Any, path: Path) -> None:
+        """``gpukit.save(state, path, rank_zero_only=False)``, overwriting a kept file of the same name."""
+        reuse = take(self.directory / REUSE_DIR, path.name) if self.reuse_files else None
+        _save_here(gather_sharded(state, everywhere=True), path, "torch", reuse=reuse)
 
     def _finalise(self, dist: DistContext, staging: Path, final: Path, step: int) -> str | None:
         try:
@@ -308,10 +321,14 @@ class CheckpointManager:
                     drop_cached_pages(Path(entry.path))
 
     def _rotate(self) -> None:
+        bin_dir = self.directory / REUSE_DIR
+        if not self.reuse_files:
+            clear(bin_dir)
         if self.keep_last is None:
             return
         for old in self.checkpoints()[: -self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            debris = self.directory / f".{old.name}.old-{os.urandom(4).hex()}"
+            retire(old, debris, bin_dir if self.reuse_files else None)
 
     # -- resuming -------------------------------------------------------------------------
 
