@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import sys
 import zipfile
 from pathlib import Path
 
@@ -61,20 +60,6 @@ def test_batched_writer_lays_records_out_as_torch_save(tmp_path: Path, monkeypat
     for key in ("split", "whole", "empty", "ints"):
         assert torch.equal(loaded[key], state[key])
     assert all(torch.equal(a, b) for a, b in zip(loaded["small"], state["small"]))
-
-
-def test_quick_handoffs_restores_the_switch_interval() -> None:
-    before = sys.getswitchinterval()
-    try:
-        sys.setswitchinterval(0.01)
-        with _zipwrite.quick_handoffs():
-            assert sys.getswitchinterval() <= _zipwrite.HANDOFF_S + 1e-9
-        assert sys.getswitchinterval() == pytest.approx(0.01)
-        with _zipwrite.quick_handoffs():
-            sys.setswitchinterval(0.002)  # someone else's choice, made meanwhile, is kept
-        assert sys.getswitchinterval() == pytest.approx(0.002)
-    finally:
-        sys.setswitchinterval(before)
 
 
 def _model(width: int) -> nn.Module:
@@ -151,3 +136,26 @@ def test_a_retired_directory_never_looks_complete(tmp_path: Path, monkeypatch: p
     monkeypatch.undo()
     manager.save(3, model=model)  # the next save removes the debris
     assert sorted(os.listdir(tmp_path)) == [_reuse.REUSE_DIR, "step_00000003"]
+
+
+def test_a_file_with_another_hard_link_is_never_overwritten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a user's backup made with `cp -l` / `rsync --link-dest` shares the file: reuse would change it
+    monkeypatch.setattr(_reuse, "MIN_REUSE_BYTES", 1)
+    ckpt, backup = tmp_path / "ckpt", tmp_path / "backup"
+    backup.mkdir()
+    manager = CheckpointManager(ckpt, keep_last=1)
+    manager.save(1, model=_model(64))
+    os.link(manager.step_directory(1) / SHARED_FILE, backup / SHARED_FILE)
+    before = (backup / SHARED_FILE).read_bytes()
+    manager.save(2, model=_model(65))  # retires step 1: its file has two names, so it is not kept
+    assert not (ckpt / _reuse.REUSE_DIR / SHARED_FILE).exists()
+    manager.save(3, model=_model(66))  # step 2's file is kept (one name) ...
+    kept = ckpt / _reuse.REUSE_DIR / SHARED_FILE
+    assert kept.is_file()
+    os.link(kept, backup / "late-link.pt")  # ... and linked after it was kept: the next save must not adopt it
+    late = kept.read_bytes()
+    manager.save(4, model=_model(67))
+    assert (backup / SHARED_FILE).read_bytes() == before
+    assert (backup / "late-link.pt").read_bytes() == late
+    fresh = _model(67)
+    assert manager.resume(model=fresh) == 4

@@ -11,6 +11,7 @@ the next write to the same target.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from gpukit._util.units import format_bytes
+from gpukit.checkpoint._reuse import sole_regular_file
 from gpukit.errors import CheckpointError
 
 __all__ = [
@@ -235,6 +237,10 @@ def _adopt(reuse: Path | None, temp: Path) -> bool:
     try:
         os.rename(reuse, temp)  # atomic: if another writer took it first, this one fails
     except OSError:
+        return False
+    if not sole_regular_file(temp):  # linked meanwhile (see _reuse.py): write a new file instead
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
         return False
     return True
 

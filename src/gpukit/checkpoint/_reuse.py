@@ -25,9 +25,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 
-__all__ = ["REUSE_DIR", "MIN_REUSE_BYTES", "retire", "take", "clear"]
+__all__ = ["REUSE_DIR", "MIN_REUSE_BYTES", "retire", "take", "clear", "sole_regular_file"]
 
 #: The bin inside a CheckpointManager's directory.
 REUSE_DIR = ".reuse"
@@ -50,7 +51,7 @@ def retire(step_dir: Path, debris: Path, bin_dir: Path | None) -> None:
     if bin_dir is not None:
         try:
             for entry in os.scandir(debris):
-                if (_REUSABLE.match(entry.name) and entry.is_file(follow_symlinks=False)
+                if (_REUSABLE.match(entry.name) and sole_regular_file(entry.path)
                         and entry.stat(follow_symlinks=False).st_size >= MIN_REUSE_BYTES
                         and not (bin_dir / entry.name).exists()):
                     bin_dir.mkdir(exist_ok=True)  # only when there is something to keep
@@ -63,10 +64,22 @@ def retire(step_dir: Path, debris: Path, bin_dir: Path | None) -> None:
 def take(bin_dir: Path, name: str) -> Path | None:
     """The kept file for ``name`` if there is one (the writer renames it away: it is then its own)."""
     candidate = bin_dir / name
+    return candidate if sole_regular_file(candidate) else None
+
+
+def sole_regular_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a regular file (not a link to one) with no other name.
+
+    A file with a second hard link (a backup made with ``cp -l`` or ``rsync --link-dest``, say)
+    must never be overwritten in place: the other name would change with it. Such a file is
+    deleted at rotation as before, and a save never adopts one.
+    """
     try:
-        return candidate if candidate.is_file() and not candidate.is_symlink() else None
+        info = os.lstat(path)
     except OSError:
-        return None
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
+
 
 
 def clear(bin_dir: Path) -> None:

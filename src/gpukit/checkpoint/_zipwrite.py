@@ -25,11 +25,8 @@ import pickle
 import queue
 import secrets
 import struct
-import sys
 import threading
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -44,8 +41,6 @@ CHUNK_BYTES = 32 * 2**20
 #: records below this size are checksummed on the serialising thread and copied into the batch
 SMALL_BYTES = 2**20
 _IOV_MAX = 512
-#: the interpreter's switch interval while a checkpoint is written (if it was longer)
-HANDOFF_S = 0.0005
 _ZIP32_MAX = 0xFFFFFFFF
 _ROOT = "archive"
 _LOCAL = struct.Struct("<IHHHHHIIIHH")
@@ -347,30 +342,6 @@ class _ZipStream:
             raise self._errors[0]
 
 
-@contextmanager
-def quick_handoffs() -> Iterator[None]:
-    """Shorten the interpreter's switch interval to ``HANDOFF_S`` for the block, then restore it.
-
-    A writer thread coming back from a call that let go of the interpreter lock (a CRC, a
-    write) waits until the thread holding it -- the training loop, the serialiser -- is made to
-    let go, which Python does every switch interval (5 ms by default). The number of such
-    hand-offs is what it is (one per record or so); a shorter interval only makes each one
-    shorter: the holder gives the lock up as often as before, sooner. Restored at the end unless
-    someone else changed it meanwhile; nested uses keep the outermost value.
-    """
-    previous = sys.getswitchinterval()
-    if previous <= HANDOFF_S:
-        yield
-        return
-    sys.setswitchinterval(HANDOFF_S)
-    ours = sys.getswitchinterval()
-    try:
-        yield
-    finally:
-        if sys.getswitchinterval() == ours:
-            sys.setswitchinterval(previous)
-
-
 def write_torch_zip(pwrite: PWrite | int, obj: Any, metadata: dict[str, Any] | None = None, *,
                     threads: int = 2, pwritev: PWriteV | None = None) -> int:
     """Write ``obj`` as ``torch.save`` would, into an empty file; returns its size.
@@ -396,8 +367,7 @@ def write_torch_zip(pwrite: PWrite | int, obj: Any, metadata: dict[str, Any] | N
         pwrite = lambda data, offset: os.pwrite(fd, data, offset)  # noqa: E731
         if pwritev is None and hasattr(os, "pwritev"):
             pwritev = lambda buffers, offset: os.pwritev(fd, buffers, offset)  # noqa: E731
-    with quick_handoffs():
-        return _write(_ZipStream(pwrite, pwritev, alignment, threads), obj, metadata)
+    return _write(_ZipStream(pwrite, pwritev, alignment, threads), obj, metadata)
 
 
 def _write(stream: _ZipStream, obj: Any, metadata: dict[str, Any] | None) -> int:
