@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,20 +66,12 @@ def _cases(script: str, nproc: int) -> dict[str, list[str]]:
                          "c10d", "--rdzv-endpoint", "127.0.0.1:0", script, str(nproc)]
     cases["gpukit run"] = [py, "-m", "gpukit", "run", "--cpu", "--nproc", str(nproc), script, str(nproc)]
     # accelerate launches several CPU processes only through mpirun: one process is what it does alone
-    if nproc == 1 and shutil.which("accelerate", path=str(Path(py).parent)) and _has("accelerate"):
+    if nproc == 1 and shutil.which("accelerate", path=str(Path(py).parent)) and find_spec("accelerate"):
         accelerate = str(Path(py).parent / "accelerate")
         cases["accelerate launch"] = [accelerate, "launch", "--cpu", "--num_processes", str(nproc),
                                       "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                                       script, str(nproc)]
     return cases
-
-
-def _has(module: str) -> bool:
-    try:
-        __import__(module)
-    except ImportError:
-        return False
-    return True
 
 
 def main() -> None:
