@@ -9,7 +9,10 @@ each step writes DIR/single.pt with gpukit.save and a CheckpointManager checkpoi
 With ``background`` both saves are background saves: a call returns once the state is copied,
 and the model is changed for the next step while the files are written. A save returns after
 the one before it completed, so once step k's manager save returns, step k-1 is complete and
-is reported then (one partial step directory may exist: step k's, being written).
+is reported then (one partial step directory may exist: step k's, being written). Background
+mode also makes the manager reuse every retired file (``MIN_REUSE_BYTES = 1``: its files here are
+a few KiB), so a kill can land while a save overwrites an adopted file in place; plain mode
+writes new files (below the threshold), as it always did.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ import torch
 from torch import nn
 
 import gpukit
-from gpukit.checkpoint import CheckpointManager
+from gpukit.checkpoint import CheckpointManager, _reuse
 
 
 def main(directory: Path, background: bool) -> None:
+    if background:
+        _reuse.MIN_REUSE_BYTES = 1
     managed = directory / "managed"
     managed.mkdir(parents=True, exist_ok=True)  # a background save makes it in its thread
     manager = CheckpointManager(managed, keep_last=2)
@@ -42,7 +47,7 @@ def main(directory: Path, background: bool) -> None:
                 param.fill_(step)
         gpukit.save({"step": step, "w": torch.full((4096,), float(step))}, single, background=background)
         manager.save(step, model=model, extra={"step": step}, background=background)
-        leftovers = [n for n in os.listdir(managed) if n.startswith(".")]
+        leftovers = [n for n in os.listdir(managed) if n.startswith(".") and n != _reuse.REUSE_DIR]
         leftovers += [n for n in os.listdir(directory) if n.startswith(".")]
         if not background:
             print(f"SAVED {step} {len(leftovers)}", flush=True)
