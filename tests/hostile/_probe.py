@@ -104,9 +104,13 @@ def execute(run: Run, *, forked: bool = False) -> Result:
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        outcome = "code executed" if run.canary is not None and run.canary.exists() else "hang"
-        return Result(outcome, None, out, err)
+        return _timed_out(run, out, err)
     return Result(_classify(run, proc), proc.returncode, proc.stdout, proc.stderr)
+
+
+def _timed_out(run: Run, out: str, err: str) -> Result:
+    """A reader killed at ``run.timeout_s``: a hang, unless its pickle ran code first."""
+    return Result("code executed" if run.canary is not None and run.canary.exists() else "hang", None, out, err)
 
 
 def _snippet(run: Run) -> str:
@@ -140,8 +144,7 @@ class _Zygote:
         proc = subprocess.CompletedProcess(["<forked>"], returncode, out.read_text(errors="replace"),
                                            err.read_text(errors="replace"))
         if returncode is None:
-            outcome = "code executed" if run.canary is not None and run.canary.exists() else "hang"
-            return Result(outcome, None, proc.stdout, proc.stderr)
+            return _timed_out(run, proc.stdout, proc.stderr)
         return Result(_classify(run, proc), returncode, proc.stdout, proc.stderr)
 
     def close(self) -> None:

@@ -31,6 +31,9 @@ from gpukit.errors import CheckpointError, ConfigurationError
 
 __all__ = ["save", "load", "to_saveable"]
 
+#: torch's serializer is reachable, so torch files go through gpukit's writer (_zipwrite.py)
+_OWN_WRITER = hasattr(torch.serialization, "_save")
+
 def to_saveable(state: Any) -> Any:
     """``state`` with models and other stateful objects replaced by their state dicts.
 
@@ -81,7 +84,7 @@ def _safetensors_tensors(state: Any, path: Path) -> dict[str, torch.Tensor]:
 
 def _write_torch(state: Any) -> Callable[[BinaryIO], None]:
     def write(handle: BinaryIO) -> None:
-        if hasattr(torch.serialization, "_save"):  # torch's serializer, gpukit's writer (_zipwrite.py)
+        if _OWN_WRITER:
             handle.flush()
             raw = getattr(handle, "raw", None)  # atomic_write's guarded file: it keeps the OS error
             guarded = hasattr(raw, "pwrite")
@@ -109,7 +112,7 @@ def _save_here(state: Any, path: Path, format: str, reuse: Path | None = None) -
         atomic_write(path, _write_safetensors(_safetensors_tensors(saveable, path)))
     else:
         # only gpukit's writer (pwrite at known offsets, then cut) can overwrite a file in place
-        atomic_write(path, _write_torch(saveable), reuse=reuse if hasattr(torch.serialization, "_save") else None)
+        atomic_write(path, _write_torch(saveable), reuse=reuse if _OWN_WRITER else None)
 
 
 def save(

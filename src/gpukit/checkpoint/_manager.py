@@ -67,6 +67,11 @@ _STEP_RE = re.compile(r"^step_(\d+)$")
 _DEBRIS_RE = re.compile(r"^\.step_\d+\.(partial|old-[0-9a-f]+)$")
 
 
+def _debris_for(step_dir: Path) -> Path:
+    """A fresh name of _DEBRIS_RE's "old" kind for a step directory on its way out."""
+    return step_dir.parent / f".{step_dir.name}.old-{os.urandom(4).hex()}"
+
+
 def rank_file_name(rank: int) -> str:
     """Name of the per-rank file of ``rank`` inside a step directory."""
     return f"rank_{rank:05d}.pt"
@@ -294,7 +299,7 @@ class CheckpointManager:
             fsync_directory(staging)
             aside: Path | None = None
             if final.exists():  # saving the same step again: move the old one aside first
-                aside = self.directory / f".{final.name}.old-{os.urandom(4).hex()}"
+                aside = _debris_for(final)
                 os.replace(final, aside)
             os.replace(staging, final)
             fsync_directory(self.directory)
@@ -327,8 +332,7 @@ class CheckpointManager:
         if self.keep_last is None:
             return
         for old in self.checkpoints()[: -self.keep_last]:
-            debris = self.directory / f".{old.name}.old-{os.urandom(4).hex()}"
-            retire(old, debris, bin_dir if self.reuse_files else None)
+            retire(old, _debris_for(old), bin_dir if self.reuse_files else None)
 
     # -- resuming -------------------------------------------------------------------------
 

@@ -313,7 +313,6 @@ class _ZipStream:
         """Wait for the data, write the descriptors and the central directory; returns the size."""
         self._submit_batch()
         self.close()
-        descriptors: list[memoryview] = []
         for index in self._chunked:
             entry = self.entries[index]
             crc, number = 0, 0
@@ -322,10 +321,7 @@ class _ZipStream:
                 crc = crc32_combine(crc, part, length) if number else part
                 number += 1
             entry.crc = crc
-            descriptors.append(memoryview(_descriptor(entry)))
-        for index, descriptor in zip(self._chunked, descriptors):
-            entry = self.entries[index]
-            _pwrite_all(self.pwrite, descriptor, entry.data_offset + entry.size)
+            _pwrite_all(self.pwrite, memoryview(_descriptor(entry)), entry.data_offset + entry.size)
         directory = b"".join(_central_header(entry) for entry in self.entries)
         tail = directory + _end_records(len(self.entries), self.position, len(directory))
         _pwrite_all(self.pwrite, memoryview(tail), self.position)
@@ -367,12 +363,9 @@ def write_torch_zip(pwrite: PWrite | int, obj: Any, metadata: dict[str, Any] | N
         pwrite = lambda data, offset: os.pwrite(fd, data, offset)  # noqa: E731
         if pwritev is None and hasattr(os, "pwritev"):
             pwritev = lambda buffers, offset: os.pwritev(fd, buffers, offset)  # noqa: E731
-    return _write(_ZipStream(pwrite, pwritev, alignment, threads), obj, metadata)
-
-
-def _write(stream: _ZipStream, obj: Any, metadata: dict[str, Any] | None) -> int:
     from gpukit.checkpoint._formats import _META_RECORD
 
+    stream = _ZipStream(pwrite, pwritev, alignment, threads)
     try:
         torch.serialization._save(obj, stream, pickle, 2, False)
         if metadata is not None:

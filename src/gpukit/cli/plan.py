@@ -75,12 +75,18 @@ def _build(target: str, factory: object) -> tuple[object, object]:
     return _checked(target, built)
 
 
+def _is_pair(built: object) -> bool:
+    """A (module, example inputs) pair."""
+    import torch
+
+    return isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module)
+
+
 def _is_model(built: object) -> bool:
     """A module, or a (module, inputs) pair: what a factory built on meta may be kept as."""
     import torch
 
-    return isinstance(built, torch.nn.Module) or (
-        isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module))
+    return isinstance(built, torch.nn.Module) or _is_pair(built)
 
 
 def _checked(target: str, built: object) -> tuple[object, object]:
@@ -88,8 +94,8 @@ def _checked(target: str, built: object) -> tuple[object, object]:
     import torch
 
     example = None
-    if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
-        built, example = built  # (model, example inputs): a dict for model(**inputs), a tensor or a tuple
+    if _is_pair(built):
+        built, example = built  # type: ignore[misc]  # (model, example inputs): a dict for model(**inputs), a tensor or a tuple
         if not isinstance(example, (dict, tuple, list, torch.Tensor)):
             raise ConfigurationError(f"{target!r} returned (model, {type(example).__name__}); the second item must be "
                                      "the example inputs: a dict of tensors (model(**inputs)), a tensor or a tuple.")
