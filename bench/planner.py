@@ -155,7 +155,9 @@ def speed(before_src: str | None, reps: int, memory: str) -> None:
     codes = {"now": str(here / "src")} | ({"before": before_src} if before_src else {})
     model = "planner_models:transformer_48"
     commands = {"plan": [sys.executable, "-m", "gpukit", "plan", model],
-                "plan --fit": [sys.executable, "-m", "gpukit", "plan", model, "--fit", memory]}
+                "plan --fit": [sys.executable, "-m", "gpukit", "plan", model, "--fit", memory],
+                # one process planning, as before --jobs existed (now only: older code has no --jobs)
+                "plan --fit --jobs 1": [sys.executable, "-m", "gpukit", "plan", model, "--fit", memory, "--jobs", "1"]}
     samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
     outputs: dict[tuple[str, str], str] = {}
     load = os.getloadavg()[0]
@@ -163,6 +165,8 @@ def speed(before_src: str | None, reps: int, memory: str) -> None:
         for code, src in codes.items():
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(here / "tests" / "memory")])}
             for name, cmd in commands.items():
+                if code == "before" and "--jobs" in cmd:
+                    continue
                 wall, cpu, out = _timed(cmd, env)
                 samples.setdefault((code, name), []).append((wall, cpu))
                 outputs[(code, name)] = out
@@ -175,10 +179,14 @@ def speed(before_src: str | None, reps: int, memory: str) -> None:
               f"{statistics.median(c for _, c in values):.1f} s |")
     if before_src:
         for name in commands:
+            if ("before", name) not in outputs:
+                continue
             same = outputs[("now", name)] == outputs[("before", name)]
             print(f"{name}: {'the same output' if same else 'OUTPUT DIFFERS'} before and now")
             if not same:
                 print("--- before\n" + outputs[("before", name)] + "--- now\n" + outputs[("now", name)])
+    if outputs[("now", "plan --fit")] != outputs[("now", "plan --fit --jobs 1")]:
+        print("plan --fit: OUTPUT DIFFERS with --jobs 1")
     print(outputs[("now", "plan --fit")])
 
 

@@ -73,6 +73,8 @@ def test_cli_plan_fit(tmp_path: Path) -> None:
     assert "cheapest first" in ok.stdout and "Session(" in ok.stdout
     bad = subprocess.run([*base, "--fit", "lots"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("gpukit: error:") and "Invalid size" in bad.stderr
+    jobs = subprocess.run([*base, "--jobs", "2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert jobs.returncode == 2 and "--jobs 2 goes with --fit" in jobs.stderr and "Traceback" not in jobs.stderr
     for extra in ([], ["--json"]):  # nothing fits: what is missing, then a status scripts can test
         none = subprocess.run([*base, "--fit", "64KiB", *extra], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=300)

@@ -167,9 +167,13 @@ def _visible_gpu_count() -> int:
               help="Memory per device, e.g. 24GiB: rank the configurations that fit (precision, activation "
                    "checkpointing, strategy over --nproc devices, micro-batch) by predicted step time; exit "
                    "status 2 (after saying what is missing) when none fits.")
+@click.option("--jobs", type=click.IntRange(1, 256), default=None,
+              help="With --fit: processes planning side by side (the same figures) [default: the CPUs this "
+                   "process may use, at most 8].")
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")
 def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], dtypes: tuple[str, ...], precision: str,
-         optimizer: str, device: str, strategy: str, nproc: int | None, fit_memory: str | None, as_json: bool) -> None:
+         optimizer: str, device: str, strategy: str, nproc: int | None, fit_memory: str | None, jobs: int | None,
+         as_json: bool) -> None:
     """Predict peak training memory of MODEL (a 'module:factory' returning an nn.Module).
 
     The inputs: --batch-shape (positional), --input NAME=SHAPE[:DTYPE] (keyword; a Hugging Face
@@ -191,6 +195,8 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
     _check_precision(precision)
     dims = [_shape(s) for s in shapes]
     budget = _fit_budget(fit_memory)
+    if jobs is not None and budget is None:
+        raise ConfigurationError(f"--jobs {jobs} goes with --fit SIZE (a single plan runs in one process).")
     if strategy == "fsdp" and nproc is None and budget is None:
         nproc = _visible_gpu_count()
     factory = _load_factory(model)  # a typo in MODEL is reported before torch loads (unless the module imports it)
@@ -220,7 +226,7 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
     batch = example if example is not None else keywords or (
         positional[0] if len(positional) == 1 else tuple(positional))
     if budget is not None:
-        _print_fit(built, batch, budget, nproc or 1, optimizer, device, as_json)
+        _print_fit(built, batch, budget, nproc or 1, optimizer, device, jobs, as_json)
         return
     try:
         estimate = estimate_memory(built, optimizer, batch, precision=precision, device=device)
@@ -259,13 +265,15 @@ def _fit_budget(text: str | None) -> int | None:
 
 
 def _print_fit(model: object, batch: object, budget: int, devices: int, optimizer: str, device: str,
-               as_json: bool) -> None:
+               jobs: int | None, as_json: bool) -> None:
     """``gpukit plan --fit``: the ranked configurations (``gpukit.memory.fit``), or what is missing."""
     from dataclasses import asdict
 
     from gpukit.memory import fit
+    from gpukit.memory._plan_workers import available_workers
 
-    result = fit(model, batch, memory=budget, devices=devices, optimizer=optimizer, device=device)  # type: ignore[arg-type]
+    result = fit(model, batch, memory=budget, devices=devices, optimizer=optimizer, device=device,  # type: ignore[arg-type]
+                 workers=jobs or available_workers())
     if as_json:
         click.echo(json.dumps({"memory_bytes": result.memory_bytes, "global_batch": result.global_batch,
                                "options": [{**asdict(o), "session": o.session_line()} for o in result.options],

@@ -45,7 +45,8 @@ from gpukit.memory._inference_guard import InferenceGradWarning, InferenceGuard,
 from gpukit.memory._leaks import LeakFinding, LeakWatcher, MemoryLeakWarning, watch
 from gpukit.memory._live import live_tensor_bytes
 from gpukit.memory._fit import PRECISIONS as FIT_PRECISIONS
-from gpukit.memory._fit import FitOption, FitPlanner, FitResult, example_batch_size, fit
+from gpukit.memory._fit import FitOption, FitResult, fit
+from gpukit.memory._fit_planner import FitPlanner, example_batch_size
 from gpukit.memory._measure import measure_peak_memory
 from gpukit.memory._measure_cpu import MeasuredMemory, measure_step_memory
 from gpukit.memory._planner import MemoryEstimate, estimate_memory

@@ -22,6 +22,7 @@ import torch
 from gpukit._util.units import format_bytes
 from gpukit.accelerators import Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError, MemoryPlanError
+from gpukit.memory._fit_planner import resized
 from gpukit.memory._host_ram import RAM_HEADROOM, HostRamBudget
 
 __all__ = ["BatchSizeTrial", "BatchSizeResult", "find_batch_size"]
@@ -212,18 +213,11 @@ def _start_does_not_fit(start: int, accelerator: Accelerator, model: torch.nn.Mo
     if model is not None:
         from gpukit.memory._advice import planned_fixes
 
-        fixes = planned_fixes(model, _resized(example_input, start), precision=precision, device=accelerator.type,
+        fixes = planned_fixes(model, resized(example_input, start), precision=precision, device=accelerator.type,
                               activation_checkpointing=activation_checkpointing, smaller_batch=start > 1)
     return f"find_batch_size: even the start size {start} runs out of memory. " + (fixes or (
         "Try start=1, a lower precision (bf16-mixed), activation checkpointing, or check "
         "estimate_memory(...) for what does not fit (or pass model= and example_input= for planned fixes)."))
-
-
-def _resized(example: Any, size: int) -> Any:
-    """``example`` with ``size`` items (dim 0), as meta tensors: only shapes and dtypes are planned."""
-    return torch.utils._pytree.tree_map(
-        lambda t: torch.empty((size, *t.shape[1:]), dtype=t.dtype, device="meta")
-        if isinstance(t, torch.Tensor) and t.dim() > 0 else t, example)
 
 
 def _larger(a: int, b: int) -> int:  # the builtin max is shadowed by the documented argument

@@ -26,17 +26,17 @@ Cost model (seconds per optimizer step; documented, simple, overridable):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
 
 from gpukit._util.units import format_bytes, parse_size
 from gpukit.errors import ConfigurationError
 from gpukit.memory._activation import checkpoint_targets
 from gpukit.memory._blocks import unit_param_counts, units_to_shard
-from gpukit.memory._planner import MemoryEstimate, estimate_memory, same_model
+from gpukit.memory._fit_planner import POLICIES, FitPlanner, example_batch_size
+from gpukit.memory._planner import MemoryEstimate, same_model
 from gpukit.memory._shard_plan import shard_estimate
 from gpukit.precision import fsdp_own_unit_layers
 
@@ -45,7 +45,6 @@ __all__ = ["FitOption", "FitPlanner", "FitResult", "fit", "example_batch_size", 
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
 CHECKPOINTING = ("none", "selective", "full")
 STRATEGIES = ("single", "ddp", "fsdp", "fsdp-offload", "pipeline")
-_POLICY = {"none": None, "selective": "selective", "full": True}
 _PIPELINE_IMBALANCE = 1.2
 
 
@@ -77,7 +76,7 @@ class FitOption:
             args.insert(0, f"devices={self.devices}")
         args.append(f"precision={self.precision!r}")
         if self.activation_checkpointing != "none":
-            policy = _POLICY[self.activation_checkpointing]
+            policy = POLICIES[self.activation_checkpointing]
             args.append(f"activation_checkpointing={policy!r}")
         if self.accumulate > 1:
             args.append(f"accumulate_grad_batches={self.accumulate}")
@@ -142,6 +141,7 @@ def fit(
     host_bytes_per_s: float = 20e9,
     micro_batch_overhead_s: float = 2e-3,
     planner: FitPlanner | None = None,
+    workers: int = 1,
 ) -> FitResult:
     """Rank the configurations whose planned peak fits ``memory`` per device by predicted step time.
 
@@ -162,6 +162,9 @@ def fit(
             model's constants (fp32 FLOP/s; 16-bit precisions run at twice it).
         planner: a :class:`FitPlanner` of this model and input from an earlier call: its plans
             are reused (ranking again for another budget or subset plans only what is new).
+        workers: processes that plan side by side (forked from this one; the figures are the
+            same). 1 plans here, one after another; ``gpukit plan --fit`` uses the CPUs it may
+            run on. Forking is skipped where it is unsafe (other threads running).
 
     Returns:
         A :class:`FitResult`; ``print`` it for the table and the ``Session(...)`` lines.
@@ -179,13 +182,20 @@ def fit(
     costs = _Costs(flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s, units)
     planner = _planner_for(planner, model, example_input, optimizer, device)
 
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigurationError(f"fit(workers={workers!r}): use an int >= 1 (1 plans in this process).")
+
     with same_model():  # one model, planned many times: its structure is found once
+        grid = [(precision, ckpt, strategy, n, per_device, micro) for precision in precisions for ckpt in policies
+                for strategy in chosen for n, per_device in _per_device(strategy, devices, batch)
+                for micro in _micro_batches(per_device)]
+        if workers > 1:  # the plans the first pass needs, side by side
+            planner.plan_all([k for p, c, _, _, _, m in grid for k in planner.interpolation_keys(p, c, m)], workers)
         # 1. every configuration, ranked by the step time predicted from interpolated plans (cheap)
         candidates = [
             _option(planner.interpolated(precision, ckpt, micro), precision, ckpt, strategy, n, micro,
                     per_device // micro, costs)
-            for precision in precisions for ckpt in policies for strategy in chosen
-            for n, per_device in _per_device(strategy, devices, batch) for micro in _micro_batches(per_device)
+            for precision, ckpt, strategy, n, per_device, micro in grid
         ]
         candidates.sort(key=lambda o: (o.step_s, o.peak_bytes))
         # 2. cheapest first, the ones near the budget planned exactly, until `top` of them fit
@@ -300,45 +310,6 @@ def _option(estimate: MemoryEstimate, precision: str, ckpt: str, strategy: str, 
     return FitOption(precision, ckpt, strategy, n, micro, accumulate, int(peak), step_s, exact)
 
 
-class FitPlanner:
-    """``estimate_memory`` at a micro-batch size: exact (cached), or interpolated linearly in the
-    batch from two exact plans (activations grow with the batch; the rest does not). One
-    planner given to several :func:`fit` calls plans each (precision, checkpointing, size) once."""
-
-    def __init__(self, model: torch.nn.Module, example_input: Any, optimizer: Any, device: str) -> None:
-        self.model, self.example, self.optimizer, self.device = model, example_input, optimizer, device
-        self._cache: dict[tuple[str, str, int], MemoryEstimate] = {}
-        self._full = example_batch_size(example_input)
-
-    @property
-    def plans(self) -> int:
-        """How many planner runs this planner made (each one traces a training step)."""
-        return len(self._cache)
-
-    def exact(self, precision: str, ckpt: str, micro: int) -> MemoryEstimate:
-        key = (precision, ckpt, micro)
-        if key not in self._cache:
-            self._cache[key] = estimate_memory(self.model, self.optimizer, _resized(self.example, micro),
-                                               precision=precision, device=self.device,
-                                               activation_checkpointing=_POLICY[ckpt])
-        return self._cache[key]
-
-    def interpolated(self, precision: str, ckpt: str, micro: int) -> MemoryEstimate:
-        big = max(1, self._full)
-        small = max(1, big // 4)
-        if micro in (big, small) or big == small:
-            return self.exact(precision, ckpt, micro)
-        a, b = self.exact(precision, ckpt, small), self.exact(precision, ckpt, big)
-        t = (micro - small) / (big - small)
-
-        def lerp(x: int, y: int) -> int:
-            return max(0, int(round(x + (y - x) * t)))
-
-        return replace(b, peak_bytes=lerp(a.peak_bytes, b.peak_bytes),
-                       activations_bytes=lerp(a.activations_bytes, b.activations_bytes),
-                       inputs_bytes=lerp(a.inputs_bytes, b.inputs_bytes), flops=lerp(a.flops, b.flops))
-
-
 def _micro_batches(per_device: int) -> list[int]:
     sizes, size = [], per_device
     while size >= 1:
@@ -367,18 +338,3 @@ def _has_blocks(model: torch.nn.Module) -> bool:
         return bool(checkpoint_targets(model, True))
     except ConfigurationError:
         return False
-
-
-def example_batch_size(example: Any) -> int:
-    """The batch size of an example input: dim 0 of its tensors, which must agree."""
-    sizes = {t.shape[0] for t in tree_leaves(example) if isinstance(t, torch.Tensor) and t.dim() > 0}
-    if len(sizes) != 1:
-        raise ConfigurationError(
-            f"fit(example_input=...): every input tensor needs the batch as dim 0 (got batch sizes {sorted(sizes)}); "
-            "pass global_batch= to say it.")
-    return sizes.pop()
-
-
-def _resized(example: Any, micro: int) -> Any:
-    return tree_map(lambda t: torch.empty((micro, *t.shape[1:]), dtype=t.dtype, device="meta")
-                    if isinstance(t, torch.Tensor) and t.dim() > 0 else t, example)
