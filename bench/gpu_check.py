@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-check: {len(plan)} part(s), budget {args.budget_s:.0f} s, results in {out}/", flush=True)
     for part in plan:
         print(f"  {part.name:<11} <= {part.limit_s:>3} s  {part.what}", flush=True)
-    cuda, why = _cuda_here(args.python)
+    cuda, why = (False, "dry run") if args.dry_run else _cuda_here(args.python)  # a dry run runs either way
     if not cuda and not args.dry_run:
         print(f"no CUDA GPU: nothing to check ({why}). The plan above runs where a GPU is lent; "
               "`--dry-run` runs it on the CPU with tiny sizes.", flush=True)

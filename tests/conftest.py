@@ -1,10 +1,14 @@
-"""Shared test set-up: GPU markers that skip cleanly on CPU-only machines; one process per
-SLURM cluster and a script-like ``__main__`` under ``pytest -n``."""
+"""Shared test set-up: GPU markers that skip cleanly on CPU-only machines; under ``pytest -n``,
+one process per SLURM cluster and per module whose tests share a set-up, and a script-like
+``__main__``."""
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +29,31 @@ _main_is_a_file_under_xdist()
 # (make test) each test process would start a cluster of its own on the same ports, so they all
 # go to one process. (xdist's own `--dist loadgroup` marks do not group with pytest >= 9.2.)
 _ONE_CLUSTER = ("tests/cluster/test_slurm_cluster.py", "tests/cluster/test_slurm_trials.py")
+_SHARED_SCOPES = ("module", "class", "package")
+
+
+@functools.lru_cache(maxsize=None)
+def _builds_once(path: Path) -> bool:
+    """Whether the test module at ``path`` has something its tests share: a module-, class- or
+    package-scoped fixture, or ``pytest.mark.one_worker`` (what it builds once is not a fixture)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "one_worker":
+            return True
+        if isinstance(node, ast.Call) and any(
+                kw.arg == "scope" and isinstance(kw.value, ast.Constant) and kw.value.value in _SHARED_SCOPES
+                for kw in node.keywords):
+            return True
+    return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "one_worker: (module-level) under pytest -n, every test of the module runs in one process: "
+        "they share what the module builds once outside a fixture (module-scoped fixtures need no mark)")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -32,10 +61,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadScopeScheduling
 
     class OneClusterScheduling(LoadScopeScheduling):
-        """Every test its own unit of work, except the SLURM tests: one unit, one process."""
+        """Every test its own unit of work, except: the SLURM tests, one unit, started first (the
+        longest unit: the other process fills the time around it); and a module whose tests share
+        a module-scoped fixture (or a module-level cache), one unit, so it is built once, not once
+        in each process that happens to run one of its tests."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return "slurm" if nodeid.startswith(_ONE_CLUSTER) else nodeid
+            if nodeid.startswith(_ONE_CLUSTER):
+                return "slurm"
+            module = nodeid.split("::", 1)[0]
+            return module if _builds_once(Path(self.config.rootpath, module)) else nodeid
+
+        def _assign_work_unit(self, node: object) -> None:
+            if "slurm" in self.workqueue:  # first, whatever the number of tests in other units
+                self.workqueue.move_to_end("slurm", last=False)
+            super()._assign_work_unit(node)
 
     return OneClusterScheduling(config, log)
 

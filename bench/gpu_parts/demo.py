@@ -17,7 +17,8 @@ def api() -> None:
     from gpukit.demo import DemoConfig, run_demo
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-demo-") as out:
-        result = run_demo(DemoConfig(epochs=1 if DRY else 5, out_dir=out, record=True), cpu=DRY)
+        sizes = {"epochs": 1, "batch_size": 256} if DRY else {"epochs": 5}  # dry: one epoch in 6 steps
+        result = run_demo(DemoConfig(**sizes, out_dir=out, record=True), cpu=DRY)
     bf16 = not DRY and torch.cuda.is_bf16_supported()
     expected = "bf16-mixed" if bf16 else None
     emit("device", "ok" if DRY or result.device.startswith("cuda") else "fail", detail=f"{result.device}, {result.strategy}")

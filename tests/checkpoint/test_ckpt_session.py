@@ -104,13 +104,22 @@ def _ddp_job(directory: str, stop_at: int | None, resume: bool, kill: bool, back
     return _train(session, directory, stop_at=stop_at, resume=resume, kill=kill, background=background)
 
 
+@pytest.fixture(scope="module")
+def ddp_straight(tmp_path_factory: pytest.TempPathFactory) -> list:
+    """Each rank's result of the 2-process DDP job trained uninterrupted (one launch for both tests)."""
+    from gpukit.launch import launch_function
+
+    directory = tmp_path_factory.mktemp("ddp-straight")
+    return launch_function(_ddp_job, (str(directory), None, False, False), nproc=2, cpu=True, echo=None)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("background", [False, True])
-def test_two_process_ddp_resume_after_sigkill_is_bit_identical(tmp_path, background: bool) -> None:
+def test_two_process_ddp_resume_after_sigkill_is_bit_identical(tmp_path, ddp_straight: list, background: bool) -> None:
     """With ``background``, both ranks train two more steps while the save writes, then die."""
     from gpukit.launch import launch_function
 
-    straight = launch_function(_ddp_job, (str(tmp_path / "a"), None, False, False), nproc=2, cpu=True, echo=None)
+    straight = ddp_straight
     with pytest.raises(LaunchError):
         launch_function(_ddp_job, (str(tmp_path / "b"), STOP_AT, False, True, background), nproc=2, cpu=True,
                         echo=None)

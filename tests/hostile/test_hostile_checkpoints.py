@@ -18,6 +18,10 @@ import pytest
 from _probe import SAFE, execute
 from corpus_checkpoints import PROBES
 
+# The DDP and FSDP templates are built once per process (corpus_checkpoints._template): under
+# pytest -n this module's probes stay in one process, so each is built once, not once per process.
+pytestmark = pytest.mark.one_worker
+
 QUICK = {"metadata-pickle-single-inspect", "metadata-pickle-single-convert", "metadata-pickle-single-resume",
          "state-pickle-resume", "one-byte-inspect", "one-byte-load", "marker-fifo-resume",
          "step-symlink-loop-resume", "safetensors-overlap-inspect", "marker-world-size-text-resume",
