@@ -22,12 +22,21 @@ sys.path.insert(0, str(Path(__file__).parent))
 from planner_models import MODELS, Transformer  # noqa: E402
 
 
+@pytest.fixture
+def fork_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fork even if other tests of this process left threads behind (``can_fork`` refuses then:
+    tested below on its own); these children only build a dataclass and write JSON."""
+    import gpukit.memory._plan_workers as workers
+
+    monkeypatch.setattr(workers, "can_fork", lambda: hasattr(os, "fork"))
+
+
 def _estimate(key: int) -> MemoryEstimate:
     """A figure that says which process made it (``device`` holds the pid)."""
     return MemoryEstimate(key, 0, 0, 0, 0, 0, 0, "32-true", str(os.getpid()), notes=(f"key {key}",))
 
 
-def test_children_plan_a_share_and_the_figures_come_back_whole() -> None:
+def test_children_plan_a_share_and_the_figures_come_back_whole(fork_here: None) -> None:
     done = plan_all(list(range(9)), _estimate, workers=3)
     assert list(done) == list(range(9))
     assert [e.peak_bytes for e in done.values()] == list(range(9))
@@ -36,7 +45,7 @@ def test_children_plan_a_share_and_the_figures_come_back_whole() -> None:
     assert str(os.getpid()) in pids and len(pids) == 3  # this process and two children
 
 
-def test_an_error_is_raised_here_in_order_and_a_childs_failure_planned_again() -> None:
+def test_an_error_is_raised_here_in_order_and_a_childs_failure_planned_again(fork_here: None) -> None:
     parent = os.getpid()
 
     def flaky_in_children(key: int) -> MemoryEstimate:
@@ -57,7 +66,7 @@ def test_an_error_is_raised_here_in_order_and_a_childs_failure_planned_again() -
         plan_all(list(range(8)), broken, workers=2)
 
 
-def test_a_child_that_dies_is_planned_again_here() -> None:
+def test_a_child_that_dies_is_planned_again_here(fork_here: None) -> None:
     parent = os.getpid()
 
     def dies_in_child(key: int) -> MemoryEstimate:
@@ -82,7 +91,7 @@ def test_no_fork_while_other_threads_run() -> None:
     assert {e.device for e in done.values()} == {str(os.getpid())}
 
 
-def test_an_interrupt_here_ends_the_children() -> None:
+def test_an_interrupt_here_ends_the_children(fork_here: None) -> None:
     parent = os.getpid()
     read_end, write_end = os.pipe()
 

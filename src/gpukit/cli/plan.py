@@ -269,8 +269,7 @@ def _print_fit(model: object, batch: object, budget: int, devices: int, optimize
     """``gpukit plan --fit``: the ranked configurations (``gpukit.memory.fit``), or what is missing."""
     from dataclasses import asdict
 
-    from gpukit.memory import fit
-    from gpukit.memory._plan_workers import available_workers
+    from gpukit.memory import available_workers, fit
 
     result = fit(model, batch, memory=budget, devices=devices, optimizer=optimizer, device=device,  # type: ignore[arg-type]
                  workers=jobs or available_workers())

@@ -47,6 +47,7 @@ from gpukit.memory._live import live_tensor_bytes
 from gpukit.memory._fit import PRECISIONS as FIT_PRECISIONS
 from gpukit.memory._fit import FitOption, FitResult, fit
 from gpukit.memory._fit_planner import FitPlanner, example_batch_size
+from gpukit.memory._plan_workers import available_workers
 from gpukit.memory._measure import measure_peak_memory
 from gpukit.memory._measure_cpu import MeasuredMemory, measure_step_memory
 from gpukit.memory._planner import MemoryEstimate, estimate_memory
@@ -92,6 +93,7 @@ __all__ = [
     "FitResult",
     "FitOption",
     "FitPlanner",
+    "available_workers",
     "free_memory",
     "write_oom_snapshot",
     "oom_postmortem",
