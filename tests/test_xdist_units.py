@@ -85,7 +85,7 @@ def test_the_slurm_unit_starts_first_and_a_module_that_builds_once_stays_in_one_
     log = tmp_path / "units.log"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", "tests"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "UNITS_LOG": str(log)},
+        cwd=tmp_path, capture_output=True, text=True, timeout=280, env={**os.environ, "UNITS_LOG": str(log)},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     rows = [line.split() for line in log.read_text().splitlines()]
