@@ -61,11 +61,11 @@ class FitPlanner:
         return [(precision, ckpt, small), (precision, ckpt, big)]
 
     def interpolated(self, precision: str, ckpt: str, micro: int) -> MemoryEstimate:
-        big = max(1, self._full)
-        small = max(1, big // 4)
-        if micro in (big, small) or big == small:
-            return self.exact(precision, ckpt, micro)
-        a, b = self.exact(precision, ckpt, small), self.exact(precision, ckpt, big)
+        keys = self.interpolation_keys(precision, ckpt, micro)
+        if len(keys) == 1:
+            return self.exact(*keys[0])
+        (_, _, small), (_, _, big) = keys
+        a, b = self.exact(*keys[0]), self.exact(*keys[1])
         t = (micro - small) / (big - small)
 
         def lerp(x: int, y: int) -> int:

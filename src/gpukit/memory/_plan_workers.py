@@ -26,6 +26,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict
 from typing import TypeVar
 
+from gpukit._util.cpu import MAX_AUTO_WORKERS, usable_cpu_count
 from gpukit.memory._planner import MemoryEstimate
 
 __all__ = ["available_workers", "can_fork", "plan_all"]
@@ -33,13 +34,9 @@ __all__ = ["available_workers", "can_fork", "plan_all"]
 Key = TypeVar("Key", bound=Hashable)
 
 
-def available_workers(cap: int = 8) -> int:
+def available_workers(cap: int = MAX_AUTO_WORKERS) -> int:
     """The CPUs this process may run on (its affinity), at most ``cap``."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        count = os.cpu_count() or 1
-    return max(1, min(cap, count))
+    return max(1, min(cap, usable_cpu_count()))
 
 
 def can_fork() -> bool:
