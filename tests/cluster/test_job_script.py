@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from launch_helpers import MARKER_ENV, assert_none_survive, catches, poll
+from launch_helpers import MARKER_ENV, assert_none_survive, catches, poll, processes_with_marker
 from slurm_helpers import EXAMPLE_JOB, SRC, TRAIN, job_script
 
 pytestmark = pytest.mark.slow
@@ -62,6 +62,33 @@ def test_example_job_script_is_bash_and_holds_the_warning() -> None:
     text = EXAMPLE_JOB.read_text()
     assert "#SBATCH --signal=B:USR2@90" in text and "#SBATCH --requeue" in text
     assert "trap " in text and "srun gpukit run train.py & pid=$!" in text
+
+
+# A warning that lands right at srun's start, made certain by the job sending it to itself: before
+# the fork (the script passes it on once srun's pid is known) and just after it (the trap passes it
+# on at once). For a moment after `&` the child is still a copy of the shell, which drops a signal
+# (bash 5.2 dropped 291 of 300 sent right after `&`); so repeated, and the step is a `sleep 600`
+# that only the warning ends (SIGUSR2 kills it: the script requeues).
+AT_SRUN_START = {"before the fork": "kill -USR2 $$; srun sleep 600",
+                 "after the fork": "srun sleep 600 & pid=$!; kill -USR2 $$ #"}
+
+
+@pytest.mark.parametrize("moment", list(AT_SRUN_START))
+def test_a_warning_at_sruns_start_reaches_it(tmp_path: Path, moment: str) -> None:
+    for trial in range(5):
+        job = tmp_path / str(trial)
+        job.mkdir()
+        proc, env = _start_job(job, AT_SRUN_START[moment])
+        try:
+            output = proc.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            for left in processes_with_marker(env[MARKER_ENV]):
+                left.kill()
+            proc.communicate()
+            pytest.fail(f"trial {trial}: srun still ran 30 s after a warning {moment}: the signal was lost")
+        assert proc.returncode == 128 + signal.SIGUSR2 and FALLBACK in output, (trial, proc.returncode, output)
+        assert (job / "requeues").read_text().splitlines() == ["requeue 77"], (trial, output)
+        assert_none_survive(env[MARKER_ENV])
 
 
 @pytest.mark.parametrize("delay_ms", [0, 10, 50, 100, 200])
