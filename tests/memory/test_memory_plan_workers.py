@@ -45,6 +45,14 @@ def test_children_plan_a_share_and_the_figures_come_back_whole(fork_here: None) 
     assert str(os.getpid()) in pids and len(pids) == 3  # this process and two children
 
 
+def test_a_warm_process_forks_at_once_even_for_two_plans(fork_here: None) -> None:
+    cold = plan_all([0, 1], _estimate, workers=2)  # the first plan loads what the children inherit
+    assert {e.device for e in cold.values()} == {str(os.getpid())}
+    warm = plan_all([0, 1], _estimate, workers=2, warm=True)
+    assert [e.peak_bytes for e in warm.values()] == [0, 1]
+    assert len({e.device for e in warm.values()}) == 2  # one here, one in a child
+
+
 def test_an_error_is_raised_here_in_order_and_a_childs_failure_planned_again(fork_here: None) -> None:
     parent = os.getpid()
 

@@ -5,22 +5,9 @@ selective, full; only where the model has blocks) x strategy (single, DDP, FSDP,
 CPU offload, pipeline; the multi-device ones with ``devices > 1``) x micro-batch size (the
 global batch per device, halved while it divides, with gradient accumulation making up the
 global batch). Memory per device comes from :func:`estimate_memory` (and
-:func:`shard_estimate` for FSDP); step time from the cost model below. The top candidates are
-planned again at their exact micro-batch, so what is printed is what the planner predicts.
-
-Cost model (seconds per optimizer step; documented, simple, overridable):
-
-* compute: the planner's counted FLOPs of forward+backward (checkpointing's recompute
-  included: ~+1/3 of the forward for full) / ``flops_per_s`` (x2 for 16-bit precisions, the
-  tensor-core rate), per micro-batch, plus ``micro_batch_overhead_s`` per micro-batch;
-* DDP: one all-reduce of the gradients per step, 2(N-1)/N x gradient bytes / ``link_bytes_per_s``;
-* FSDP: per micro-batch two all-gathers of the parameters (forward, backward) and a
-  reduce-scatter of the gradients, (N-1)/N x bytes each;
-* CPU offload: FSDP's traffic plus the shard's parameters and gradients over
-  ``host_bytes_per_s`` per micro-batch and the optimizer step on the host
-  (state + parameters + gradients over ``host_bytes_per_s``);
-* pipeline over N stages with 4N micro-batches (GPipe): compute x (4N + N - 1) / (4N) / N.
-  Per-stage memory is modelled as the single-device plan / N x 1.2 (balance is never perfect).
+:func:`shard_estimate` for FSDP); step time from the cost model in ``_fit_costs.py``. The
+search (``_fit_search.py``) ranks every candidate by predicted step time from a few plans and
+then plans the cheapest ones exactly, so what is printed is what the planner predicts.
 """
 
 from __future__ import annotations
@@ -35,9 +22,10 @@ from gpukit._util.units import format_bytes, parse_size
 from gpukit.errors import ConfigurationError
 from gpukit.memory._activation import checkpoint_targets
 from gpukit.memory._blocks import unit_param_counts, units_to_shard
-from gpukit.memory._fit_planner import POLICIES, FitPlanner, example_batch_size
-from gpukit.memory._planner import MemoryEstimate, same_model
-from gpukit.memory._shard_plan import shard_estimate
+from gpukit.memory._fit_costs import Costs, FitOption
+from gpukit.memory._fit_planner import FitPlanner, example_batch_size
+from gpukit.memory._fit_search import Candidate, search
+from gpukit.memory._planner import same_model
 from gpukit.precision import fsdp_own_unit_layers
 
 __all__ = ["FitOption", "FitPlanner", "FitResult", "fit", "example_batch_size", "PRECISIONS", "STRATEGIES"]
@@ -45,48 +33,6 @@ __all__ = ["FitOption", "FitPlanner", "FitResult", "fit", "example_batch_size", 
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
 CHECKPOINTING = ("none", "selective", "full")
 STRATEGIES = ("single", "ddp", "fsdp", "fsdp-offload", "pipeline")
-_PIPELINE_IMBALANCE = 1.2
-
-
-@dataclass(frozen=True)
-class FitOption:
-    """One configuration: where it runs, its planned peak per device and predicted step time."""
-
-    precision: str
-    activation_checkpointing: str
-    strategy: str
-    devices: int
-    micro_batch: int
-    accumulate: int
-    peak_bytes: int
-    step_s: float
-    exact: bool = False  # planned at this micro-batch (not interpolated)
-
-    def session_line(self) -> str:
-        """The ``Session(...)`` that runs this configuration."""
-        args = []
-        if self.strategy == "pipeline":
-            args.append(f"strategy=gpukit.strategies.PipelineStrategy(list(range({self.devices})), "
-                        f"chunks={4 * self.devices})")
-        elif self.strategy == "fsdp-offload":
-            args.append("strategy=gpukit.strategies.FSDPStrategy(cpu_offload=True)")
-        elif self.strategy != "single":
-            args.append(f"strategy={self.strategy!r}")
-        if self.devices > 1 and self.strategy != "pipeline":
-            args.insert(0, f"devices={self.devices}")
-        args.append(f"precision={self.precision!r}")
-        if self.activation_checkpointing != "none":
-            policy = POLICIES[self.activation_checkpointing]
-            args.append(f"activation_checkpointing={policy!r}")
-        if self.accumulate > 1:
-            args.append(f"accumulate_grad_batches={self.accumulate}")
-        return f"Session({', '.join(args)})"
-
-    def describe(self) -> str:
-        where = self.strategy if self.devices == 1 else f"{self.strategy} x{self.devices}"
-        return (f"{self.precision:<10} ckpt {self.activation_checkpointing:<9} {where:<16} "
-                f"micro-batch {self.micro_batch:>5} x{self.accumulate:<3} {format_bytes(self.peak_bytes):>11}/device "
-                f"~{self.step_s * 1e3:9.1f} ms/step")
 
 
 @dataclass(frozen=True)
@@ -179,45 +125,18 @@ def fit(
     policies = _policies(model, precisions, checkpointing, notes)
     # FSDP's units as the Session would make them: norm layers of their own under some precisions
     units = {p: unit_param_counts(model, units_to_shard(model, always=fsdp_own_unit_layers(p))) for p in precisions}
-    costs = _Costs(flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s, units)
+    costs = Costs(flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s, units)
     planner = _planner_for(planner, model, example_input, optimizer, device)
 
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigurationError(f"fit(workers={workers!r}): use an int >= 1 (1 plans in this process).")
 
     with same_model():  # one model, planned many times: its structure is found once
-        grid = [(precision, ckpt, strategy, n, per_device, micro) for precision in precisions for ckpt in policies
-                for strategy in chosen for n, per_device in _per_device(strategy, devices, batch)
+        grid = [Candidate(precision, ckpt, strategy, n, per_device, micro) for precision in precisions
+                for ckpt in policies for strategy in chosen for n, per_device in _per_device(strategy, devices, batch)
                 for micro in _micro_batches(per_device)]
-        if workers > 1:  # the plans the first pass needs, side by side
-            planner.plan_all([k for p, c, _, _, _, m in grid for k in planner.interpolation_keys(p, c, m)], workers)
-        # 1. every configuration, ranked by the step time predicted from interpolated plans (cheap)
-        candidates = [
-            _option(planner.interpolated(precision, ckpt, micro), precision, ckpt, strategy, n, micro,
-                    per_device // micro, costs)
-            for precision, ckpt, strategy, n, per_device, micro in grid
-        ]
-        candidates.sort(key=lambda o: (o.step_s, o.peak_bytes))
-        # 2. cheapest first, the ones near the budget planned exactly, until `top` of them fit
-        fitting: list[FitOption] = []
-        rejected: FitOption | None = None
-        for option in candidates:
-            if option.peak_bytes > budget * 1.25:
-                rejected = rejected or option
-                continue
-            exact = _exactly(option, planner, costs)
-            if exact.peak_bytes <= budget:
-                fitting.append(exact)
-                if len(fitting) >= top:
-                    break
-            elif not fitting:
-                rejected = rejected or exact
-        if fitting:
-            return FitResult(budget, batch, tuple(fitting), None, tuple(notes), rejected)
-        # 3. none fits: the one of least memory, planned exactly, says how far off the budget is
-        closest = min(candidates, key=lambda o: o.peak_bytes, default=None)
-        exact_closest = None if closest is None else _exactly(closest, planner, costs)
-        return FitResult(budget, batch, (), exact_closest, tuple(notes), None)
+        found = search(grid, planner, costs, budget, top, workers)
+    return FitResult(budget, batch, found.fitting, found.closest, tuple(notes), found.rejected)
 
 
 def _global_batch(devices: Any, global_batch: Any, example_input: Any) -> int:
@@ -260,54 +179,6 @@ def _per_device(strategy: str, devices: int, batch: int) -> list[tuple[int, int]
     if strategy in ("single", "pipeline"):
         return [(n, batch)]  # one model replica sees the whole batch
     return [(n, batch // n)] if batch % n == 0 and batch >= n else []
-
-
-def _exactly(option: FitOption, planner: FitPlanner, costs: _Costs) -> FitOption:
-    """``option`` again from the exact plan of its micro-batch (it was from an interpolated one)."""
-    estimate = planner.exact(option.precision, option.activation_checkpointing, option.micro_batch)
-    return _option(estimate, option.precision, option.activation_checkpointing, option.strategy, option.devices,
-                   option.micro_batch, option.accumulate, costs, exact=True)
-
-
-@dataclass
-class _Costs:
-    """The cost model's constants, and FSDP's unit sizes per precision (what a rank gathers)."""
-
-    flops_per_s: float
-    link_bytes_per_s: float
-    host_bytes_per_s: float
-    micro_batch_overhead_s: float
-    units: dict[str, list[int]]
-
-
-def _option(estimate: MemoryEstimate, precision: str, ckpt: str, strategy: str, n: int, micro: int,
-            accumulate: int, costs: _Costs, exact: bool = False) -> FitOption:
-    rate = costs.flops_per_s * (1 if precision == "32-true" else 2)
-    compute_s = accumulate * (estimate.flops / rate + costs.micro_batch_overhead_s)
-    share = (n - 1) / n if n > 1 else 0.0
-    grads, params = estimate.gradients_bytes, estimate.parameters_bytes
-    gathered = params / 2 if precision == "bf16-mixed" else params  # FSDP gathers in the compute dtype
-    peak = estimate.peak_bytes
-    if strategy == "single":
-        step_s = compute_s
-    elif strategy == "ddp":
-        peak += grads  # DDP's gradient buckets
-        step_s = compute_s + 2 * share * grads / costs.link_bytes_per_s
-    elif strategy in ("fsdp", "fsdp-offload"):
-        sharded = shard_estimate(estimate, n, costs.units[precision])
-        peak = sharded.peak_bytes
-        comm = accumulate * share * (2 * gathered + grads) / costs.link_bytes_per_s
-        step_s = compute_s + comm
-        if strategy == "fsdp-offload":
-            peak -= sharded.parameters_bytes + sharded.gradients_bytes + sharded.optimizer_state_bytes
-            host = sharded.parameters_bytes + sharded.gradients_bytes
-            step_s += accumulate * host / costs.host_bytes_per_s
-            step_s += (sharded.optimizer_state_bytes + host) / costs.host_bytes_per_s
-    else:  # pipeline: GPipe with 4n micro-batches per batch
-        chunks = 4 * n
-        peak = int(peak / n * _PIPELINE_IMBALANCE)
-        step_s = compute_s * (chunks + n - 1) / chunks / n
-    return FitOption(precision, ckpt, strategy, n, micro, accumulate, int(peak), step_s, exact)
 
 
 def _micro_batches(per_device: int) -> list[int]:

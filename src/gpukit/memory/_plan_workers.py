@@ -1,8 +1,9 @@
-"""Plans made side by side in forked copies of this process: ``fit``'s first pass on several cores.
+"""Plans made side by side in forked copies of this process: ``fit``'s plans on several cores.
 
-``fit`` needs about 19 plans of one model before it can rank anything (3 precisions x 3
-checkpointing policies x 2 micro-batch sizes), each a simulated training step that only uses
-one core. :func:`plan_all` shares them out among ``workers`` processes forked from this one --
+``fit`` ranks from a few probe plans of one model (one per checkpointing policy, and one per
+precision where devices exchange bytes), then plans the cheapest configurations, and with
+``workers > 1`` the next ones ahead; each plan is a simulated training step that only uses one
+core. :func:`plan_all` shares them out among ``workers`` processes forked from this one --
 the model, the imported torch and everything the planner found of the model's structure are
 there already, copy-on-write -- and this process plans its own share meanwhile. A child sends
 back only the figures (JSON over a pipe: nothing is unpickled). Whatever a child could not
@@ -44,18 +45,20 @@ def can_fork() -> bool:
     return hasattr(os, "fork") and threading.active_count() == 1
 
 
-def plan_all(keys: Sequence[Key], plan: Callable[[Key], MemoryEstimate], workers: int) -> dict[Key, MemoryEstimate]:
+def plan_all(keys: Sequence[Key], plan: Callable[[Key], MemoryEstimate], workers: int,
+             warm: bool = False) -> dict[Key, MemoryEstimate]:
     """``{key: plan(key)}`` for the ``keys`` the children planned, the rest planned here.
 
+    ``warm``: this process has planned before, so the children may start at once; otherwise the
+    first plan is made here before forking (what it loads and learns once per process -- torch's
+    compiler stack, the optimizer variant that runs on fake tensors -- the children inherit).
     Exceptions of ``plan`` propagate as from a plain loop over ``keys`` in order.
     """
     keys = list(dict.fromkeys(keys))
-    if workers <= 1 or len(keys) <= 2 or not can_fork():
+    if workers <= 1 or len(keys) < (2 if warm else 3) or not can_fork():
         return {key: plan(key) for key in keys}
-    # the first plan here, before forking: what it loads and learns once per process (torch's
-    # compiler stack, the optimizer variant that runs on fake tensors) the children inherit
-    done: dict[Key, MemoryEstimate] = {keys[0]: plan(keys[0])}
-    rest = keys[1:]
+    done: dict[Key, MemoryEstimate] = {} if warm else {keys[0]: plan(keys[0])}
+    rest = keys[len(done):]
     shares = min(workers, len(rest))
     groups = [rest[i::shares] for i in range(shares)]
     gc.freeze()  # the children's garbage collector leaves the inherited objects alone (no copy-on-write)

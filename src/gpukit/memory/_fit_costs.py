@@ -1,0 +1,111 @@
+"""What one ``fit`` configuration costs: its peak per device and predicted step time, from a plan.
+
+Cost model (seconds per optimizer step; documented, simple, overridable):
+
+* compute: the planner's counted FLOPs of forward+backward (checkpointing's recompute
+  included: ~+1/3 of the forward for full) / ``flops_per_s`` (x2 for 16-bit precisions, the
+  tensor-core rate), per micro-batch, plus ``micro_batch_overhead_s`` per micro-batch;
+* DDP: one all-reduce of the gradients per step, 2(N-1)/N x gradient bytes / ``link_bytes_per_s``;
+* FSDP: per micro-batch two all-gathers of the parameters (forward, backward) and a
+  reduce-scatter of the gradients, (N-1)/N x bytes each;
+* CPU offload: FSDP's traffic plus the shard's parameters and gradients over
+  ``host_bytes_per_s`` per micro-batch and the optimizer step on the host
+  (state + parameters + gradients over ``host_bytes_per_s``);
+* pipeline over N stages with 4N micro-batches (GPipe): compute x (4N + N - 1) / (4N) / N.
+  Per-stage memory is modelled as the single-device plan / N x 1.2 (balance is never perfect).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpukit._util.units import format_bytes
+from gpukit.memory._fit_planner import POLICIES
+from gpukit.memory._planner import MemoryEstimate
+from gpukit.memory._shard_plan import shard_estimate
+
+__all__ = ["Costs", "FitOption", "option_for"]
+
+_PIPELINE_IMBALANCE = 1.2
+
+
+@dataclass(frozen=True)
+class FitOption:
+    """One configuration: where it runs, its planned peak per device and predicted step time."""
+
+    precision: str
+    activation_checkpointing: str
+    strategy: str
+    devices: int
+    micro_batch: int
+    accumulate: int
+    peak_bytes: int
+    step_s: float
+    exact: bool = False  # from the plan of this very micro-batch (what fit returns always is)
+
+    def session_line(self) -> str:
+        """The ``Session(...)`` that runs this configuration."""
+        args = []
+        if self.strategy == "pipeline":
+            args.append(f"strategy=gpukit.strategies.PipelineStrategy(list(range({self.devices})), "
+                        f"chunks={4 * self.devices})")
+        elif self.strategy == "fsdp-offload":
+            args.append("strategy=gpukit.strategies.FSDPStrategy(cpu_offload=True)")
+        elif self.strategy != "single":
+            args.append(f"strategy={self.strategy!r}")
+        if self.devices > 1 and self.strategy != "pipeline":
+            args.insert(0, f"devices={self.devices}")
+        args.append(f"precision={self.precision!r}")
+        if self.activation_checkpointing != "none":
+            policy = POLICIES[self.activation_checkpointing]
+            args.append(f"activation_checkpointing={policy!r}")
+        if self.accumulate > 1:
+            args.append(f"accumulate_grad_batches={self.accumulate}")
+        return f"Session({', '.join(args)})"
+
+    def describe(self) -> str:
+        where = self.strategy if self.devices == 1 else f"{self.strategy} x{self.devices}"
+        return (f"{self.precision:<10} ckpt {self.activation_checkpointing:<9} {where:<16} "
+                f"micro-batch {self.micro_batch:>5} x{self.accumulate:<3} {format_bytes(self.peak_bytes):>11}/device "
+                f"~{self.step_s * 1e3:9.1f} ms/step")
+
+
+@dataclass
+class Costs:
+    """The cost model's constants, and FSDP's unit sizes per precision (what a rank gathers)."""
+
+    flops_per_s: float
+    link_bytes_per_s: float
+    host_bytes_per_s: float
+    micro_batch_overhead_s: float
+    units: dict[str, list[int]]
+
+
+def option_for(estimate: MemoryEstimate, precision: str, ckpt: str, strategy: str, n: int, micro: int,
+            accumulate: int, costs: Costs, exact: bool = False) -> FitOption:
+    rate = costs.flops_per_s * (1 if precision == "32-true" else 2)
+    compute_s = accumulate * (estimate.flops / rate + costs.micro_batch_overhead_s)
+    share = (n - 1) / n if n > 1 else 0.0
+    grads, params = estimate.gradients_bytes, estimate.parameters_bytes
+    gathered = params / 2 if precision == "bf16-mixed" else params  # FSDP gathers in the compute dtype
+    peak = estimate.peak_bytes
+    if strategy == "single":
+        step_s = compute_s
+    elif strategy == "ddp":
+        peak += grads  # DDP's gradient buckets
+        step_s = compute_s + 2 * share * grads / costs.link_bytes_per_s
+    elif strategy in ("fsdp", "fsdp-offload"):
+        sharded = shard_estimate(estimate, n, costs.units[precision])
+        peak = sharded.peak_bytes
+        comm = accumulate * share * (2 * gathered + grads) / costs.link_bytes_per_s
+        step_s = compute_s + comm
+        if strategy == "fsdp-offload":
+            peak -= sharded.parameters_bytes + sharded.gradients_bytes + sharded.optimizer_state_bytes
+            host = sharded.parameters_bytes + sharded.gradients_bytes
+            step_s += accumulate * host / costs.host_bytes_per_s
+            step_s += (sharded.optimizer_state_bytes + host) / costs.host_bytes_per_s
+    else:  # pipeline: GPipe with 4n micro-batches per batch
+        chunks = 4 * n
+        peak = int(peak / n * _PIPELINE_IMBALANCE)
+        step_s = compute_s * (chunks + n - 1) / chunks / n
+    return FitOption(precision, ckpt, strategy, n, micro, accumulate, int(peak), step_s, exact)

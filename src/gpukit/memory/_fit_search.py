@@ -1,0 +1,178 @@
+"""``fit``'s search: the cheapest configurations that fit, planning as few training steps as it can.
+
+A plan (a simulated training step) costs a good part of a second of CPU for a deep model, so the
+search plans only what it must:
+
+1. **Ranking needs no plan per configuration.** A step's predicted time depends on its FLOPs
+   and on the bytes it moves (parameters, gradients, optimizer state), not on its peak. The
+   FLOPs of forward+backward grow with the micro-batch (the compute is per sample) and are the
+   same in every precision (the same matmuls), so one plan per checkpointing policy gives every
+   configuration's compute. The bytes are the same at every micro-batch and checkpointing policy,
+   so one plan per precision gives them; they are needed only where devices talk (DDP, FSDP).
+   Every configuration is ranked by the step time predicted from these few *probe* plans.
+2. **Cheapest first, each planned exactly** at its own micro-batch, until ``top`` fit. Equal
+   predicted times (bf16-true and bf16-mixed compute alike) are planned together and taken in
+   the order of their peaks. With ``workers > 1`` the next configurations are planned beside
+   them while a worker would be idle.
+3. **A family that cannot fit is dropped unplanned.** When a configuration does not fit, the
+   smallest micro-batch of its family (same precision, checkpointing, strategy and devices) is
+   planned: if even that does not fit, no size of the family will (the peak grows with the
+   micro-batch), and its other sizes are skipped.
+
+So a roomy budget costs the probes and the handful of plans printed (7 of them for a 48-layer
+transformer on one device, where planning every precision x checkpointing twice took 19), and a
+budget nothing fits costs about two plans per family. What is returned is planned exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from gpukit.memory._fit_costs import Costs, FitOption, option_for
+from gpukit.memory._fit_planner import FitPlanner
+from gpukit.memory._planner import MemoryEstimate
+
+__all__ = ["Candidate", "Found", "search"]
+
+#: which precision's plans the probes use when several are ranked: the one the cheapest
+#: configurations usually have, so that its probes are plans the search needs anyway
+_PROBE_PREFERENCE = ("bf16-true", "bf16-mixed", "32-true")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration before it is planned."""
+
+    precision: str
+    ckpt: str
+    strategy: str
+    devices: int
+    per_device: int  # samples per device per optimizer step
+    micro: int
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """The plan it needs (what :class:`FitPlanner` caches)."""
+        return (self.precision, self.ckpt, self.micro)
+
+    @property
+    def family(self) -> tuple[str, str, str, int]:
+        return (self.precision, self.ckpt, self.strategy, self.devices)
+
+    @property
+    def smallest(self) -> Candidate:
+        """Its family's smallest micro-batch (the per-device batch halved while it divides)."""
+        micro = self.per_device
+        while micro % 2 == 0:
+            micro //= 2
+        return replace(self, micro=micro)
+
+
+@dataclass(frozen=True)
+class Found:
+    """What the search found: the configurations that fit (cheapest first), the cheapest one
+    left out for memory before them, and, when none fits, the one of least memory."""
+
+    fitting: tuple[FitOption, ...]
+    rejected: FitOption | None
+    closest: FitOption | None
+
+
+def search(grid: Sequence[Candidate], planner: FitPlanner, costs: Costs, budget: int, top: int,
+           workers: int) -> Found:
+    """The ``top`` cheapest configurations of ``grid`` whose exact plan fits ``budget``."""
+    ranked = _ranked(grid, planner, costs, workers)
+    fitting: list[FitOption] = []
+    rejected: FitOption | None = None
+    dead: set[tuple[str, str, str, int]] = set()
+    start = 0
+    while start < len(ranked) and len(fitting) < top:
+        step = ranked[start][0]
+        end = start
+        while end < len(ranked) and ranked[end][0] == step:
+            end += 1
+        group = [c for _, c in ranked[start:end] if c.family not in dead]
+        if workers > 1:
+            _plan_ahead(group, [c for _, c in ranked[end:]], dead, planner, workers)
+        for option, candidate in sorted(((_exact(c, planner, costs), c) for c in group),
+                                        key=lambda pair: pair[0].peak_bytes):
+            if option.peak_bytes <= budget:
+                fitting.append(option)
+                if len(fitting) >= top:
+                    break
+                continue
+            if not fitting and rejected is None:
+                rejected = option
+            planner.exact(*candidate.smallest.key)
+            _bury(ranked, dead, planner, costs, budget)
+        start = end
+    closest = None if fitting else _closest([c for _, c in ranked], planner, costs)
+    return Found(tuple(fitting), rejected, closest)
+
+
+def _closest(ranked: list[Candidate], planner: FitPlanner, costs: Costs) -> FitOption | None:
+    """When nothing fits: the cheapest configuration of the least peak. Every family's smallest
+    micro-batch is planned by then; where that is the least peak, the family's bigger sizes of
+    the same peak (a model whose peak is not its activations) are faster, so they are planned too."""
+    least = min((_exact(c, planner, costs).peak_bytes for c in ranked if planner.planned(c.key)), default=None)
+    if least is None:
+        return None
+    for c in ranked:
+        while planner.planned(c.key) and c.micro < c.per_device and _exact(c, planner, costs).peak_bytes == least:
+            c = replace(c, micro=c.micro * 2)
+            planner.exact(*c.key)
+    options = [_exact(c, planner, costs) for c in ranked if planner.planned(c.key)]
+    return min(options, key=lambda o: o.peak_bytes)
+
+
+def _bury(ranked: list[tuple[float, Candidate]], dead: set[tuple[str, str, str, int]], planner: FitPlanner,
+          costs: Costs, budget: int) -> None:
+    """Add to ``dead`` every family whose smallest micro-batch is planned and does not fit (the
+    strategies of one precision and checkpointing share that plan: one plan buries them all)."""
+    for _, c in ranked:
+        if c.family not in dead and planner.planned(c.smallest.key) and _exact(c.smallest, planner, costs).peak_bytes > budget:
+            dead.add(c.family)
+
+
+def _ranked(grid: Sequence[Candidate], planner: FitPlanner, costs: Costs,
+            workers: int) -> list[tuple[float, Candidate]]:
+    """``grid`` as ``[(predicted step time, candidate)]``, cheapest first (ties in grid order),
+    predicted from the probe plans (see the module docstring)."""
+    if not grid:
+        return []
+    biggest = max(c.micro for c in grid)
+    precisions = sorted({c.precision for c in grid}, key=_PROBE_PREFERENCE.index)
+    policies = list(dict.fromkeys(c.ckpt for c in grid))
+    compute = {ckpt: (precisions[0], ckpt, biggest) for ckpt in policies}
+    talks = any(c.strategy != "single" for c in grid)  # bytes matter only where devices exchange them
+    moved = {p: compute[policies[0]] if p == precisions[0] or not talks else (p, policies[0], biggest)
+             for p in precisions}
+    planner.plan_all([*compute.values(), *moved.values()], workers)
+    per_sample = {ckpt: planner.exact(*key).flops / biggest for ckpt, key in compute.items()}
+
+    def predicted(c: Candidate) -> float:
+        base: MemoryEstimate = planner.exact(*moved[c.precision])
+        estimate = replace(base, flops=per_sample[c.ckpt] * c.micro)
+        return option_for(estimate, c.precision, c.ckpt, c.strategy, c.devices, c.micro,
+                          c.per_device // c.micro, costs).step_s
+
+    return sorted(((predicted(c), c) for c in grid), key=lambda pair: pair[0])
+
+
+def _plan_ahead(group: list[Candidate], after: list[Candidate], dead: set[tuple[str, str, str, int]],
+                planner: FitPlanner, workers: int) -> None:
+    """Plan ``group`` and, while a worker would be idle, the next configurations not planned yet."""
+    keys = list(dict.fromkeys(c.key for c in group if not planner.planned(c.key)))
+    for c in after:
+        if len(keys) >= workers:
+            break
+        if c.family not in dead and not planner.planned(c.key) and c.key not in keys:
+            keys.append(c.key)
+    planner.plan_all(keys, workers)
+
+
+def _exact(c: Candidate, planner: FitPlanner, costs: Costs) -> FitOption:
+    """``c`` from the exact plan of its micro-batch."""
+    return option_for(planner.exact(*c.key), c.precision, c.ckpt, c.strategy, c.devices, c.micro,
+                      c.per_device // c.micro, costs, exact=True)
