@@ -161,11 +161,14 @@ def speed(before_src: str | None, reps: int, memory: str) -> None:
     samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
     outputs: dict[tuple[str, str], str] = {}
     load = os.getloadavg()[0]
+    envs = {code: {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(here / "tests" / "memory")])}
+            for code, src in codes.items()}
+    has_jobs = {code: "--jobs" in subprocess.run([sys.executable, "-m", "gpukit", "plan", "--help"], env=env,
+                                                  capture_output=True, text=True).stdout for code, env in envs.items()}
     for _ in range(reps):
-        for code, src in codes.items():
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(here / "tests" / "memory")])}
+        for code, env in envs.items():
             for name, cmd in commands.items():
-                if code == "before" and "--jobs" in cmd:
+                if "--jobs" in cmd and not has_jobs[code]:
                     continue
                 wall, cpu, out = _timed(cmd, env)
                 samples.setdefault((code, name), []).append((wall, cpu))
