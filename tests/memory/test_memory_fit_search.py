@@ -78,3 +78,31 @@ def test_the_search_finds_what_planning_everything_finds(name: str, devices: int
         if name == "mlp" and devices == 2 and what == "a quarter fits":  # planned ahead in children: the same
             side_by_side = fit(model, x, memory=budget, devices=devices, top=TOP, workers=2)
             assert (side_by_side.options, side_by_side.cheaper_rejected) == (result.options, result.cheaper_rejected)
+
+
+def test_progress_says_each_plan_before_it_is_made() -> None:
+    model, x = _case("mlp")
+    lines: list[str] = []
+    planner = FitPlanner(model, x, "adam", "cuda")
+    fit(model, x, memory="1GiB", top=2, planner=planner, progress=lines.append)
+    assert len(lines) == planner.plans and all(line.startswith("planning ") for line in lines)
+    assert lines[0] == "planning bf16-true, checkpointing none, micro-batch 16 (0 planned so far)"
+
+
+def test_the_status_line_is_drawn_on_a_terminal_only() -> None:
+    import io
+
+    from gpukit.cli.plan import StatusLine
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal, log = Terminal(), io.StringIO()
+    for stream in (terminal, log):
+        with StatusLine(stream) as status:
+            status.show("planning one")
+            status.show("planning " + "x" * 10_000)
+    assert terminal.getvalue().startswith("\r\x1b[Kplanning one\r\x1b[Kplanning xx")
+    assert terminal.getvalue().endswith("x\r\x1b[K") and len(terminal.getvalue()) < 1000  # cut, then wiped
+    assert log.getvalue() == ""

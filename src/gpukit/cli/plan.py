@@ -6,6 +6,7 @@ import importlib
 import json
 import math
 import os
+import shutil
 import sys
 import warnings
 
@@ -252,6 +253,32 @@ def _check_precision(text: str) -> None:
     precision_name(text, allowed=_PLANNABLE, source="--precision")
 
 
+class StatusLine:
+    """One line of what is happening, redrawn in place on a terminal and wiped at the end (so
+    what is printed after it starts on a clean line); nothing at all where ``stream`` is no
+    terminal (a log, a pipe). No thread: it is drawn by the caller, between plans."""
+
+    def __init__(self, stream: object) -> None:
+        self.stream = stream
+        self.on = bool(getattr(stream, "isatty", lambda: False)())
+        self.drawn = False
+
+    def show(self, line: str) -> None:
+        if self.on:  # cut to the terminal's width: a wrapped line would not be wiped whole
+            line = line[: max(10, shutil.get_terminal_size().columns - 1)]
+            self.stream.write(f"\r\x1b[K{line}")  # type: ignore[attr-defined]
+            self.stream.flush()  # type: ignore[attr-defined]
+            self.drawn = True
+
+    def __enter__(self) -> StatusLine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.drawn:
+            self.stream.write("\r\x1b[K")  # type: ignore[attr-defined]
+            self.stream.flush()  # type: ignore[attr-defined]
+
+
 def _fit_budget(text: str | None) -> int | None:
     """``--fit SIZE`` in bytes (checked before torch loads)."""
     if text is None:
@@ -271,8 +298,9 @@ def _print_fit(model: object, batch: object, budget: int, devices: int, optimize
 
     from gpukit.memory import available_workers, fit
 
-    result = fit(model, batch, memory=budget, devices=devices, optimizer=optimizer, device=device,  # type: ignore[arg-type]
-                 workers=jobs or available_workers())
+    with StatusLine(sys.stderr) as status:
+        result = fit(model, batch, memory=budget, devices=devices, optimizer=optimizer,  # type: ignore[arg-type]
+                     device=device, workers=jobs or available_workers(), progress=status.show)
     if as_json:
         click.echo(json.dumps({"memory_bytes": result.memory_bytes, "global_batch": result.global_batch,
                                "options": [{**asdict(o), "session": o.session_line()} for o in result.options],

@@ -12,7 +12,7 @@ then plans the cheapest ones exactly, so what is printed is what the planner pre
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,7 @@ def fit(
     micro_batch_overhead_s: float = 2e-3,
     planner: FitPlanner | None = None,
     workers: int = 1,
+    progress: Callable[[str], None] | None = None,
 ) -> FitResult:
     """Rank the configurations whose planned peak fits ``memory`` per device by predicted step time.
 
@@ -111,6 +112,8 @@ def fit(
         workers: processes that plan side by side (forked from this one; the figures are the
             same). 1 plans here, one after another; ``gpukit plan --fit`` uses the CPUs it may
             run on. Forking is skipped where it is unsafe (other threads running).
+        progress: called with one line before each plan is made (a plan of a deep model takes
+            about half a second of CPU); ``gpukit plan --fit`` shows it on a terminal.
 
     Returns:
         A :class:`FitResult`; ``print`` it for the table and the ``Session(...)`` lines.
@@ -127,6 +130,8 @@ def fit(
     units = {p: unit_param_counts(model, units_to_shard(model, always=fsdp_own_unit_layers(p))) for p in precisions}
     costs = Costs(flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s, units)
     planner = _planner_for(planner, model, example_input, optimizer, device)
+    if progress is not None:
+        planner.progress = progress
 
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigurationError(f"fit(workers={workers!r}): use an int >= 1 (1 plans in this process).")

@@ -3,7 +3,7 @@ size), cached -- and the helpers that size an example batch."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -20,10 +20,13 @@ POLICIES = {"none": None, "selective": "selective", "full": True}
 
 class FitPlanner:
     """``estimate_memory`` at a micro-batch size, cached. One planner given to several
-    :func:`fit` calls plans each (precision, checkpointing, size) once."""
+    :func:`fit` calls plans each (precision, checkpointing, size) once. ``progress``, when set,
+    is called with one line before each plan (or set of plans made side by side)."""
 
-    def __init__(self, model: torch.nn.Module, example_input: Any, optimizer: Any, device: str) -> None:
+    def __init__(self, model: torch.nn.Module, example_input: Any, optimizer: Any, device: str,
+                 progress: Callable[[str], None] | None = None) -> None:
         self.model, self.example, self.optimizer, self.device = model, example_input, optimizer, device
+        self.progress = progress
         self._cache: dict[tuple[str, str, int], MemoryEstimate] = {}
         example_batch_size(example_input)  # checked here: every tensor has the batch as dim 0
 
@@ -39,8 +42,16 @@ class FitPlanner:
     def exact(self, precision: str, ckpt: str, micro: int) -> MemoryEstimate:
         key = (precision, ckpt, micro)
         if key not in self._cache:
+            self._say([key])
             self._cache[key] = self._plan(key)
         return self._cache[key]
+
+    def _say(self, keys: list[tuple[str, str, int]]) -> None:
+        if self.progress is None or not keys:
+            return
+        what = (f"{keys[0][0]}, checkpointing {keys[0][1]}, micro-batch {keys[0][2]}" if len(keys) == 1
+                else f"{len(keys)} configurations")
+        self.progress(f"planning {what} ({len(self._cache)} planned so far)")
 
     def _plan(self, key: tuple[str, str, int]) -> MemoryEstimate:
         precision, ckpt, micro = key
@@ -52,6 +63,11 @@ class FitPlanner:
         from gpukit.memory._plan_workers import plan_all
 
         missing = [key for key in dict.fromkeys(keys) if key not in self._cache]
+        if workers <= 1 or len(missing) <= 1:
+            for key in missing:
+                self.exact(*key)
+            return
+        self._say(missing)
         self._cache.update(plan_all(missing, self._plan, workers, warm=bool(self._cache)))
 
 
