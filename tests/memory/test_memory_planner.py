@@ -98,6 +98,18 @@ def test_estimate_within_15_percent_of_measured_gpu_peak(factory, shape, precisi
     assert estimate.peak_bytes == pytest.approx(measured, rel=0.15), (str(estimate), measured)
 
 
+@pytest.mark.requires_gpu
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_an_optimizer_step_peak_is_planned_as_cuda_runs_it(optimizer: str) -> None:
+    """A model whose peak is its optimizer step: CUDA runs torch's foreach variant (temporaries
+    across every parameter), and the plan for "cuda" plans that variant."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(8)]), torch.randn(2, 2048)
+    estimate = estimate_memory(model, optimizer, x, device="cuda")
+    measured = measure_peak_memory(model, x, optimizer=optimizer)
+    assert estimate.peak_bytes == pytest.approx(measured, rel=0.05), (str(estimate), measured)
+
+
 def test_measure_peak_memory_refuses_a_device_that_counts_nothing() -> None:
     with pytest.raises(DeviceError, match="counts allocations"):
         measure_peak_memory(nn.Linear(4, 4), torch.randn(2, 4), device="cpu")

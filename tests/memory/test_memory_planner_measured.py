@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpukit.memory import estimate_memory, measure_step_memory
+from torch import nn
+
+from gpukit.memory import estimate_memory, forward_backward, measure_step_memory
 
 sys.path.insert(0, str(Path(__file__).parent))
 from planner_models import Transformer, mlp  # noqa: E402
@@ -44,6 +46,35 @@ def test_measured_categories_match_the_plan() -> None:
     assert real.gradients_bytes == plan.gradients_bytes and real.optimizer_state_bytes == pytest.approx(
         plan.optimizer_state_bytes, rel=0.01)
     assert real.peak_bytes == pytest.approx(plan.peak_bytes, rel=0.05)
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.Adam, torch.optim.AdamW])
+def test_the_foreach_step_cuda_runs_is_planned_for_cuda(optimizer: type[torch.optim.Optimizer]) -> None:
+    """On CUDA torch's optimizers run their foreach variant, whose temporaries span every
+    parameter at once; planning for "cuda" plans that variant (on the CPU's fake tensors, where
+    torch would pick the per-tensor loop), and the CPU measures the same variant alike."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(*[nn.Linear(256, 256) for _ in range(8)]), torch.randn(2, 256)  # the step's peak
+    name = optimizer.__name__.lower()
+    loop = estimate_memory(model, optimizer(model.parameters(), foreach=False), x, device="cuda")
+    foreach = estimate_memory(model, optimizer(model.parameters(), foreach=True), x, device="cuda")
+    assert estimate_memory(model, name, x, device="cuda") == foreach  # what CUDA picks by itself
+    assert estimate_memory(model, name, x, device="cpu").peak_bytes < foreach.peak_bytes  # the CPU's loop
+    assert foreach.peak_bytes - loop.peak_bytes > 0.5 * loop.parameters_bytes  # whole-list temporaries
+    trained = copy.deepcopy(model)
+    opt = optimizer(trained.parameters(), foreach=True)
+
+    def step() -> None:
+        with forward_backward():
+            loss = trained(x).mean()
+            loss.backward()
+            del loss
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    measured = measure_step_memory(trained, x, step_fn=step)
+    planned_here = estimate_memory(model, optimizer(model.parameters(), foreach=True), x, device="cpu")
+    assert measured.peak_bytes == pytest.approx(planned_here.peak_bytes, rel=0.02)
 
 
 @pytest.mark.requires_cpu_fsdp

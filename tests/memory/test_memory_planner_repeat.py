@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from gpukit.memory import _planner, _simulate, estimate_memory, fit
+from gpukit.memory import FitPlanner, _planner, _simulate, estimate_memory, fit
 from gpukit.memory._repeat import find_run
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -109,10 +109,11 @@ def test_a_hugging_face_model_with_layer_indices(whole, short_copies_used: list[
 def test_fit_ranks_and_figures_as_before(whole, short_copies_used: list[int]) -> None:
     model, batch = Transformer(width=32, depth=6), torch.randint(0, 1000, (4, 16))
     options = dict(memory="12MiB", devices=2, precisions=("32-true", "bf16-mixed"), checkpointing=("none", "full"))
-    got = fit(model, batch, **options)
+    planner = FitPlanner(model, batch, "adam", "cuda")
+    got = fit(model, batch, planner=planner, **options)
     expected = whole(lambda: fit(model, batch, **options))
     assert got.options and got == expected
-    assert short_copies_used[0] >= 8  # two batch sizes of every precision x checkpointing
+    assert short_copies_used[0] == planner.plans >= 4  # every plan the search made, both policies
 
 
 class _Unlike(nn.Module):

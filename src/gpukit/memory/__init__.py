@@ -49,7 +49,7 @@ from gpukit.memory._fit import FitOption, FitResult, fit
 from gpukit.memory._fit_planner import FitPlanner, example_batch_size
 from gpukit.memory._plan_workers import available_workers
 from gpukit.memory._measure import measure_peak_memory
-from gpukit.memory._measure_cpu import MeasuredMemory, measure_step_memory
+from gpukit.memory._measure_cpu import MeasuredMemory, forward_backward, measure_step_memory
 from gpukit.memory._planner import MemoryEstimate, estimate_memory
 from gpukit.memory._shard_plan import fsdp_unit_numels, shard_estimate
 from gpukit.memory._postmortem import (
@@ -88,6 +88,7 @@ __all__ = [
     "MemoryEstimate",
     "measure_peak_memory",
     "measure_step_memory",
+    "forward_backward",
     "MeasuredMemory",
     "fit",
     "FitResult",

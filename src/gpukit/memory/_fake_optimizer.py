@@ -5,6 +5,12 @@ value there (Adam's step counter via ``.item()``) and cannot run; :func:`make_op
 one that can (``capturable``, then also ``foreach=False``) by a probe step -- once per process
 for an optimizer, its settings and the tensors' kind, since the answer does not depend on the
 model -- and :data:`STATE_PER_PARAM` stands in for the state of one that never can.
+
+The variant matters for the peak: on CUDA torch's optimizers default to their *foreach*
+implementation, which works on whole lists of tensors and so holds temporaries the size of all
+parameters at once (Adam's ``sqrt`` of its second moment), where the per-tensor loop holds one
+parameter's worth. The simulation runs on fake CPU tensors, where torch would pick the loop, so
+:func:`as_on_device` asks for foreach where the planned device would get it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import torch
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["OPTIMIZERS", "STATE_PER_PARAM", "make_optimizer", "optimizer_class", "state_bytes"]
+__all__ = ["OPTIMIZERS", "STATE_PER_PARAM", "as_on_device", "make_optimizer", "optimizer_class", "state_bytes"]
 
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer] | None] = {
     "none": None,
@@ -44,6 +50,26 @@ def optimizer_class(optimizer: Any) -> tuple[type[torch.optim.Optimizer] | None,
         f"estimate_memory(optimizer={optimizer!r}): expected None, an optimizer instance or class, "
         f"or one of {', '.join(map(repr, OPTIMIZERS))}."
     )
+
+
+#: device types on which torch's optimizers default to foreach (``torch.optim.Optimizer``'s
+#: ``_default_to_fused_or_foreach``: CUDA among the plannable ones; not CPU, not MPS)
+_FOREACH_BY_DEFAULT = ("cuda",)
+
+
+def as_on_device(opt_cls: type[torch.optim.Optimizer] | None, defaults: dict[str, Any],
+                 device_type: str) -> dict[str, Any]:
+    """``defaults`` with the implementation torch picks on ``device_type`` made explicit, so the
+    step simulated on fake CPU tensors is the one that runs there: ``foreach=True`` for CUDA,
+    unless the optimizer was told (``foreach``/``fused`` set) or cannot (no ``foreach``
+    argument, ``differentiable``)."""
+    if opt_cls is None or device_type not in _FOREACH_BY_DEFAULT:
+        return defaults
+    if defaults.get("foreach") is not None or defaults.get("fused") or defaults.get("differentiable"):
+        return defaults
+    if "foreach" not in inspect.signature(opt_cls.__init__).parameters:
+        return defaults
+    return {**defaults, "foreach": True}
 
 
 def make_optimizer(

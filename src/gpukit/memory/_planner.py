@@ -31,7 +31,7 @@ from gpukit._util.units import format_bytes
 from gpukit.accelerators import get_accelerator
 from gpukit.errors import ConfigurationError, MemoryPlanError
 from gpukit.memory._activation import check_policy, checkpoint_targets, policy_name
-from gpukit.memory._fake_optimizer import OPTIMIZERS, STATE_PER_PARAM, optimizer_class
+from gpukit.memory._fake_optimizer import OPTIMIZERS, STATE_PER_PARAM, as_on_device, optimizer_class
 from gpukit.memory._repeat import extend, find_run, reduced, segments
 from gpukit.memory._simulate import StepSpec, simulate_step
 from gpukit.precision import PRECISIONS, get_precision
@@ -149,6 +149,7 @@ def estimate_memory(
         raise ConfigurationError("estimate_memory needs example_batch=... (e.g. torch.empty(64, 3, 32, 32)) to size activations.")
     opt_cls, opt_defaults = optimizer_class(optimizer)
     target = _planned_device(device)
+    opt_defaults = as_on_device(opt_cls, opt_defaults, target.type)  # CUDA's foreach, not the CPU loop
     block = _CUDA_BLOCK if target.type == "cuda" else 1
     step = StepSpec(opt_cls, opt_defaults, example_batch, param_dtype, autocast_dtype, block, loss_fn, _SIMULATED_STEPS)
     try:
