@@ -14,18 +14,25 @@ search plans only what it must:
    predicted times (bf16-true and bf16-mixed compute alike) are planned together and taken in
    the order of their peaks. With ``workers > 1`` the next configurations are planned beside
    them while a worker would be idle.
-3. **A family that cannot fit is dropped unplanned.** When a configuration does not fit, the
-   smallest micro-batch of its family (same precision, checkpointing, strategy and devices) is
-   planned: if even that does not fit, no size of the family will (the peak grows with the
-   micro-batch), and its other sizes are skipped.
+3. **What cannot fit is passed over unplanned.** A step's tensors grow linearly with the
+   micro-batch or not at all, so its peak is convex and rising in the micro-batch: a size is no
+   lower than a planned smaller size, nor than the line through two planned sizes beyond it.
+   A configuration those bounds put over the budget (by 2%, for the allocator's rounding) is not
+   planned, nor is a family (precision, checkpointing, strategy, devices) whose smallest size is
+   over it. A family's smallest size is planned before a third plan after two misses (not
+   sooner: where the budget is tight the next size down usually fits or is never reached). A
+   configuration told from a plan made for another strategy costs nothing.
 
 So a roomy budget costs the probes and the handful of plans printed (7 of them for a 48-layer
-transformer on one device, where planning every precision x checkpointing twice took 19), and a
-budget nothing fits costs about two plans per family. What is returned is planned exactly.
+transformer on one device, where planning every precision x checkpointing twice took 19); a
+tight one about two or three plans per precision x checkpointing. What is returned is planned
+exactly, and is what planning every configuration returns
+(tests/memory/test_memory_fit_search.py).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -86,6 +93,7 @@ def search(grid: Sequence[Candidate], planner: FitPlanner, costs: Costs, budget:
     fitting: list[FitOption] = []
     rejected: FitOption | None = None
     dead: set[tuple[str, str, str, int]] = set()
+    misses: Counter[tuple[str, str, str, int]] = Counter()  # plans made that did not fit, by family
     start = 0
     while start < len(ranked) and len(fitting) < top:
         step = ranked[start][0]
@@ -93,6 +101,16 @@ def search(grid: Sequence[Candidate], planner: FitPlanner, costs: Costs, budget:
         while end < len(ranked) and ranked[end][0] == step:
             end += 1
         group = [c for _, c in ranked[start:end] if c.family not in dead]
+        for c in group:  # a family that missed twice: does any size fit? (before planning a third)
+            if misses[c.family] >= 2 and not planner.planned(c.key) and not planner.planned(c.smallest.key):
+                planner.exact(*c.smallest.key)
+                _bury(ranked, dead, planner, costs, budget)
+        # what the plans so far prove too big is passed over unplanned (but the first one left
+        # out is planned: it is reported)
+        group = [c for c in group if c.family not in dead and (
+            planner.planned(c.key) or (rejected is None and not fitting)
+            or _lower_bound(c, planner, costs) <= budget * _MARGIN)]
+        new = {c.key for c in group if not planner.planned(c.key)}
         if workers > 1:
             _plan_ahead(group, [c for _, c in ranked[end:]], dead, planner, workers)
         for option, candidate in sorted(((_exact(c, planner, costs), c) for c in group),
@@ -104,18 +122,56 @@ def search(grid: Sequence[Candidate], planner: FitPlanner, costs: Costs, budget:
                 continue
             if not fitting and rejected is None:
                 rejected = option
-            planner.exact(*candidate.smallest.key)
+            misses[candidate.family] += candidate.key in new
             _bury(ranked, dead, planner, costs, budget)
         start = end
     closest = None if fitting else _closest([c for _, c in ranked], planner, costs)
     return Found(tuple(fitting), rejected, closest)
 
 
+#: a bound decides only where it clears the budget by this much: the allocator's rounding of each
+#: tensor (512-byte blocks on CUDA) bends the straight lines of the peak by a little
+_MARGIN = 1.02
+
+
+def _sizes(c: Candidate) -> list[int]:
+    """Its family's micro-batch sizes, smallest first."""
+    sizes, micro = [], c.smallest.micro
+    while micro <= c.per_device:
+        sizes.append(micro)
+        micro *= 2
+    return sizes
+
+
+def _lower_bound(c: Candidate, planner: FitPlanner, costs: Costs) -> float:
+    """The least peak ``c`` can have, from its family's sizes planned so far. Every tensor of a
+    step grows linearly with the micro-batch (or not at all), so the live bytes at each moment
+    do, and the peak -- the most of them -- is convex and rising in the micro-batch: no size is
+    below a planned smaller one, nor below the line through two planned sizes beyond them."""
+    points = [(m, _exact(replace(c, micro=m), planner, costs).peak_bytes) for m in _sizes(c)
+              if planner.planned((c.precision, c.ckpt, m))]
+    bound = max((peak for m, peak in points if m <= c.micro), default=0)
+    for (m1, p1), (m2, p2) in zip(points, points[1:]):
+        slope = (p2 - p1) / (m2 - m1)
+        if c.micro < m1:
+            bound = max(bound, p1 - slope * (m1 - c.micro))
+        elif c.micro > m2:
+            bound = max(bound, p2 + slope * (c.micro - m2))
+    return bound
+
+
 def _closest(ranked: list[Candidate], planner: FitPlanner, costs: Costs) -> FitOption | None:
-    """When nothing fits: the cheapest configuration of the least peak. Every family's smallest
-    micro-batch is planned by then; where that is the least peak, the family's bigger sizes of
-    the same peak (a model whose peak is not its activations) are faster, so they are planned too."""
-    least = min((_exact(c, planner, costs).peak_bytes for c in ranked if planner.planned(c.key)), default=None)
+    """When nothing fits: the cheapest configuration of the least peak. The least peak is at a
+    family's smallest micro-batch: those are planned unless bounded above the least one known;
+    where the smallest has the least peak, the family's bigger sizes of the same peak (a model
+    whose peak is not its activations) are faster, so they are planned too."""
+    smallest = list({c.family: c.smallest for c in ranked}.values())
+    smallest.sort(key=lambda c: _lower_bound(c, planner, costs))
+    least: float | None = None
+    for c in smallest:
+        if least is None or planner.planned(c.key) or _lower_bound(c, planner, costs) <= least * _MARGIN:
+            peak = _exact(c, planner, costs).peak_bytes
+            least = peak if least is None else min(least, peak)
     if least is None:
         return None
     for c in ranked:
@@ -128,10 +184,15 @@ def _closest(ranked: list[Candidate], planner: FitPlanner, costs: Costs) -> FitO
 
 def _bury(ranked: list[tuple[float, Candidate]], dead: set[tuple[str, str, str, int]], planner: FitPlanner,
           costs: Costs, budget: int) -> None:
-    """Add to ``dead`` every family whose smallest micro-batch is planned and does not fit (the
-    strategies of one precision and checkpointing share that plan: one plan buries them all)."""
+    """Add to ``dead`` every family whose smallest micro-batch does not fit: planned, or bounded
+    above the budget by the plans of its other sizes (the strategies of one precision and
+    checkpointing share their plans: one plan can bury them all)."""
     for _, c in ranked:
-        if c.family not in dead and planner.planned(c.smallest.key) and _exact(c.smallest, planner, costs).peak_bytes > budget:
+        if c.family in dead:
+            continue
+        low = c.smallest
+        peak = _exact(low, planner, costs).peak_bytes if planner.planned(low.key) else None
+        if (peak is not None and peak > budget) or (peak is None and _lower_bound(low, planner, costs) > budget * _MARGIN):
             dead.add(c.family)
 
 
