@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import warnings
+from typing import TextIO
 
 import click
 
@@ -258,16 +259,16 @@ class StatusLine:
     what is printed after it starts on a clean line); nothing at all where ``stream`` is no
     terminal (a log, a pipe). No thread: it is drawn by the caller, between plans."""
 
-    def __init__(self, stream: object) -> None:
+    def __init__(self, stream: TextIO) -> None:
         self.stream = stream
-        self.on = bool(getattr(stream, "isatty", lambda: False)())
+        self.on = stream.isatty()
         self.drawn = False
 
     def show(self, line: str) -> None:
         if self.on:  # cut to the terminal's width: a wrapped line would not be wiped whole
             line = line[: max(10, shutil.get_terminal_size().columns - 1)]
-            self.stream.write(f"\r\x1b[K{line}")  # type: ignore[attr-defined]
-            self.stream.flush()  # type: ignore[attr-defined]
+            self.stream.write(f"\r\x1b[K{line}")
+            self.stream.flush()
             self.drawn = True
 
     def __enter__(self) -> StatusLine:
@@ -275,8 +276,8 @@ class StatusLine:
 
     def __exit__(self, *exc: object) -> None:
         if self.drawn:
-            self.stream.write("\r\x1b[K")  # type: ignore[attr-defined]
-            self.stream.flush()  # type: ignore[attr-defined]
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
 
 
 def _fit_budget(text: str | None) -> int | None:

@@ -24,7 +24,7 @@ from gpukit.memory._activation import checkpoint_targets
 from gpukit.memory._blocks import unit_param_counts, units_to_shard
 from gpukit.memory._fit_costs import Costs, FitOption
 from gpukit.memory._fit_planner import FitPlanner, example_batch_size
-from gpukit.memory._fit_search import Candidate, search
+from gpukit.memory._fit_search import Candidate, micro_batches, search
 from gpukit.memory._planner import same_model
 from gpukit.precision import fsdp_own_unit_layers
 
@@ -139,7 +139,7 @@ def fit(
     with same_model():  # one model, planned many times: its structure is found once
         grid = [Candidate(precision, ckpt, strategy, n, per_device, micro) for precision in precisions
                 for ckpt in policies for strategy in chosen for n, per_device in _per_device(strategy, devices, batch)
-                for micro in _micro_batches(per_device)]
+                for micro in micro_batches(per_device)]
         found = search(grid, planner, costs, budget, top, workers)
     return FitResult(budget, batch, found.fitting, found.closest, tuple(notes), found.rejected)
 
@@ -184,16 +184,6 @@ def _per_device(strategy: str, devices: int, batch: int) -> list[tuple[int, int]
     if strategy in ("single", "pipeline"):
         return [(n, batch)]  # one model replica sees the whole batch
     return [(n, batch // n)] if batch % n == 0 and batch >= n else []
-
-
-def _micro_batches(per_device: int) -> list[int]:
-    sizes, size = [], per_device
-    while size >= 1:
-        sizes.append(size)
-        if size % 2:
-            break
-        size //= 2
-    return sizes
 
 
 def _strategies(strategies: Sequence[str] | None, devices: int, model: torch.nn.Module) -> tuple[list[str], list[str]]:

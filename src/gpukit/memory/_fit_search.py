@@ -40,7 +40,7 @@ from gpukit.memory._fit_costs import Costs, FitOption, option_for
 from gpukit.memory._fit_planner import FitPlanner
 from gpukit.memory._planner import MemoryEstimate
 
-__all__ = ["Candidate", "Found", "search"]
+__all__ = ["Candidate", "Found", "micro_batches", "search"]
 
 #: which precision's plans the probes use when several are ranked: the one the cheapest
 #: configurations usually have, so that its probes are plans the search needs anyway
@@ -69,11 +69,18 @@ class Candidate:
 
     @property
     def smallest(self) -> Candidate:
-        """Its family's smallest micro-batch (the per-device batch halved while it divides)."""
-        micro = self.per_device
-        while micro % 2 == 0:
-            micro //= 2
-        return replace(self, micro=micro)
+        """Its family's smallest micro-batch."""
+        return replace(self, micro=micro_batches(self.per_device)[-1])
+
+
+def micro_batches(per_device: int) -> list[int]:
+    """The micro-batch sizes of ``per_device`` samples, largest first: halved while it divides
+    (gradient accumulation makes up the rest)."""
+    sizes, size = [per_device], per_device
+    while size % 2 == 0:
+        size //= 2
+        sizes.append(size)
+    return sizes
 
 
 @dataclass(frozen=True)
@@ -134,21 +141,12 @@ def search(grid: Sequence[Candidate], planner: FitPlanner, costs: Costs, budget:
 _MARGIN = 1.02
 
 
-def _sizes(c: Candidate) -> list[int]:
-    """Its family's micro-batch sizes, smallest first."""
-    sizes, micro = [], c.smallest.micro
-    while micro <= c.per_device:
-        sizes.append(micro)
-        micro *= 2
-    return sizes
-
-
 def _lower_bound(c: Candidate, planner: FitPlanner, costs: Costs) -> float:
     """The least peak ``c`` can have, from its family's sizes planned so far. Every tensor of a
     step grows linearly with the micro-batch (or not at all), so the live bytes at each moment
     do, and the peak -- the most of them -- is convex and rising in the micro-batch: no size is
     below a planned smaller one, nor below the line through two planned sizes beyond them."""
-    points = [(m, _exact(replace(c, micro=m), planner, costs).peak_bytes) for m in _sizes(c)
+    points = [(m, _exact(replace(c, micro=m), planner, costs).peak_bytes) for m in reversed(micro_batches(c.per_device))
               if planner.planned((c.precision, c.ckpt, m))]
     bound = max((peak for m, peak in points if m <= c.micro), default=0)
     for (m1, p1), (m2, p2) in zip(points, points[1:]):
@@ -188,11 +186,9 @@ def _bury(ranked: list[tuple[float, Candidate]], dead: set[tuple[str, str, str, 
     above the budget by the plans of its other sizes (the strategies of one precision and
     checkpointing share their plans: one plan can bury them all)."""
     for _, c in ranked:
-        if c.family in dead:
-            continue
         low = c.smallest
-        peak = _exact(low, planner, costs).peak_bytes if planner.planned(low.key) else None
-        if (peak is not None and peak > budget) or (peak is None and _lower_bound(low, planner, costs) > budget * _MARGIN):
+        if c.family not in dead and (_exact(low, planner, costs).peak_bytes > budget if planner.planned(low.key)
+                                     else _lower_bound(low, planner, costs) > budget * _MARGIN):
             dead.add(c.family)
 
 
