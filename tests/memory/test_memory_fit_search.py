@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpukit.layout import plan_layout
 from gpukit.memory import FitPlanner, fit, fsdp_unit_numels
 from gpukit.memory._fit_costs import Costs, option_for
 
@@ -44,8 +45,8 @@ def _every_option(model: torch.nn.Module, x: torch.Tensor, devices: int, planner
                 per_device = batch if strategy in ("single", "pipeline") else batch // n
                 micro = per_device
                 while True:
-                    options.append(option_for(planner.exact(precision, ckpt, micro), precision, ckpt, strategy, n,
-                                              micro, per_device // micro, costs, exact=True))
+                    options.append(option_for(planner.exact(precision, ckpt, micro), precision, ckpt,
+                                              plan_layout(strategy, n), micro, per_device // micro, costs, exact=True))
                     if micro % 2:
                         break
                     micro //= 2

@@ -16,10 +16,14 @@ import click
 from gpukit._util.precision_names import PRECISIONS, precision_name
 from gpukit.cli._common import MAX_BATCH
 from gpukit.errors import ConfigurationError
+from gpukit.layout import REGISTRY, plan_layout
 
 __all__ = ["plan"]
 
 _DTYPES = ("float32", "float16", "bfloat16", "int64", "int32")
+#: what a single plan (no --fit) takes: the registered strategies of one device per process
+_ONE_PLAN_STRATEGIES = [name for name, entry in REGISTRY.items()
+                        if name in entry.plans and entry.placement in ("one-device", "per-process")]
 _PLANNABLE = tuple(p for p in PRECISIONS if p != "auto")  # 'auto' depends on the GPU that will run it
 _MAX_INPUT_NUMEL = 2**48  # elements of one input (1 PiB of fp32): more is a typo, and overflows torch's sizes
 #: ``plan --fit`` when no configuration fits (what is missing is printed first), as ``gpukit select``'s
@@ -161,7 +165,7 @@ def _visible_gpu_count() -> int:
 @click.option("--precision", default="32-true", show_default=True, help="Precision to plan for: 32-true, bf16-mixed, 16-mixed, bf16-true or 16-true (checked by gpukit.precision).")
 @click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["adam", "adamw", "sgd", "none"]))
 @click.option("--device", default="cuda", show_default=True, help="Device type to plan for (no GPU is needed).")
-@click.option("--strategy", type=click.Choice(["single", "ddp", "fsdp"]), default="single", show_default=True,
+@click.option("--strategy", type=click.Choice(_ONE_PLAN_STRATEGIES), default="single", show_default=True,
               help="fsdp: per-rank memory with parameters, gradients and optimizer state sharded over --nproc.")
 @click.option("--nproc", type=click.IntRange(1, 1 << 20), default=None,
               help="Processes the model is sharded over (with --strategy fsdp) [default: the GPUs visible here].")
@@ -199,7 +203,8 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
     budget = _fit_budget(fit_memory)
     if jobs is not None and budget is None:
         raise ConfigurationError(f"--jobs {jobs} goes with --fit SIZE (a single plan runs in one process).")
-    if strategy == "fsdp" and nproc is None and budget is None:
+    sharded = plan_layout(strategy, 2).shards > 1  # the strategy shards the model over --nproc
+    if sharded and nproc is None and budget is None:
         nproc = _visible_gpu_count()
     factory = _load_factory(model)  # a typo in MODEL is reported before torch loads (unless the module imports it)
 
@@ -239,7 +244,7 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
                           [f"{n}={t}[{','.join(map(str, d))}]" for n, d, t in named])
         raise MemoryPlanError(f"{exc} Inputs given: {given}; check --batch-shape/--input and the dtypes "
                               "(token ids need int64).") from None
-    if strategy == "fsdp":  # per rank: the units the Session's FSDP makes, sharded over nproc
+    if sharded:  # per rank: the units the Session's FSDP makes, sharded over nproc
         from gpukit.memory import fsdp_unit_numels, shard_estimate
 
         estimate = shard_estimate(estimate, nproc or 1, fsdp_unit_numels(built, estimate.precision))

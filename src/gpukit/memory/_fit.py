@@ -20,6 +20,7 @@ import torch
 
 from gpukit._util.units import format_bytes, parse_size
 from gpukit.errors import ConfigurationError
+from gpukit.layout import Layout, plan_layout, plan_names
 from gpukit.memory._activation import checkpoint_targets
 from gpukit.memory._blocks import unit_param_counts, units_to_shard
 from gpukit.memory._fit_costs import Costs, FitOption
@@ -32,7 +33,8 @@ __all__ = ["FitOption", "FitPlanner", "FitResult", "fit", "example_batch_size", 
 
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
 CHECKPOINTING = ("none", "selective", "full")
-STRATEGIES = ("single", "ddp", "fsdp", "fsdp-offload", "pipeline")
+#: the planner's names for what it plans, from the strategy registry (``gpukit.layout``)
+STRATEGIES = plan_names()
 
 
 @dataclass(frozen=True)
@@ -137,8 +139,8 @@ def fit(
         raise ConfigurationError(f"fit(workers={workers!r}): use an int >= 1 (1 plans in this process).")
 
     with same_model():  # one model, planned many times: its structure is found once
-        grid = [Candidate(precision, ckpt, strategy, n, per_device, micro) for precision in precisions
-                for ckpt in policies for strategy in chosen for n, per_device in _per_device(strategy, devices, batch)
+        grid = [Candidate(precision, ckpt, layout, per_device, micro) for precision in precisions
+                for ckpt in policies for layout in chosen for per_device in _per_device(layout, batch)
                 for micro in micro_batches(per_device)]
         found = search(grid, planner, costs, budget, top, workers)
     return FitResult(budget, batch, found.fitting, found.closest, tuple(notes), found.rejected)
@@ -178,24 +180,27 @@ def _planner_for(planner: FitPlanner | None, model: torch.nn.Module, example_inp
     return planner
 
 
-def _per_device(strategy: str, devices: int, batch: int) -> list[tuple[int, int]]:
-    """``[(devices used, samples per device)]`` for ``strategy``; empty when the batch does not divide."""
-    n = 1 if strategy == "single" else devices
-    if strategy in ("single", "pipeline"):
-        return [(n, batch)]  # one model replica sees the whole batch
-    return [(n, batch // n)] if batch % n == 0 and batch >= n else []
+def _per_device(layout: Layout, batch: int) -> list[int]:
+    """``[samples per device]`` under ``layout``; empty when the batch does not divide over its data-parallel ranks."""
+    n = layout.data_parallel_size  # a pipeline's or a tensor group's devices share one batch
+    return [batch // n] if batch % n == 0 and batch >= n else []
 
 
-def _strategies(strategies: Sequence[str] | None, devices: int, model: torch.nn.Module) -> tuple[list[str], list[str]]:
-    """The strategies to plan (multi-device ones only with ``devices > 1``) and the notes on those left out."""
-    names = list(STRATEGIES if strategies is None else strategies)
-    unknown = [s for s in names if s not in STRATEGIES]
+def _strategies(strategies: Sequence[str] | None, devices: int, model: torch.nn.Module) -> tuple[list[Layout], list[str]]:
+    """The layouts to plan (multi-device ones only with ``devices > 1``) and the notes on those left out."""
+    known = plan_names()
+    names = list(known if strategies is None else strategies)
+    unknown = [s for s in names if s not in known]
     if unknown:
-        raise ConfigurationError(f"fit(strategies={names!r}): unknown {unknown}; choose from {', '.join(STRATEGIES)}.")
-    chosen = [s for s in names if s == "single" or devices > 1]
-    if "pipeline" in chosen and not isinstance(model, torch.nn.Sequential):
-        chosen.remove("pipeline")  # split() needs the layers named for other models: not guessed here
-        return chosen, ["pipeline not considered: the model is no nn.Sequential (split(layers=[...]) names its layers)"]
+        raise ConfigurationError(f"fit(strategies={names!r}): unknown {unknown}; choose from {', '.join(known)}.")
+    # a multi-device plan (its layout over 2 devices uses 2) is planned only with devices > 1
+    kept = [name for name in names if devices > 1 or plan_layout(name, 2).devices == 1]
+    chosen = list(dict.fromkeys(plan_layout(name, devices) for name in kept))
+    staged = [layout for layout in chosen if layout.stages > 1]
+    if staged and not isinstance(model, torch.nn.Sequential):
+        # split() needs the layers named for other models: not guessed here
+        return [layout for layout in chosen if layout.stages == 1], [
+            "pipeline not considered: the model is no nn.Sequential (split(layers=[...]) names its layers)"]
     return chosen, []
 
 

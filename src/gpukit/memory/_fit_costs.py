@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpukit._util.units import format_bytes
+from gpukit.errors import ConfigurationError
+from gpukit.layout import Layout, plan_name_of, session_arguments
 from gpukit.memory._fit_planner import POLICIES
 from gpukit.memory._planner import MemoryEstimate
 from gpukit.memory._shard_plan import shard_estimate
@@ -35,26 +37,25 @@ class FitOption:
 
     precision: str
     activation_checkpointing: str
-    strategy: str
-    devices: int
+    layout: Layout
     micro_batch: int
     accumulate: int
     peak_bytes: int
     step_s: float
     exact: bool = False  # from the plan of this very micro-batch (what fit returns always is)
 
+    @property
+    def strategy(self) -> str:
+        """The planner's name for the layout (one of ``gpukit.layout.plan_names()``)."""
+        return plan_name_of(self.layout) or self.layout.describe()
+
+    @property
+    def devices(self) -> int:
+        return self.layout.devices
+
     def session_line(self) -> str:
-        """The ``Session(...)`` that runs this configuration."""
-        args = []
-        if self.strategy == "pipeline":
-            args.append(f"strategy=gpukit.strategies.PipelineStrategy(list(range({self.devices})), "
-                        f"chunks={4 * self.devices})")
-        elif self.strategy == "fsdp-offload":
-            args.append("strategy=gpukit.strategies.FSDPStrategy(cpu_offload=True)")
-        elif self.strategy != "single":
-            args.append(f"strategy={self.strategy!r}")
-        if self.devices > 1 and self.strategy != "pipeline":
-            args.insert(0, f"devices={self.devices}")
+        """The ``Session(...)`` that runs this configuration (its placement written by the strategy registry)."""
+        args = session_arguments(self.layout)
         args.append(f"precision={self.precision!r}")
         if self.activation_checkpointing != "none":
             policy = POLICIES[self.activation_checkpointing]
@@ -81,25 +82,36 @@ class Costs:
     units: dict[str, list[int]]
 
 
-def option_for(estimate: MemoryEstimate, precision: str, ckpt: str, strategy: str, n: int, micro: int,
-            accumulate: int, costs: Costs, exact: bool = False) -> FitOption:
+def option_for(estimate: MemoryEstimate, precision: str, ckpt: str, layout: Layout, micro: int,
+               accumulate: int, costs: Costs, exact: bool = False) -> FitOption:
+    """``estimate`` (the plan of one micro-batch on one device) priced for ``layout``.
+
+    Raises:
+        ConfigurationError: a layout the cost model does not price (tensor parallelism, or two kinds of
+            split at once).
+    """
+    kinds = sum(d > 1 for d in (layout.replicas, layout.shards, layout.tensor, layout.stages))
+    if layout.tensor > 1 or kinds > 1:
+        raise ConfigurationError(f"the planner does not price the layout {layout.describe()!r} yet: it plans one "
+                                 "kind of split at a time (replicas, shards or stages).")
+    n = layout.devices
     rate = costs.flops_per_s * (1 if precision == "32-true" else 2)
     compute_s = accumulate * (estimate.flops / rate + costs.micro_batch_overhead_s)
     share = (n - 1) / n if n > 1 else 0.0
     grads, params = estimate.gradients_bytes, estimate.parameters_bytes
     gathered = params / 2 if precision == "bf16-mixed" else params  # FSDP gathers in the compute dtype
     peak = estimate.peak_bytes
-    if strategy == "single":
+    if n == 1:
         step_s = compute_s
-    elif strategy == "ddp":
+    elif layout.replicas > 1:
         peak += grads  # DDP's gradient buckets
         step_s = compute_s + 2 * share * grads / costs.link_bytes_per_s
-    elif strategy in ("fsdp", "fsdp-offload"):
+    elif layout.shards > 1:
         sharded = shard_estimate(estimate, n, costs.units[precision])
         peak = sharded.peak_bytes
         comm = accumulate * share * (2 * gathered + grads) / costs.link_bytes_per_s
         step_s = compute_s + comm
-        if strategy == "fsdp-offload":
+        if layout.offload:
             peak -= sharded.parameters_bytes + sharded.gradients_bytes + sharded.optimizer_state_bytes
             host = sharded.parameters_bytes + sharded.gradients_bytes
             step_s += accumulate * host / costs.host_bytes_per_s
@@ -108,4 +120,4 @@ def option_for(estimate: MemoryEstimate, precision: str, ckpt: str, strategy: st
         chunks = 4 * n
         peak = int(peak / n * _PIPELINE_IMBALANCE)
         step_s = compute_s * (chunks + n - 1) / chunks / n
-    return FitOption(precision, ckpt, strategy, n, micro, accumulate, int(peak), step_s, exact)
+    return FitOption(precision, ckpt, layout, micro, accumulate, int(peak), step_s, exact)

@@ -36,6 +36,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from gpukit.layout import Layout
 from gpukit.memory._fit_costs import Costs, FitOption, option_for
 from gpukit.memory._fit_planner import FitPlanner
 from gpukit.memory._planner import MemoryEstimate
@@ -53,8 +54,7 @@ class Candidate:
 
     precision: str
     ckpt: str
-    strategy: str
-    devices: int
+    layout: Layout
     per_device: int  # samples per device per optimizer step
     micro: int
 
@@ -64,8 +64,8 @@ class Candidate:
         return (self.precision, self.ckpt, self.micro)
 
     @property
-    def family(self) -> tuple[str, str, str, int]:
-        return (self.precision, self.ckpt, self.strategy, self.devices)
+    def family(self) -> tuple[str, str, Layout]:
+        return (self.precision, self.ckpt, self.layout)
 
     @property
     def smallest(self) -> Candidate:
@@ -99,7 +99,7 @@ def search(grid: Sequence[Candidate], planner: FitPlanner, costs: Costs, budget:
     ranked = _ranked(grid, planner, costs, workers)
     fitting: list[FitOption] = []
     rejected: FitOption | None = None
-    dead: set[tuple[str, str, str, int]] = set()
+    dead: set[tuple[str, str, Layout]] = set()
     misses: Counter[tuple[str, str, str, int]] = Counter()  # plans made that did not fit, by family
     start = 0
     while start < len(ranked) and len(fitting) < top:
@@ -180,7 +180,7 @@ def _closest(ranked: list[Candidate], planner: FitPlanner, costs: Costs) -> FitO
     return min(options, key=lambda o: o.peak_bytes)
 
 
-def _bury(ranked: list[tuple[float, Candidate]], dead: set[tuple[str, str, str, int]], planner: FitPlanner,
+def _bury(ranked: list[tuple[float, Candidate]], dead: set[tuple[str, str, Layout]], planner: FitPlanner,
           costs: Costs, budget: int) -> None:
     """Add to ``dead`` every family whose smallest micro-batch does not fit: planned, or bounded
     above the budget by the plans of its other sizes (the strategies of one precision and
@@ -202,7 +202,7 @@ def _ranked(grid: Sequence[Candidate], planner: FitPlanner, costs: Costs,
     precisions = sorted({c.precision for c in grid}, key=_PROBE_PREFERENCE.index)
     policies = list(dict.fromkeys(c.ckpt for c in grid))
     compute = {ckpt: (precisions[0], ckpt, biggest) for ckpt in policies}
-    talks = any(c.strategy != "single" for c in grid)  # bytes matter only where devices exchange them
+    talks = any(c.layout.devices > 1 for c in grid)  # bytes matter only where devices exchange them
     moved = {p: compute[policies[0]] if p == precisions[0] or not talks else (p, policies[0], biggest)
              for p in precisions}
     planner.plan_all([*compute.values(), *moved.values()], workers)
@@ -211,13 +211,13 @@ def _ranked(grid: Sequence[Candidate], planner: FitPlanner, costs: Costs,
     def predicted(c: Candidate) -> float:
         base: MemoryEstimate = planner.exact(*moved[c.precision])
         estimate = replace(base, flops=per_sample[c.ckpt] * c.micro)
-        return option_for(estimate, c.precision, c.ckpt, c.strategy, c.devices, c.micro,
+        return option_for(estimate, c.precision, c.ckpt, c.layout, c.micro,
                           c.per_device // c.micro, costs).step_s
 
     return sorted(((predicted(c), c) for c in grid), key=lambda pair: pair[0])
 
 
-def _plan_ahead(group: list[Candidate], after: list[Candidate], dead: set[tuple[str, str, str, int]],
+def _plan_ahead(group: list[Candidate], after: list[Candidate], dead: set[tuple[str, str, Layout]],
                 planner: FitPlanner, workers: int) -> None:
     """Plan ``group`` and, while a worker would be idle, the next configurations not planned yet."""
     keys = list(dict.fromkeys(c.key for c in group if not planner.planned(c.key)))
@@ -231,5 +231,5 @@ def _plan_ahead(group: list[Candidate], after: list[Candidate], dead: set[tuple[
 
 def _exact(c: Candidate, planner: FitPlanner, costs: Costs) -> FitOption:
     """``c`` from the exact plan of its micro-batch."""
-    return option_for(planner.exact(*c.key), c.precision, c.ckpt, c.strategy, c.devices, c.micro,
+    return option_for(planner.exact(*c.key), c.precision, c.ckpt, c.layout, c.micro,
                       c.per_device // c.micro, costs, exact=True)

@@ -31,6 +31,7 @@ from torch import nn
 
 from gpukit._util.units import format_bytes, parse_size
 from gpukit.errors import ConfigurationError, GpukitError, MemoryPlanError
+from gpukit.layout import plan_name_of
 from gpukit.memory import (
     FIT_PRECISIONS, FitOption, FitPlanner, FitResult, check_policy, example_batch_size, fit, policy_name,
 )
@@ -285,11 +286,12 @@ def fit_at_setup(fit: SessionFit | None, model: nn.Module, optimizer: Any, examp
 
 
 def _plan_strategy(strategy: Strategy) -> str:
+    """The planner's name for the session's layout (a layout of one device per process)."""
+    layout = strategy.layout
+    label = None if layout.one_process else plan_name_of(layout)
+    if label is not None:
+        return label
     name = strategy.name
-    if name in ("single", "ddp"):
-        return name
-    if name == "fsdp":
-        return "fsdp-offload" if getattr(strategy, "cpu_offload", False) else "fsdp"
     raise ConfigurationError(
         f"Session(strategy={name!r}, fit=...): fit plans one device per process (single, DDP, FSDP); "
         f"for {name!r} use gpukit.memory.fit(...) / `gpukit plan --fit` and set the options yourself.")

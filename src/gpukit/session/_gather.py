@@ -115,7 +115,7 @@ def gather_for_metrics(strategy: Strategy, loaders: LoaderTracker, value: Any, p
         DistributedError: on every rank, for what cannot be joined (structures, dtypes or trailing
             dims that differ between ranks).
     """
-    if strategy.world_size == 1:
+    if strategy.data_parallel_size == 1:
         return value
     in_hand = loaders.samples_in_batch()  # (samples in the batch in hand, of them not repeats)
     tree = _tensor_tree(value)

@@ -106,7 +106,7 @@ def join_uneven(tracker: LoaderTracker, strategy: Strategy, model: nn.Module) ->
     """
     from torch.nn.parallel import DistributedDataParallel
 
-    if strategy.world_size == 1:
+    if strategy.data_parallel_size == 1:
         joined: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     elif isinstance(model, DistributedDataParallel):
         from torch.distributed.algorithms import Join

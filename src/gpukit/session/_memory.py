@@ -290,7 +290,7 @@ class SessionMemory:
         for param, grad in zip(params, held):
             if grad is not None:
                 param.grad = grad if param.grad is None else grad.add_(param.grad)
-        if boundary and self._strategy.world_size > 1:
+        if boundary and self._strategy.data_parallel_size > 1:
             _memory.average_gradients(params)
         total = losses[0]
         for loss in losses[1:]:

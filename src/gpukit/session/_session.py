@@ -137,15 +137,16 @@ class Session:
         self.strategy.precision = get_precision(precision, self.accelerator, self.strategy.root_device)
         self._fit = SessionFit.create(fit, self._config, self.strategy, verbose=verbose)
         self.seed = seed
+        # data-parallel coordinates (not rank / world size): the ranks of one tensor group share a batch
         batches = plan_batches(global_batch_size, micro_batch_size, accumulate_grad_batches,
-                               self.strategy.world_size)
+                               self.strategy.data_parallel_size)
         self._micro_batch_size = batches.micro_batch_size
-        self._loaders = LoaderTracker(self.strategy.world_size)  # the gpukit loader whose batch is in hand
+        self._loaders = LoaderTracker(self.strategy.data_parallel_size)  # the gpukit loader whose batch is in hand
         self._steps = TrainingSteps(self.strategy, batches.accumulate_grad_batches,
                                     loaders=self._loaders, step_at_loader_end=step_at_loader_end)
         self._loaders.on_pass_end = self._steps.pass_ended
-        self._seeding = RankSeeding(seed, self.strategy.rank, self.strategy.world_size, self.accelerator,
-                                    seed_per_rank)
+        self._seeding = RankSeeding(seed, self.strategy.data_parallel_rank, self.strategy.data_parallel_size,
+                                    self.accelerator, seed_per_rank)
         #: step-time breakdown of every gpukit loader (data wait, copy, compute); listeners
         self.timings = StepTimings(self.accelerator, rank=self.strategy.rank, report=verbose)
         if seed is not None:
@@ -219,8 +220,9 @@ class Session:
 
     @property
     def global_batch_size(self) -> int | None:
-        """Samples per optimizer step over all ranks (micro x ranks x accumulation), ``None`` if unknown."""
-        return self._micro_batch_size and self._micro_batch_size * self.world_size * self.accumulate_grad_batches
+        """Samples per optimizer step over all ranks (micro x data-parallel ranks x accumulation), ``None`` if unknown."""
+        return (self._micro_batch_size
+                and self._micro_batch_size * self.strategy.data_parallel_size * self.accumulate_grad_batches)
 
     # -- set-up -----------------------------------------------------------------------------------
     def setup(self, model: M, optimizer: torch.optim.Optimizer | None = None, *, example_input: Any = None) -> Any:
@@ -289,7 +291,8 @@ class Session:
             seed = self.broadcast(fresh_seed()) if self.world_size > 1 else fresh_seed()
         if batch_size is None and self._micro_batch_size is not None and not hasattr(data, "batch_sampler"):
             batch_size = self._micro_batch_size
-        place = LoaderPlace(self.device, self.accelerator, rank=self.rank, world_size=self.world_size,
+        place = LoaderPlace(self.device, self.accelerator, rank=self.strategy.data_parallel_rank,
+                            world_size=self.strategy.data_parallel_size,
                             local_world_size=self.strategy.num_processes, seed=int(seed), broadcast=self.broadcast,
                             timings=self.timings, listener=self._loaders)
         request = LoaderRequest.of(batch_size, shuffle, num_workers, even_batches, **kwargs)

@@ -8,6 +8,9 @@
 - ``"fsdp"``: FSDP2 ``fully_shard``, parameters/gradients/optimizer state sharded over processes.
 - ``activation_checkpointing=`` (any strategy): blocks recompute their activations in backward.
 - ``"auto"``: ddp when several processes are launched or asked for, else single.
+
+The names are registered in :mod:`gpukit.layout` (the one registry); each strategy's ``layout``
+says how it divides the work and gives its data-parallel rank and size.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ Rules (documented in docs/sessions.md, "Devices and strategies"):
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -26,18 +27,16 @@ import torch
 from gpukit._util.warnings import user_stacklevel
 from gpukit.accelerators import DEVICE_TYPES, Accelerator, auto_device_type, get_accelerator
 from gpukit.errors import ConfigurationError, DeviceError
+from gpukit.layout import StrategyEntry, strategy_entry, strategy_names
 from gpukit.placement import resolve_device, visible_mapping_text
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies.base import Strategy
-from gpukit.strategies.ddp import DDPStrategy
-from gpukit.strategies.dp import DataParallelStrategy
 from gpukit.strategies.fsdp import FSDPStrategy
-from gpukit.strategies.pipeline import PipelineStrategy
-from gpukit.strategies.single import SingleDeviceStrategy
 
-__all__ = ["select_strategy", "STRATEGIES", "ACCELERATORS"]
+__all__ = ["select_strategy", "STRATEGIES", "ACCELERATORS", "strategy_class"]
 
-STRATEGIES = ("auto", "single", "dp", "ddp", "fsdp", "pipeline")
+#: the names registered when gpukit was imported (``gpukit.layout.strategy_names()`` is the live list)
+STRATEGIES = strategy_names()
 ACCELERATORS = ("auto", *DEVICE_TYPES)
 _DEVICES_HELP = (
     'devices="auto", an int N (-1 = all visible GPUs), a list of GPU indices, or one device '
@@ -66,13 +65,10 @@ def select_strategy(
     if isinstance(strategy, Strategy):
         return strategy
     name = str(strategy).strip().lower()
-    if name not in STRATEGIES:
-        raise ConfigurationError(
-            f"Unknown strategy {strategy!r}; choose one of {', '.join(map(repr, STRATEGIES))}."
-        )
+    entry = None if name == "auto" else strategy_entry(str(strategy))
     env = DistEnv.from_environ(environ)
-    if name == "pipeline":
-        return _pipeline(devices, accelerator, env)
+    if entry is not None and entry.placement == "stages":
+        return _pipeline(devices, accelerator, env, strategy_class(entry))
     acc = _accelerator(accelerator, devices)
     indices = _device_indices(devices, acc, env, accelerator_given=accelerator != "auto", environ=environ)
     if env is not None and not _is_auto(devices) and len(indices) != env.local_world_size:
@@ -82,44 +78,50 @@ def select_strategy(
             "agree, or use devices='auto' to take one device per launched process."
         )
     processes = env.world_size if env is not None else len(indices)
-    if name == "auto":
-        name = "ddp" if processes > 1 else "single"
-    if name == "single":
+    if entry is None:
+        entry = strategy_entry("ddp" if processes > 1 else "single")
+    name, cls = entry.name, strategy_class(entry)
+    if entry.placement == "one-device":
         if processes > 1:
             raise ConfigurationError(
-                f"strategy='single' uses one device, but {processes} were asked for "
+                f"strategy={name!r} uses one device, but {processes} were asked for "
                 f"(devices={devices!r}{', WORLD_SIZE=' + str(env.world_size) if env else ''}). "
                 "Use strategy='ddp' (or 'dp' for several GPUs in one process), or devices=1."
             )
-        return SingleDeviceStrategy(acc, _device(acc, indices[0]))
-    if name == "dp":
+        return cls(acc, _device(acc, indices[0]))
+    if entry.placement == "in-process":
         if env is not None and env.world_size > 1:
             raise ConfigurationError(
-                f"strategy='dp' runs in one process, but this is rank {env.rank} of "
+                f"strategy={name!r} runs in one process, but this is rank {env.rank} of "
                 f"{env.world_size} launched processes; use strategy='ddp' (or 'auto')."
             )
         if acc.is_host and len(indices) > 1:
             raise ConfigurationError(
-                f"strategy='dp' splits batches over GPUs; the CPU is one device (devices={devices!r}). "
+                f"strategy={name!r} splits batches over GPUs; the CPU is one device (devices={devices!r}). "
                 "Use devices=1, or accelerator='cpu' with strategy='ddp' for several CPU processes."
             )
-        return DataParallelStrategy(acc, [_device(acc, i) for i in indices])
-    local = indices[env.local_rank] if env is not None else indices[0]
+        return cls(acc, [_device(acc, i) for i in indices])
+    local = _device(acc, indices[env.local_rank] if env is not None else indices[0])
     shared = _processes_share_one_gpu(devices, acc, env)
-    if name == "fsdp":
-        if shared:
-            raise ConfigurationError(
-                f"strategy='fsdp' needs a GPU per process, but the {env.local_world_size} processes on this "  # type: ignore[union-attr]
-                "node share the one GPU they see. Use strategy='ddp' (it runs over gloo then), or give each "
-                f"process a GPU: gpukit run --gpus {env.local_world_size} ..."  # type: ignore[union-attr]
-            )
-        return (template or FSDPStrategy()).bind(acc, _device(acc, local), env, len(indices))
-    strategy = DDPStrategy(
-        acc, _device(acc, local), env, num_processes=len(indices), sync_batchnorm=sync_batchnorm
-    )
-    if shared:  # nccl refuses two ranks on one device ("Duplicate GPU detected"); gloo moves CUDA tensors
-        strategy.backend = "gloo"
-    return strategy
+    if template is not None:
+        return template.place(acc, local, env, len(indices), shares_gpu=shared)
+    return cls.for_process(acc, local, env, len(indices), sync_batchnorm=sync_batchnorm, shares_gpu=shared)
+
+
+def strategy_class(entry: StrategyEntry) -> Any:
+    """The ``Strategy`` subclass a registry entry names (its module imported on first use).
+
+    Raises:
+        ConfigurationError: the entry's target is not an importable ``Strategy`` subclass.
+    """
+    module_name, _, class_name = entry.target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"strategy {entry.name!r}: cannot import {entry.target!r} ({exc}).") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise ConfigurationError(f"strategy {entry.name!r}: {entry.target!r} is not a gpukit Strategy subclass.")
+    return cls
 
 
 def _processes_share_one_gpu(devices: Any, acc: Accelerator, env: DistEnv | None) -> bool:
@@ -134,7 +136,7 @@ def _processes_share_one_gpu(devices: Any, acc: Accelerator, env: DistEnv | None
             and env.kind != "slurm" and acc.device_count() == 1)
 
 
-def _pipeline(devices: Any, accelerator: str | Accelerator, env: DistEnv | None) -> PipelineStrategy:
+def _pipeline(devices: Any, accelerator: str | Accelerator, env: DistEnv | None, cls: Any) -> Strategy:
     if env is not None and env.world_size > 1:
         raise ConfigurationError(
             f"strategy='pipeline' splits the model over devices in one process, but this is rank "
@@ -151,7 +153,7 @@ def _pipeline(devices: Any, accelerator: str | Accelerator, env: DistEnv | None)
         if count < 1:
             raise ConfigurationError(f"devices={devices} is not a device count; use {_DEVICES_HELP}.")
         devices = [acc.device(i) for i in _checked(list(range(count)), acc, devices)]
-    strategy = PipelineStrategy(devices)
+    strategy = cls(devices)
     given = accelerator.type if isinstance(accelerator, Accelerator) else str(accelerator).strip().lower()
     if given != "auto" and given != strategy.accelerator.type:
         raise ConfigurationError(

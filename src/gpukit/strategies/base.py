@@ -14,6 +14,7 @@ from torch import nn
 
 from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
+from gpukit.layout import Layout
 from gpukit.precision import Precision
 
 __all__ = ["Strategy", "REDUCE_OPS"]
@@ -65,8 +66,19 @@ class Strategy:
         return True
 
     @property
-    def is_distributed(self) -> bool:
-        return False
+    def layout(self) -> Layout:
+        """How this job's devices divide the work (replicas x shards x tensor x stages)."""
+        return Layout()
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which shard of the data this process loads (the ranks of one tensor group share it)."""
+        return self.layout.data_parallel_rank(self.rank)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many processes load different batches: sampler shards, the global batch's divisor."""
+        return self.layout.data_parallel_size
 
     # -- set-up ----------------------------------------------------------------------------
     def setup_environment(self) -> None:

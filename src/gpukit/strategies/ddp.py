@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gpukit.accelerators import Accelerator
 from gpukit.errors import DistributedError
+from gpukit.layout import Layout
 from gpukit.placement import unwrap_model
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies._lifecycle import leave_at_exit
@@ -64,6 +65,20 @@ class DDPStrategy(Strategy):
         self._owns_group = False
         self._backend: str | None = None  # set: this node's processes share one GPU (see backend)
 
+    @classmethod
+    def for_process(cls, accelerator: Accelerator, device: torch.device, env: DistEnv | None, num_processes: int,
+                    *, sync_batchnorm: bool = False, shares_gpu: bool = False) -> DDPStrategy:
+        """This process's strategy of a job with a process per device (``strategies/_select.py`` calls it).
+
+        Args:
+            shares_gpu: this node's processes all see one GPU (run over gloo: nccl refuses two ranks
+                on one device, gloo moves CUDA tensors).
+        """
+        strategy = cls(accelerator, device, env, num_processes=num_processes, sync_batchnorm=sync_batchnorm)
+        if shares_gpu:
+            strategy.backend = "gloo"
+        return strategy
+
     @property
     def backend(self) -> str:
         """The process group's backend: the accelerator's (nccl on NVIDIA GPUs, gloo on the CPU),
@@ -95,8 +110,8 @@ class DDPStrategy(Strategy):
         return self.env is not None or self._num_processes == 1
 
     @property
-    def is_distributed(self) -> bool:
-        return True
+    def layout(self) -> Layout:
+        return Layout(replicas=self.world_size)
 
     def setup_environment(self) -> None:
         super().setup_environment()

@@ -21,6 +21,7 @@ from torch.nn.parallel import parallel_apply
 
 from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
+from gpukit.layout import Layout
 from gpukit.placement import unwrap_model
 from gpukit.strategies.base import Strategy
 
@@ -48,6 +49,10 @@ class DataParallelStrategy(Strategy):
         )
         wrapped.gpukit_autocast = (self.root_device.type, self.precision.autocast_dtype)
         return wrapped
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(replicas=len(self.devices), one_process=True)
 
     def compile_targets(self, module: nn.Module) -> list[nn.Module]:
         if isinstance(module, nn.DataParallel):

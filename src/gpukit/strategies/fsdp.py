@@ -32,6 +32,7 @@ from torch import nn
 
 from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
+from gpukit.layout import Layout
 from gpukit.memory import DEFAULT_MIN_UNIT_PARAMS, AutoWrap, units_to_shard
 from gpukit.placement import unwrap_model
 from gpukit.precision import STATS_NORM_LAYERS, MixedPrecision, fsdp_own_unit_layers
@@ -104,6 +105,27 @@ class FSDPStrategy(DDPStrategy):
     def bound(self) -> bool:
         """Whether the session has filled in the accelerator and device yet."""
         return self.accelerator is not None
+
+    @classmethod
+    def for_process(cls, accelerator: Accelerator, device: torch.device, env: DistEnv | None, num_processes: int,
+                    *, sync_batchnorm: bool = False, shares_gpu: bool = False) -> FSDPStrategy:
+        """This process's FSDP strategy with default settings (see :meth:`DDPStrategy.for_process`).
+
+        Raises:
+            ConfigurationError: the node's processes share one GPU (FSDP needs a GPU per process).
+        """
+        return cls().place(accelerator, device, env, num_processes, shares_gpu=shares_gpu)
+
+    def place(self, accelerator: Accelerator, device: torch.device, env: DistEnv | None, num_processes: int,
+              *, shares_gpu: bool = False) -> FSDPStrategy:
+        """:meth:`bind` after refusing processes that share one GPU."""
+        if shares_gpu:
+            raise ConfigurationError(
+                f"strategy='fsdp' needs a GPU per process, but the {num_processes} processes on this "
+                "node share the one GPU they see. Use strategy='ddp' (it runs over gloo then), or give each "
+                f"process a GPU: gpukit run --gpus {num_processes} ..."
+            )
+        return self.bind(accelerator, device, env, num_processes)
 
     def bind(
         self, accelerator: Accelerator, device: torch.device, env: DistEnv | None, num_processes: int
@@ -213,6 +235,10 @@ class FSDPStrategy(DDPStrategy):
             total = total.full_tensor()  # the per-shard partial norms, reduced over the ranks
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return total
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(shards=self.world_size, offload=self.cpu_offload)
 
     def describe(self) -> str:
         offload = ", CPU offload" if self.cpu_offload else ""

@@ -17,6 +17,7 @@ from torch import nn
 
 from gpukit.accelerators import get_accelerator
 from gpukit.errors import ConfigurationError
+from gpukit.layout import Layout
 from gpukit.parallel import check_chunks, resolve_stage_devices, split
 from gpukit.placement import unwrap_model
 from gpukit.strategies._checkpointing import check_policy
@@ -91,6 +92,10 @@ class PipelineStrategy(Strategy):
         raise ConfigurationError(
             "compiling is not supported with strategy='pipeline' (its stages run as separate, hand-driven "
             "pieces); compile single layers yourself (layer.compile()) before session.setup, or use compile=False.")
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(stages=len(self.devices), one_process=True)
 
     def describe(self) -> str:
         shown = ", ".join(str(d) for d in self.devices)
