@@ -325,3 +325,12 @@ def test_the_export_check_reads_the_lazy_tables() -> None:
     assert devices["type_checking"]["list_gpus"] == "gpukit.devices._snapshot"
     top = _exports(PACKAGE / "__init__.py")
     assert top["lazy"]["Session"] == "gpukit.session" and "Session" in top["all"]
+
+
+def test_no_module_of_gpukit_is_found_by_name() -> None:
+    # sys.modules.get("gpukit.x") / "gpukit.x" in sys.modules reaches a layer without importing it: an
+    # import that test_imports_point_down_the_layers cannot see
+    found = [f"{path.relative_to(ROOT)}:{n}" for path in sorted(PACKAGE.rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"""sys\.modules(\.get\(|\[)\s*["']gpukit|["']gpukit[\w.]*["']\s+(not\s+)?in\s+sys\.modules""", line)]
+    assert not found, found

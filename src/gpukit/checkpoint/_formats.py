@@ -30,6 +30,7 @@ __all__ = [
     "SAFETENSORS",
     "sniff_format",
     "format_for_save",
+    "check_format",
     "metadata_entry",
     "safetensors_metadata",
     "append_zip_metadata",
@@ -82,12 +83,21 @@ def safetensors_metadata(**extra: str) -> dict[str, str]:
     return {"format": "pt", **extra, **metadata_entry()}
 
 
+def check_format(format: str | None) -> None:
+    """Refuse a ``format=`` that is none of :data:`FORMATS` (``None``: decided later, by suffix or bytes).
+
+    Raises:
+        ConfigurationError: an unknown format.
+    """
+    if format is not None and format not in FORMATS:
+        raise ConfigurationError(f"Unknown checkpoint format {format!r}; use one of {', '.join(map(repr, FORMATS))}.")
+
+
 def format_for_save(path: Path, format: str | None) -> str:
-    """``"torch"`` or ``"safetensors"``, from ``format`` or else the file extension."""
+    """``"torch"`` or ``"safetensors"``, from ``format`` or else the file extension (the one suffix rule)."""
+    check_format(format)
     if format is None:
         return "safetensors" if path.suffix == ".safetensors" else "torch"
-    if format not in FORMATS:
-        raise ConfigurationError(f"Unknown checkpoint format {format!r}; use one of {', '.join(FORMATS)}.")
     return format
 
 

@@ -23,6 +23,7 @@ from gpukit.checkpoint._formats import (
     SAFETENSORS_DTYPES,
     TORCH_ZIP,
     check_readable_file,
+    format_for_save,
     header_metadata,
     pickled_globals,
     read_metadata,
@@ -315,6 +316,5 @@ def convert_checkpoint(
         ) from None
     count = sum(1 for _, v in _walk(state) if isinstance(v, torch.Tensor)) if not isinstance(
         state, torch.Tensor) else 1
-    return {"target": str(written), "format": format or ("safetensors" if written.suffix == ".safetensors"
-                                                          else "torch"),
+    return {"target": str(written), "format": format_for_save(written, format),
             "tensors": count, "size_bytes": written.stat().st_size}

@@ -18,6 +18,7 @@ from gpukit.checkpoint._dist import DistContext, background_dist, current_dist
 from gpukit.checkpoint._gather import gather_sharded
 from gpukit.checkpoint._formats import (
     append_zip_metadata,
+    check_format,
     format_for_save,
     metadata_entry,
     safetensors_metadata,
@@ -243,8 +244,7 @@ def load(
         UnsafeCheckpointError: the file needs full unpickling and ``trust`` is False.
     """
     source = Path(path)
-    if format is not None and format not in ("torch", "safetensors"):
-        raise ConfigurationError(f"Unknown checkpoint format {format!r}; use 'torch' or 'safetensors'.")
+    check_format(format)
     if model is not None:
         if map_location != "auto":
             raise ConfigurationError(f"gpukit.load(path, model=..., map_location={map_location!r}): with a model the "

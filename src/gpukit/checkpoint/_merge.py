@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 import torch
 
 from gpukit.checkpoint._atomic import atomic_write
-from gpukit.checkpoint._formats import SAFETENSORS_DTYPES, safetensors_metadata
+from gpukit.checkpoint._formats import SAFETENSORS_DTYPES, format_for_save, safetensors_metadata
 from gpukit.checkpoint._io import save
 from gpukit.checkpoint._sharded import METADATA_FILE, read_metadata
 from gpukit.checkpoint._untrusted import check_output
@@ -146,7 +146,7 @@ def merge_sharded(
     metadata = read_metadata(source, trust)
     name, chosen = _chosen(metadata, select, source)
     prefix = f"{name}."
-    fmt = format or ("safetensors" if out.suffix == ".safetensors" else "torch")
+    fmt = format_for_save(out, format)
     cast = (lambda t: t.to(dtype) if dtype is not None and t.is_floating_point() else t)
     if fmt == "torch":
         state = {k: cast(v) for k, v in _load(source, metadata, prefix, chosen, list(chosen)).items()}

@@ -74,12 +74,9 @@ class RunState:
 
     def wait_for_saves(self) -> None:
         """Wait for a background save still writing; raise its failure (every rank alike)."""
-        import sys
+        from gpukit.checkpoint import wait_for_saves
 
-        if "gpukit.checkpoint._background" in sys.modules:  # no save was ever made: nothing to import
-            from gpukit.checkpoint import wait_for_saves
-
-            wait_for_saves()
+        wait_for_saves()
 
     def resume(self, directory: str | os.PathLike[str], **objects: Any) -> int | None:
         """Restore ``objects`` and this state from the latest complete checkpoint in ``directory``."""

@@ -16,19 +16,12 @@ import sys
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["EXIT_BARRIER_MAX_S", "leave_at_exit", "note_failure", "leaves_a_group_at_exit"]
+from gpukit.worker import is_failing, note_failure, note_group_to_leave
+
+__all__ = ["EXIT_BARRIER_MAX_S", "leave_at_exit"]
 
 #: The exit barrier waits at most this long (or the collective timeout, if shorter).
 EXIT_BARRIER_MAX_S = 60.0
-
-_failing = False
-_registered = False
-
-
-def note_failure() -> None:
-    """Mark this process as failing: the exit hook then skips the barrier."""
-    global _failing
-    _failing = True
 
 
 def _excepthook(exc_type: Any, exc: Any, tb: Any, _previous: Any = sys.excepthook) -> None:
@@ -36,15 +29,9 @@ def _excepthook(exc_type: Any, exc: Any, tb: Any, _previous: Any = sys.excepthoo
     _previous(exc_type, exc, tb)
 
 
-def leaves_a_group_at_exit() -> bool:
-    """Whether a strategy in this process created a process group that its exit hook leaves."""
-    return _registered
-
-
 def leave_at_exit(strategy: Any) -> None:
     """Destroy the process group ``strategy`` created at interpreter exit (see module doc)."""
-    global _registered
-    _registered = True
+    note_group_to_leave()
     if sys.excepthook is not _excepthook:
         sys.excepthook = _excepthook  # an uncaught exception: this rank is failing
     # A strong reference: every rank must come to the barrier. A weak one died with the script's
@@ -60,7 +47,7 @@ def _leave(strategy: Any) -> None:
     if not getattr(strategy, "_owns_group", False) or not dist.is_initialized():
         return
     try:
-        if not _failing and dist.get_world_size() > 1 and dist.get_backend() == "gloo":
+        if not is_failing() and dist.get_world_size() > 1 and dist.get_backend() == "gloo":
             wait_s = min(EXIT_BARRIER_MAX_S, float(getattr(strategy, "timeout_s", None) or EXIT_BARRIER_MAX_S))
             dist.monitored_barrier(timeout=timedelta(seconds=wait_s))
     except Exception:  # noqa: BLE001 - a peer that left or failed: still leave our end cleanly

@@ -12,6 +12,7 @@ run can checkpoint and exit with :data:`PREEMPTED_EXIT_CODE`. The launcher side 
 from __future__ import annotations
 
 from gpukit.worker._entry import run_function
+from gpukit.worker._exit_state import is_failing, leaves_a_group_at_exit, note_failure, note_group_to_leave
 from gpukit.worker._env import WorkerEnv, collective_timeout_s, parse_preempt_signal
 from gpukit.worker._forked import run_forked_function
 from gpukit.worker._heartbeat import start_heartbeat
@@ -55,7 +56,11 @@ __all__ = [
     "preempt_signal",
     "parse_preempt_signal",
     "PREEMPTED_EXIT_CODE",
-    # the process: start, supervision, heartbeat, requeue
+    # the process: start, supervision, heartbeat, requeue, how it ends
+    "note_failure",
+    "is_failing",
+    "note_group_to_leave",
+    "leaves_a_group_at_exit",
     "run_function",
     "run_forked_function",
     "die_with_launcher",

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from gpukit._util.envvars import STOP_EXIT_ENV
 from gpukit._util.units import whole_number
 from gpukit.worker._env import WorkerEnv
+from gpukit.worker._exit_state import leaves_a_group_at_exit, note_failure
 from gpukit.worker._orphans import die_with_launcher
 from gpukit.worker._stop import (
     PREEMPTED_EXIT_CODE,
@@ -140,8 +141,7 @@ def _leaves_a_group() -> bool:
     # A script of several processes that drives torch.distributed itself (no Session) meets the
     # same destructors even after its own destroy_process_group() -- seen in a full CI run:
     # a plain DDP script's rank 1 aborted so after it had finished.
-    lifecycle = sys.modules.get("gpukit.strategies._lifecycle")
-    if lifecycle is not None and lifecycle.leaves_a_group_at_exit():
+    if leaves_a_group_at_exit():
         return True
     return whole_number(os.environ.get("WORLD_SIZE", "")) not in (None, 0, 1)
 
@@ -170,9 +170,7 @@ def _leave_after_stop(code: int) -> None:
 
 def _note_failure() -> None:
     # this rank is failing: a Session's exit hook must not wait at a barrier for its peers
-    lifecycle = sys.modules.get("gpukit.strategies._lifecycle")
-    if lifecycle is not None:
-        lifecycle.note_failure()
+    note_failure()
 
 
 def _print_user_traceback(exc: BaseException) -> None:
