@@ -61,9 +61,7 @@ def plan_devices(spec: LaunchSpec, *, run: str | None = None) -> DevicePlan:
         ConfigurationError: contradictory settings.
     """
     gpus = spec.gpus
-    if spec.cpu:
-        if not gpus.automatic:
-            raise ConfigurationError(f"--cpu and --gpus {gpus} contradict each other: give one of them.")
+    if spec.cpu:  # LaunchSpec refused --cpu with --gpus when it was made
         return DevicePlan(env={"CUDA_VISIBLE_DEVICES": ""}, cpu=True, mapping="devices: CPU (gloo); GPUs hidden")
 
     from gpukit import devices  # no torch in there; imported late to keep `gpukit run -h` fast
@@ -99,6 +97,11 @@ def _claim(gpus: GpuRequest, criteria: dict[str, Any]) -> Any:
     if gpus.count is not None:
         present = len(devices.list_gpus())
         if gpus.count > present:  # no amount of waiting makes more GPUs appear
+            if present == 0:
+                raise GpuSelectionError(
+                    f"--gpus {gpus.count}: this machine has no NVIDIA GPU. To run {gpus.count} processes on the CPU "
+                    f"(gloo) say so: gpukit run --cpu --nproc {gpus.count} ...; or run it on a machine with GPUs."
+                )
             raise GpuSelectionError(
                 f"--gpus {gpus.count}: this machine has {present} GPU{'s' if present != 1 else ''}. Ask for at most "
                 f"{present}, or use several machines (--nnodes)."
