@@ -232,3 +232,13 @@ def test_pipeline_session_saves_in_the_background(tmp_path: Path) -> None:
     assert other.resume(tmp_path, model=resumed, optimizer=resumed_optimizer) == 1
     for key, value in resumed.state_dict().items():
         assert torch.equal(value, saved[key]), key
+
+
+def test_a_plain_save_after_a_background_one_has_its_own_timings(tmp_path: Path) -> None:
+    # issue 41.21: the synchronous branch never recorded its timings, so the previous save's were returned
+    gpukit.save({"w": torch.zeros(1000)}, tmp_path / "first.pt", background=True)
+    wait_for_saves()
+    gpukit.save({"w": torch.ones(10)}, tmp_path / "second.pt")
+    timings = last_save_timings()
+    assert timings is not None and timings.what == str(tmp_path / "second.pt") and not timings.background
+    assert timings.total_s is not None and timings.total_s >= timings.blocked_s > 0

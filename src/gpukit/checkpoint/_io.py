@@ -157,6 +157,17 @@ def save(
     dist = current_dist()
     if background:
         return _save_in_background(state, target, fmt, dist, collective=rank_zero_only and dist.world_size > 1)
+    timings = SaveTimings(str(target), False)
+    background_saves().last = timings  # last_save_timings() speaks of this save from now on
+    started = time.perf_counter()
+    try:
+        return _save_now(state, target, fmt, dist, rank_zero_only)
+    finally:
+        timings.blocked_s = timings.total_s = timings.write_s = time.perf_counter() - started
+
+
+def _save_now(state: Any, target: Path, fmt: str, dist: DistContext, rank_zero_only: bool) -> Path:
+    """``save`` without ``background``: every rank returns once the file is complete (or raises)."""
     # FSDP-sharded models become full tensors, gathered by every rank: rank 0's shards alone
     # would be silent data loss
     if not rank_zero_only or dist.world_size == 1:
