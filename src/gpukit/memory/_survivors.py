@@ -14,6 +14,7 @@ Two inspections, both bounded so a check costs micro- to milliseconds:
 
 from __future__ import annotations
 
+import dis
 import sys
 from collections import deque
 from collections.abc import Iterator
@@ -68,9 +69,37 @@ def _user_frames(start: FrameType | None, max_frames: int) -> Iterator[FrameType
         frame = frame.f_back
 
 
-def _location(frame: FrameType) -> str:
+def _location(frame: FrameType, line: int | None = None) -> str:
     code = frame.f_code
-    return f"{code.co_name}() at {code.co_filename}:{frame.f_lineno}"
+    return f"{code.co_name}() at {code.co_filename}:{line or frame.f_lineno}"
+
+
+_STORES = {"STORE_FAST": False, "STORE_NAME": False, "STORE_GLOBAL": False, "STORE_DEREF": False, "STORE_ATTR": True}
+
+
+def assigned_line(code: Any, name: str) -> int | None:
+    """The line in ``code`` where ``name`` (``x`` or ``obj.attr``) is updated in place (``x += ...``),
+    else the last line assigning it; ``None`` when ``code`` never stores it. The leak warning names
+    this line, where the fix goes, rather than the line the check ran from."""
+    attribute = "." in name
+    target = name.rsplit(".", 1)[-1] if attribute else name
+    if not target.isidentifier():
+        return None
+    inplace = plain = None
+    line = None
+    previous: dis.Instruction | None = None
+    for ins in dis.get_instructions(code):
+        if isinstance(ins.starts_line, int) and not isinstance(ins.starts_line, bool):
+            line = ins.starts_line  # Python <= 3.12; 3.13 has ins.line_number
+        here = getattr(ins, "line_number", None) or line
+        if _STORES.get(ins.opname) is attribute and ins.opname in _STORES and ins.argval == target:
+            plain = here
+            if previous is not None and (previous.opname.startswith("INPLACE_") or (
+                    previous.opname == "BINARY_OP" and previous.argrepr.endswith("="))):
+                inplace = here
+        if ins.opname not in ("COPY", "SWAP", "ROT_TWO", "ROT_THREE", "CACHE", "EXTENDED_ARG"):
+            previous = ins  # `obj.attr += x` puts a COPY/SWAP between the add and the store
+    return inplace or plain
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
@@ -123,7 +152,8 @@ def scan_user_frames(start: FrameType | None = None, max_frames: int = 4, max_va
         seen.add(id(value))
         if isinstance(value, torch.Tensor):
             if value.grad_fn is not None:
-                survivors.append(Survivor(name, location, value))
+                line = assigned_line(current.f_code, name) if current is not None else None
+                survivors.append(Survivor(name, _location(current, line) if line else location, value))
         elif isinstance(value, _CONTAINERS):
             tensors = _tensors_in(_newest(value))
             if tensors:
@@ -144,7 +174,9 @@ def scan_user_frames(start: FrameType | None = None, max_frames: int = 4, max_va
                     if attr not in ("_parameters", "_buffers", "_modules"):
                         visit(f"{name}.{attr}", item, location, depth + 1)
 
+    current: FrameType | None = None
     for user_frame in _user_frames(frame, max_frames):
+        current = user_frame
         location = _location(user_frame)
         for name, value in list(user_frame.f_locals.items()):
             if name.startswith("__") or isinstance(value, (ModuleType, type)):
