@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -51,6 +53,11 @@ def test_total_loss_pattern_named_within_20_steps_at_defaults(pattern: str) -> N
     finding = watcher.findings[0]
     assert finding.kind == "autograd_history" and finding.variable == "total_loss"
     assert "_train()" in (finding.location or "")
+    # the line to fix (issue 41.22): the `+=` (or the rebinding), not the line the check ran from
+    text = "total_loss += loss  #" if pattern == "inplace" else "total_loss = total_loss + loss"
+    line = next(n for n, source in enumerate(Path(__file__).read_text().splitlines(), 1) if text in source)
+    # _train updates total_loss from itself on three lines (one per pattern): each is named
+    assert re.search(rf"{Path(__file__).name}:(\d+, )*{line}\b", finding.location or ""), finding.location
 
 
 def test_growing_list_of_outputs_with_graphs_is_named() -> None:

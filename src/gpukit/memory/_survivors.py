@@ -69,37 +69,41 @@ def _user_frames(start: FrameType | None, max_frames: int) -> Iterator[FrameType
         frame = frame.f_back
 
 
-def _location(frame: FrameType, line: int | None = None) -> str:
+def _location(frame: FrameType, lines: list[int] | None = None) -> str:
     code = frame.f_code
-    return f"{code.co_name}() at {code.co_filename}:{line or frame.f_lineno}"
+    return f"{code.co_name}() at {code.co_filename}:{', '.join(map(str, lines or [frame.f_lineno]))}"
 
 
 _STORES = {"STORE_FAST": False, "STORE_NAME": False, "STORE_GLOBAL": False, "STORE_DEREF": False, "STORE_ATTR": True}
+_LOADS = {"LOAD_FAST": False, "LOAD_NAME": False, "LOAD_GLOBAL": False, "LOAD_DEREF": False, "LOAD_ATTR": True}
 
 
-def assigned_line(code: Any, name: str) -> int | None:
-    """The line in ``code`` where ``name`` (``x`` or ``obj.attr``) is updated in place (``x += ...``),
-    else the last line assigning it; ``None`` when ``code`` never stores it. The leak warning names
-    this line, where the fix goes, rather than the line the check ran from."""
+def assigned_lines(code: Any, name: str) -> list[int]:
+    """The lines in ``code`` where ``name`` (``x`` or ``obj.attr``) is updated from itself (``x += ...``,
+    ``x = x + ...``), else the last line assigning it; empty when ``code`` never stores it. The leak
+    warning names these lines, where the fix goes, rather than the line the check ran from."""
     attribute = "." in name
     target = name.rsplit(".", 1)[-1] if attribute else name
     if not target.isidentifier():
-        return None
-    inplace = plain = None
-    line = None
-    previous: dis.Instruction | None = None
+        return []
+    loaded: set[int] = set()
+    updates: list[int] = []
+    last_store = None
+    line = 0
     for ins in dis.get_instructions(code):
         if isinstance(ins.starts_line, int) and not isinstance(ins.starts_line, bool):
-            line = ins.starts_line  # Python <= 3.12; 3.13 has ins.line_number
-        here = getattr(ins, "line_number", None) or line
-        if _STORES.get(ins.opname) is attribute and ins.opname in _STORES and ins.argval == target:
-            plain = here
-            if previous is not None and (previous.opname.startswith("INPLACE_") or (
-                    previous.opname == "BINARY_OP" and previous.argrepr.endswith("="))):
-                inplace = here
-        if ins.opname not in ("COPY", "SWAP", "ROT_TWO", "ROT_THREE", "CACHE", "EXTENDED_ARG"):
-            previous = ins  # `obj.attr += x` puts a COPY/SWAP between the add and the store
-    return inplace or plain
+            line = ins.starts_line  # Python <= 3.12 (3.13: line_number)
+        positions = getattr(ins, "positions", None)
+        here = getattr(ins, "line_number", None) or (positions.lineno if positions else None) or line
+        if ins.argval != target:
+            continue
+        if _LOADS.get(ins.opname) is attribute and ins.opname in _LOADS:
+            loaded.add(here)
+        elif _STORES.get(ins.opname) is attribute and ins.opname in _STORES:
+            last_store = here
+            if here in loaded and here not in updates:
+                updates.append(here)
+    return updates or ([last_store] if last_store else [])
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
@@ -152,8 +156,8 @@ def scan_user_frames(start: FrameType | None = None, max_frames: int = 4, max_va
         seen.add(id(value))
         if isinstance(value, torch.Tensor):
             if value.grad_fn is not None:
-                line = assigned_line(current.f_code, name) if current is not None else None
-                survivors.append(Survivor(name, _location(current, line) if line else location, value))
+                lines = assigned_lines(current.f_code, name) if current is not None else []
+                survivors.append(Survivor(name, _location(current, lines) if lines else location, value))
         elif isinstance(value, _CONTAINERS):
             tensors = _tensors_in(_newest(value))
             if tensors:
