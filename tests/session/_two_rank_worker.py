@@ -46,16 +46,21 @@ def _error(fn) -> str | None:
 
 def gather_checks(session: gpukit.Session, out: dict) -> None:
     """Item 1: exactly the dataset, in order, whatever the batch size; and what cannot be gathered."""
-    out["gathered"] = {}
+    out["gathered"], out["mixed"] = {}, {}
     for batch_size in (1, 2, 3, 4):
         loader = session.setup_dataloader(eval_data(), batch_size=batch_size)
-        values, words = [], []
+        values, words, mixed_values, mixed_words = [], [], [], []
         for x, idx in loader:
             values.append(session.gather_for_metrics(idx))
             words += session.gather_for_metrics([f"s{int(i)}" for i in idx])
             nested = session.gather_for_metrics({"x": x, "pair": (idx, idx * 2)})
             assert torch.equal(nested["pair"][1], nested["pair"][0] * 2) and torch.equal(nested["x"][:, 0].long(), nested["pair"][0])
+            # issue 41.18: tensors and a list of per-sample objects in one dict
+            mixed = session.gather_for_metrics({"idx": idx, "words": [f"s{int(i)}" for i in idx]})
+            mixed_values.append(mixed["idx"])
+            mixed_words += mixed["words"]
         out["gathered"][batch_size] = (torch.cat(values).tolist(), words)
+        out["mixed"][batch_size] = (torch.cat(mixed_values).tolist(), mixed_words)
     loader = session.setup_dataloader(eval_data(), batch_size=3, shuffle=True)
     out["shuffled"] = torch.cat([session.gather_for_metrics(idx) for _, idx in loader]).tolist()
     out["shuffle_seed"] = loader.seed

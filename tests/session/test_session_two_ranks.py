@@ -84,7 +84,7 @@ def test_gather_for_metrics_gives_exactly_the_dataset(strategy: str, request: py
     records = records[0] if strategy == "ddp" else records
     every = list(range(worker.N_EVAL))
     for rec in records:
-        for batch_size, (values, words) in rec["gathered"].items():
+        for batch_size, (values, words) in [*rec["gathered"].items(), *rec["mixed"].items()]:
             assert values == every, batch_size  # 11, not 12: the repeat of the padding dropped
             assert words == [f"s{i}" for i in every], batch_size
         order = torch.randperm(worker.N_EVAL, generator=torch.Generator().manual_seed(rec["shuffle_seed"]))

@@ -119,6 +119,13 @@ def gather_for_metrics(strategy: Strategy, loaders: LoaderTracker, value: Any, p
         return value
     in_hand = loaders.samples_in_batch()  # (samples in the batch in hand, of them not repeats)
     tree = _tensor_tree(value)
+    if tree is None and isinstance(value, dict):
+        # tensors beside per-sample objects (a list of strings): each entry joined on its own
+        keys = strategy.all_gather_object(list(value.keys()))
+        if any(k != keys[0] for k in keys):
+            listing = "; ".join(f"rank {r}: {k}" for r, k in enumerate(keys))
+            raise DistributedError(f"session.gather_for_metrics got dicts with different keys on each rank ({listing}).")
+        return type(value)({k: gather_for_metrics(strategy, loaders, v, pad_index) for k, v in value.items()})
     if tree is None:
         return _gather_objects(strategy, value, in_hand)
     spec, leaves = tree
