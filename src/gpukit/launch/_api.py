@@ -26,7 +26,7 @@ from gpukit.errors import ConfigurationError
 from gpukit.launch._elastic import run_workers
 from gpukit.launch._gpu_request import GpuRequest
 from gpukit.launch._gpus import DevicePlan, plan_devices
-from gpukit.launch._notebook import check_fork, needs_fork
+from gpukit.launch._notebook import check_fork, is_interactive, needs_fork
 from gpukit.launch._signals import RunInterruptedError, StopSignal, held_signals_raise, raise_if_held
 from gpukit.launch._spec import DEFAULT_GRACE_S, LaunchSpec, spec_from
 from gpukit.launch._topology import Topology, check_topology, node_topology, scheduler_gpu_count
@@ -76,7 +76,7 @@ def _check_target(target: str, module: bool) -> None:
 
 def _check_picklable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     name = getattr(fn, "__qualname__", repr(fn))
-    if getattr(fn, "__module__", None) == "__main__" and not getattr(sys.modules.get("__main__"), "__file__", None):
+    if getattr(fn, "__module__", None) == "__main__" and is_interactive():
         raise ConfigurationError(
             f"launch_function({name}): workers are started fresh (spawn) and cannot see functions defined "
             "in an interactive session, notebook or `python -c`. Put the function in a .py module and import it."

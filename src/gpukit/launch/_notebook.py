@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import multiprocessing
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,12 +30,14 @@ FORK = "fork"
 
 
 def is_interactive() -> bool:
-    """Whether this process runs interactive code: a notebook kernel, a REPL or ``python -c``.
+    """Whether this process runs interactive code: a notebook kernel, a REPL, ``python -c`` or a script
+    read from standard input (``python -``, whose ``__main__.__file__`` is ``"<stdin>"``).
 
-    Their ``__main__`` has no file, so a spawned worker cannot import what it defines.
+    Their ``__main__`` has no file to import, so a spawned worker cannot import what it defines.
     """
     main = sys.modules.get("__main__")
-    return main is None or not getattr(main, "__file__", None)
+    file = getattr(main, "__file__", None)
+    return main is None or not file or not os.path.isfile(file)
 
 
 class _Discard:
