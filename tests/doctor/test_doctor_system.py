@@ -9,7 +9,8 @@ import pytest
 from gpukit._util.cpu import usable_cpu_count
 from gpukit.devices import FakeNvml
 from gpukit.devices._spec import parse_spec
-from gpukit.doctor._system import cgroup_cpu_limit, check_cpus, check_mig, check_persistence, check_versions
+from gpukit.doctor._system import (cgroup_cpu_limit, check_cpu_load, check_cpus, check_mig, check_persistence,
+                                   check_versions)
 from gpukit.errors import FakeSpecError
 
 _GPU = {"name": "NVIDIA A100-SXM4-40GB", "memory_total_mib": 40960, "memory_used_mib": 0}
@@ -36,6 +37,16 @@ def test_quota_below_affinity_warns_with_thread_and_worker_fix(tmp_path: Path, m
     [finding] = check_cpus(make_ctx({"OMP_NUM_THREADS": "2"}), cgroup_root=str(tmp_path))
     assert finding.status in ("ok", "info") and finding.details["affinity"] == usable_cpu_count()
     assert "OMP_NUM_THREADS=2" in finding.message
+
+
+def test_busy_cpus_warn_that_default_threads_oversubscribe_them(make_ctx):
+    # issue 41.13: a shared, busy machine; torch's default one thread per core competes with the other work
+    usable = usable_cpu_count()
+    [busy] = check_cpu_load(make_ctx(), loadavg=(3.0 * usable, 2.0 * usable, usable))
+    assert busy.status == "warn" and "oversubscribes" in busy.message and "OMP_NUM_THREADS unset" in busy.message
+    assert "export OMP_NUM_THREADS=1" in busy.fix  # no core is free: one thread
+    [quiet] = check_cpu_load(make_ctx({"OMP_NUM_THREADS": "1"}), loadavg=(0.1, 0.1, 0.1))
+    assert quiet.status == "ok" and quiet.details["omp_num_threads"] == "1"
 
 
 def test_mig_enabled_without_instances_warns(use_spec, make_ctx):

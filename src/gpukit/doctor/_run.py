@@ -17,7 +17,7 @@ from gpukit.doctor._finding import Finding, worst
 from gpukit.doctor._network import check_interface, check_master, check_port
 from gpukit.doctor._processes import check_gpu_processes
 from gpukit.doctor._shm import check_shm
-from gpukit.doctor._system import check_cpus, check_mig, check_persistence, check_versions, versions
+from gpukit.doctor._system import check_cpu_load, check_cpus, check_mig, check_persistence, check_versions, versions
 
 __all__ = ["CHECKS", "DoctorResult", "run_checks", "build_report"]
 
@@ -35,6 +35,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("gpu.mig", check_mig),
     ("gpu.persistence", check_persistence),
     ("system.cpus", check_cpus),
+    ("system.load", check_cpu_load),
     ("system.shm", check_shm),
     ("cluster.environment", check_cluster),
     ("network.interface", check_interface),

@@ -12,7 +12,11 @@ from gpukit.devices import persistence_mode, unavailable_reason
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
 
-__all__ = ["check_versions", "check_cpus", "check_mig", "check_persistence", "cgroup_cpu_limit", "versions"]
+__all__ = ["check_versions", "check_cpus", "check_cpu_load", "check_mig", "check_persistence", "cgroup_cpu_limit",
+           "versions"]
+
+#: a 1-minute load this share of the usable CPUs means other work competes for them
+_BUSY_SHARE = 0.75
 
 
 def versions(ctx: DoctorContext) -> dict[str, str | None]:
@@ -81,6 +85,28 @@ def check_cpus(ctx: DoctorContext, cgroup_root: str = "/sys/fs/cgroup") -> list[
                         + (f"; OMP_NUM_THREADS={threads}" if threads else ""), None, details)]
     return [Finding("system.cpus", "ok", f"{usable} CPUs usable (os.cpu_count() {total}, affinity {usable})"
                     + (f"; OMP_NUM_THREADS={threads}" if threads else ""), None, details)]
+
+
+def check_cpu_load(ctx: DoctorContext, loadavg: tuple[float, float, float] | None = None) -> list[Finding]:
+    """Other work on the CPUs this process may use: torch's default of one thread per core then
+    oversubscribes them (measured here: a one-process CPU run ~12x slower than with one thread per
+    free core), and the data loader looks slow for a reason that is not the data."""
+    try:
+        load = loadavg if loadavg is not None else os.getloadavg()
+    except OSError:
+        return [Finding("system.load", "info", "the load average cannot be read here")]
+    usable = usable_cpu_count()
+    threads = ctx.env.get("OMP_NUM_THREADS")
+    details = {"load_1m": load[0], "load_5m": load[1], "usable_cpus": usable, "omp_num_threads": threads}
+    if load[0] < _BUSY_SHARE * usable:
+        return [Finding("system.load", "ok", f"load {load[0]:.1f} on {usable} usable CPUs", None, details)]
+    free = max(1, int(usable - load[0] + 0.5)) if load[0] < usable else 1
+    text = (f"the CPUs are busy: load {load[0]:.1f} (5 min: {load[1]:.1f}) on {usable} usable CPUs, so torch's "
+            f"default of one thread per core ({'OMP_NUM_THREADS unset' if not threads else f'OMP_NUM_THREADS={threads}'}) "
+            "oversubscribes them: CPU training and data loading slow down many times, whatever the data")
+    fix = (f"use fewer threads for a CPU run: export OMP_NUM_THREADS={free} (or torch.set_num_threads({free})); "
+           "`gpukit run` sets it per worker when unset; or run when the machine is quieter")
+    return [Finding("system.load", "warn", text, fix, details)]
 
 
 def check_mig(ctx: DoctorContext) -> list[Finding]:
