@@ -71,6 +71,15 @@ def test_cli_plan_fit(tmp_path: Path) -> None:
                         capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
     assert "cheapest first" in ok.stdout and "Session(" in ok.stdout
+    # issue 41.22c: --nproc 2 ranks what runs in 2 processes, and says what it left out
+    ranked, _, note = ok.stdout.partition("not ranked: ")
+    assert note.startswith("single, pipeline") and "--nproc 2 asks for 2" in note
+    assert "pipeline x2" not in ranked and " single " not in ranked
+    as_json = subprocess.run([*base, "--fit", "1GiB", "--nproc", "2", "--json"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+    listed = json.loads(as_json.stdout)
+    assert {o["strategy"] for o in listed["options"]} <= {"ddp", "fsdp", "fsdp-offload"} and listed["options"]
+    assert all(o["devices"] == 2 and o["layout"]["one_process"] is False for o in listed["options"])
     bad = subprocess.run([*base, "--fit", "lots"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("gpukit: error:") and "Invalid size" in bad.stderr
     jobs = subprocess.run([*base, "--jobs", "2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)

@@ -9,14 +9,14 @@ import os
 import shutil
 import sys
 import warnings
-from typing import TextIO
+from typing import Any, TextIO
 
 import click
 
 from gpukit._util.precision_names import PRECISIONS, precision_name
 from gpukit.cli._common import MAX_BATCH
 from gpukit.errors import ConfigurationError
-from gpukit.layout import REGISTRY, plan_layout
+from gpukit.layout import REGISTRY, plan_layout, plan_names
 
 __all__ = ["plan"]
 
@@ -304,14 +304,27 @@ def _print_fit(model: object, batch: object, budget: int, devices: int, optimize
 
     from gpukit.memory import available_workers, fit
 
+    # --nproc N asks for N processes: rank the layouts that run in N (one-process ones -- a pipeline
+    # over N devices, one device -- are said to be left out, not ranked first)
+    names = [name for name in plan_names() if devices == 1 or plan_layout(name, devices).processes == devices]
+    left_out = [name for name in plan_names() if name not in names]
     with StatusLine(sys.stderr) as status:
         result = fit(model, batch, memory=budget, devices=devices, optimizer=optimizer,  # type: ignore[arg-type]
-                     device=device, workers=jobs or available_workers(), progress=status.show)
+                     device=device, workers=jobs or available_workers(), progress=status.show, strategies=names)
+
+    def described(option: Any) -> dict[str, Any]:
+        return {**asdict(option), "strategy": option.strategy, "devices": option.devices,
+                "session": option.session_line()}
+
     if as_json:
         click.echo(json.dumps({"memory_bytes": result.memory_bytes, "global_batch": result.global_batch,
-                               "options": [{**asdict(o), "session": o.session_line()} for o in result.options],
-                               "closest": asdict(result.closest) if result.closest else None}, indent=2))
+                               "options": [described(o) for o in result.options],
+                               "closest": described(result.closest) if result.closest else None,
+                               "not_ranked": left_out}, indent=2))
     else:
         click.echo(str(result))
+        if left_out:
+            click.echo(f"not ranked: {', '.join(left_out)} (they run in one process, and --nproc {devices} asks for "
+                       f"{devices}; gpukit.memory.fit(model, example, memory=..., devices={devices}) ranks them too)")
     if not result.options:  # as `gpukit select` when no GPU qualifies: scripts can tell
         click.get_current_context().exit(NOTHING_FITS_EXIT_CODE)
