@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -151,6 +150,28 @@ class Accelerator:
     def is_pinned(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is host memory the device copies from asynchronously."""
         return False
+
+    def copy_to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``tensor`` on ``device``; asynchronous from a pinned buffer (the host must not write
+        the buffer again before the device has passed an event recorded after this copy)."""
+        return tensor.to(device, non_blocking=self.is_pinned(tensor))
+
+    def to_host_async(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any | None]:
+        """Start copying ``tensor`` into host memory without waiting: ``(host, event)``, where
+        ``host`` holds the values once the device has passed ``event`` (:meth:`event_done`);
+        ``event`` is ``None`` when the values are there already. One event, counted."""
+        if not self.has_timing_events:
+            if tensor.device.type != "cpu" and not self.is_host:
+                self.counts.syncs += 1  # no events to wait on: a plain (blocking) read
+            return tensor.to("cpu"), None
+        host = self.pinned_empty(tuple(tensor.shape), tensor.dtype)
+        host.copy_(tensor, non_blocking=True)
+        return host, self.timing_event()
+
+    def wait_event(self, event: Any) -> None:
+        """Block until the device has passed ``event`` (a host synchronisation, counted)."""
+        self.counts.syncs += 1
+        event.synchronize()
 
     def supports_bf16(self, device: torch.device | None = None) -> bool:
         return True
@@ -371,9 +392,6 @@ class FakeCUDAAccelerator(CPUAccelerator):
     benefits_from_pinned_memory = True
     is_host = False
 
-    def __init__(self) -> None:
-        self._pinned: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()
-
     def device(self, index: int | None = None) -> torch.device:
         return torch.device("cpu")
 
@@ -386,11 +404,19 @@ class FakeCUDAAccelerator(CPUAccelerator):
 
     def pinned_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         buffer = torch.empty(shape, dtype=dtype)
-        self._pinned.add(buffer)
+        buffer._gpukit_fake_pinned = True  # type: ignore[attr-defined]  # a tensor keeps attributes
         return buffer
 
     def is_pinned(self, tensor: torch.Tensor) -> bool:
-        return tensor in self._pinned
+        return getattr(tensor, "_gpukit_fake_pinned", False)
+
+    def copy_to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        # a copy to a device is a new tensor: the batch must not share the pooled buffer
+        return tensor.clone()
+
+    def read_scalar(self, value: torch.Tensor) -> float:
+        self.counts.syncs += 1  # its "device" tensors live on the host: every read counts, as on CUDA
+        return float(value)
 
 
 class _FakeEvent:
@@ -407,6 +433,9 @@ class _FakeEvent:
 
     def query(self) -> bool:
         return self.t_s is not None
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: host work is done when it returns."""
 
     def elapsed_time(self, end: _FakeEvent) -> float:
         if self.t_s is None or end.t_s is None:
