@@ -45,9 +45,10 @@ def _data() -> TensorDataset:
     return TensorDataset(torch.randn(STEPS * 8, 8, generator=g), torch.randint(0, 2, (STEPS * 8,), generator=g))
 
 
-def test_a_steady_step_issues_no_sync_and_no_event(tmp_path: Path) -> None:
-    session = gpukit.Session(accelerator=FakeCUDAAccelerator(), devices=1, precision="32-true", verbose=False,
-                             record=tmp_path / "rec")
+def test_a_steady_step_issues_no_sync_and_no_event() -> None:
+    # (no record: its writer thread's reads, one event per flush, would land between steps here;
+    # tests/monitor/test_lazy_read.py counts them)
+    session = gpukit.Session(accelerator=FakeCUDAAccelerator(), devices=1, precision="32-true", verbose=False)
     loader = session.setup_dataloader(_data(), batch_size=8, num_workers=0)
     assert loader.pinned_pool  # batches are pinned through the pool (a device that gains from it, no workers)
     seen = _train_one_epoch(session, loader, log=True)
@@ -68,8 +69,6 @@ def test_a_steady_step_issues_no_sync_and_no_event(tmp_path: Path) -> None:
         else:
             assert events == 0, f"steady step {step} issued {events} event operation(s)"
     session.close()
-    steps = read_record(tmp_path / "rec").ranks[0].steps
-    assert len(steps) == STEPS and all(isinstance(s["scalars"]["loss"], float) for s in steps)
 
 
 def test_the_epoch_line_says_the_copy_was_sampled_and_its_error() -> None:

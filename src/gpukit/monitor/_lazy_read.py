@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpukit.accelerators import get_accelerator
+from gpukit.accelerators import Accelerator, get_accelerator
 
 __all__ = ["LazyRead", "is_tensor"]
 
@@ -31,28 +31,39 @@ class LazyRead:
 
     Args:
         slots: ``(container, key)`` pairs.
+        accelerator: the accelerator of tensors on its device type (the session's; a test's fake);
+            others are read through the accelerator of their device.
 
     Raises:
         RuntimeError: from torch, for a tensor on a device that is gone.
     """
 
-    def __init__(self, slots: list[tuple[Any, Any]]) -> None:
-        on_device: dict[Any, list[tuple[Any, Any]]] = {}
+    def __init__(self, slots: list[tuple[Any, Any]], accelerator: Accelerator | None = None) -> None:
+        own = accelerator.device().type if accelerator is not None else None
+        on_device: dict[Any, tuple[Accelerator, list[tuple[Any, Any]]]] = {}
+        host: set[Any] = set()
         for container, key in slots:
             value = container[key]
             if not is_tensor(value):
                 continue
-            if value.device.type == "cpu":
+            device = value.device
+            if device in host:
                 container[key] = float(value)
-            else:
-                on_device.setdefault(value.device, []).append((container, key))
+                continue
+            if device not in on_device:
+                reader = accelerator if device.type == own else get_accelerator(device)
+                if reader.is_host:  # nothing to wait for: read now
+                    host.add(device)
+                    container[key] = float(value)
+                    continue
+                on_device[device] = (reader, [])
+            on_device[device][1].append((container, key))
         self._copies: list[tuple[Any, Any, Any, list[tuple[Any, Any]]]] = []
         if not on_device:
             return
         import torch
 
-        for device, group in on_device.items():
-            accelerator = get_accelerator(device)
+        for accelerator, group in on_device.values():  # type: ignore[assignment]
             stacked = torch.stack([c[k].reshape(()).float() for c, k in group])
             host, event = accelerator.to_host_async(stacked)
             self._copies.append((accelerator, host, event, group))

@@ -81,13 +81,13 @@ def _is_tensor(value: Any) -> bool:
     return is_tensor(value)
 
 
-def _start_read(lines: list[dict[str, Any]]) -> LazyRead:
+def _start_read(lines: list[dict[str, Any]], accelerator: Accelerator | None) -> LazyRead:
     """Start reading the logged tensors of queued step windows back as floats, without waiting
     for the device (:class:`~gpukit.monitor._lazy_read.LazyRead`; the lines are written once it is
     done). The copy runs on this thread's current stream: a loss computed on a side stream should
     be logged after that stream is synchronised with the default one."""
     return LazyRead([(values, i) for line in lines for values in line.get("_scalars", {}).values()
-                     for i in range(len(values))])
+                     for i in range(len(values))], accelerator)
 
 
 class Recorder:
@@ -130,6 +130,7 @@ class Recorder:
                 "Give record= (or gpukit run --record) a writable directory."
             ) from None
         self.rank = rank
+        self._accelerator = accelerator
         self.full_steps = full_steps
         self._steps = 0
         self._last_step: int | None = None
@@ -225,13 +226,13 @@ class Recorder:
             ready: list[dict[str, Any]] = []
             if self._reading is not None:
                 read, lines = self._reading
-                if not final and not self._read_done(read, lines, final):
+                if not self._read_done(read, lines, final):
                     return  # still on its way: the held lines go after it
                 ready, self._reading = lines, None
             if self._held:
                 lines, self._held = self._held, []
                 try:
-                    read = _start_read(lines)
+                    read = _start_read(lines, self._accelerator)
                 except Exception:  # noqa: BLE001 - a tensor on a lost device: its scalars are left out
                     read = _drop_scalars(lines)
                 if self._read_done(read, lines, final):
