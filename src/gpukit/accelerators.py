@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -22,6 +23,9 @@ __all__ = [
     "Accelerator",
     "CPUAccelerator",
     "CUDAAccelerator",
+    "FakeCUDAAccelerator",
+    "SYNC_COUNTS",
+    "SyncCounts",
     "MPSAccelerator",
     "get_accelerator",
     "auto_device_type",
@@ -29,6 +33,35 @@ __all__ = [
 ]
 
 DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+class SyncCounts:
+    """What gpukit's own code asked of a device that the host may wait for: host
+    synchronisations (``synchronize``, reading a device value) and device events (creating,
+    recording, querying, timing one). One process-wide counter (:data:`SYNC_COUNTS`): the
+    rule "no sync and no event in a steady-state step" is checked by reading it around steps.
+
+    Attributes:
+        syncs: host synchronisations issued through an :class:`Accelerator`.
+        events: device-event operations issued through an :class:`Accelerator`.
+    """
+
+    __slots__ = ("syncs", "events")
+
+    def __init__(self) -> None:
+        self.syncs = 0
+        self.events = 0
+
+    def total(self) -> int:
+        """Syncs and events together."""
+        return self.syncs + self.events
+
+    def __repr__(self) -> str:
+        return f"SyncCounts(syncs={self.syncs}, events={self.events})"
+
+
+#: the process's count of gpukit's syncs and device events (every accelerator adds to it)
+SYNC_COUNTS = SyncCounts()
 
 
 class Accelerator:
@@ -62,15 +95,83 @@ class Accelerator:
         """A context in which ``device`` is current (new tensors and kernels go there)."""
         return contextlib.nullcontext()
 
+    #: the process-wide count of the syncs and events issued through any accelerator
+    counts: SyncCounts = SYNC_COUNTS
+
     def synchronize(self, device: torch.device | None = None) -> None:
-        """Wait for queued work on ``device`` (no-op on the CPU)."""
+        """Wait for queued work on ``device`` (no-op on the CPU; counted elsewhere)."""
+        if not self.is_host:
+            self.counts.syncs += 1
+        self._synchronize(device)
+
+    def _synchronize(self, device: torch.device | None) -> None:
+        """The backend's wait (what :meth:`synchronize` does after counting)."""
 
     def empty_cache(self) -> None:
         """Return cached, unused blocks to the driver (no-op on the CPU)."""
 
+    @property
+    def has_timing_events(self) -> bool:
+        """Whether :meth:`timing_event` gives events (device work can be timed without a sync)."""
+        return False
+
     def timing_event(self) -> Any | None:
-        """A new event that times device work without a sync (``None``: the backend has none)."""
+        """A new event that times device work without a sync, recorded now on the current
+        stream (``None``: the backend has none). Counted as one event."""
+        event = self._new_event()
+        if event is not None:
+            self.counts.events += 1
+            event.record()
+        return event
+
+    def _new_event(self) -> Any | None:
         return None
+
+    def event_done(self, event: Any) -> bool:
+        """Whether the device has passed ``event`` (a query: no wait). Counted as one event."""
+        self.counts.events += 1
+        return bool(event.query())
+
+    def elapsed_s(self, start: Any, end: Any) -> float:
+        """Seconds between two events the device has passed (see :meth:`event_done`)."""
+        return float(start.elapsed_time(end)) / 1e3
+
+    def read_scalar(self, value: torch.Tensor) -> float:
+        """``float(value)``: on a device that is a host synchronisation, counted as one."""
+        if not self.is_host and value.device.type != "cpu":
+            self.counts.syncs += 1
+        return float(value)
+
+    def pinned_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host buffer the device copies from without staging (page-locked where the backend
+        has such memory; plain host memory elsewhere)."""
+        return torch.empty(shape, dtype=dtype)
+
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is host memory the device copies from asynchronously."""
+        return False
+
+    def copy_to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``tensor`` on ``device``; asynchronous from a pinned buffer (the host must not write
+        the buffer again before the device has passed an event recorded after this copy)."""
+        return tensor.to(device, non_blocking=self.is_pinned(tensor))
+
+    def to_host_async(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any | None]:
+        """Start copying ``tensor`` into host memory without waiting: ``(host, event)``, where
+        ``host`` holds the values once the device has passed ``event`` (:meth:`event_done`);
+        ``event`` is ``None`` when the values are there already. One event, counted."""
+        if not self.has_timing_events:
+            if tensor.device.type != "cpu" and not self.is_host:
+                self.counts.syncs += 1  # no events to wait on: a plain (blocking) read
+            return tensor.to("cpu"), None
+        host = self.pinned_empty(tuple(tensor.shape), tensor.dtype)
+        host.copy_(tensor, non_blocking=True)
+        return host, self.timing_event()
+
+    def wait_event(self, event: Any) -> None:
+        """Block until the device has passed ``event`` (a host synchronisation, counted)."""
+        self.counts.syncs += 1
+        event.synchronize()
 
     def supports_bf16(self, device: torch.device | None = None) -> bool:
         return True
@@ -169,11 +270,21 @@ class CUDAAccelerator(Accelerator):
     def device_scope(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
         return torch.cuda.device(device)
 
-    def synchronize(self, device: torch.device | None = None) -> None:
+    def _synchronize(self, device: torch.device | None) -> None:
         torch.cuda.synchronize(device)
 
-    def timing_event(self) -> Any | None:
+    @property
+    def has_timing_events(self) -> bool:
+        return True
+
+    def _new_event(self) -> Any | None:
         return torch.cuda.Event(enable_timing=True)
+
+    def pinned_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type == "cpu" and tensor.is_pinned()
 
     def empty_cache(self) -> None:
         if torch.cuda.is_initialized():
@@ -254,7 +365,7 @@ class MPSAccelerator(Accelerator):
     def device(self, index: int | None = None) -> torch.device:
         return torch.device("mps")
 
-    def synchronize(self, device: torch.device | None = None) -> None:
+    def _synchronize(self, device: torch.device | None) -> None:
         torch.mps.synchronize()
 
     def empty_cache(self) -> None:
@@ -265,6 +376,71 @@ class MPSAccelerator(Accelerator):
 
     def manual_seed_all(self, seed: int) -> None:
         torch.mps.manual_seed(seed)
+
+
+class FakeCUDAAccelerator(CPUAccelerator):
+    """A CUDA-like accelerator that runs on the CPU, for tests and benchmarks of what gpukit
+    decides on a GPU: it benefits from pinned memory, is not the host (batches are "copied"),
+    has timing events that are recorded, queried and timed, and counts every sync and event in
+    :data:`SYNC_COUNTS` as CUDA would. Tensors stay on the CPU (``device()`` is the CPU), so a
+    whole Session runs with it on a machine without a GPU: ``Session(accelerator=FakeCUDAAccelerator())``.
+
+    Its pinned buffers are ordinary host tensors that it remembers as pinned, so the code that
+    reuses them (the loader's pinned pool) runs as on CUDA.
+    """
+
+    benefits_from_pinned_memory = True
+    is_host = False
+
+    def device(self, index: int | None = None) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def has_timing_events(self) -> bool:
+        return True
+
+    def _new_event(self) -> Any | None:
+        return _FakeEvent()
+
+    def pinned_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        buffer = torch.empty(shape, dtype=dtype)
+        buffer._gpukit_fake_pinned = True  # type: ignore[attr-defined]  # a tensor keeps attributes
+        return buffer
+
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        return getattr(tensor, "_gpukit_fake_pinned", False)
+
+    def copy_to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        # a copy to a device is a new tensor: the batch must not share the pooled buffer
+        return tensor.clone()
+
+    def read_scalar(self, value: torch.Tensor) -> float:
+        self.counts.syncs += 1  # its "device" tensors live on the host: every read counts, as on CUDA
+        return float(value)
+
+
+class _FakeEvent:
+    """A CUDA event's interface on the host clock: work on the CPU is done when it returns, so
+    an event is passed as soon as it is recorded."""
+
+    __slots__ = ("t_s",)
+
+    def __init__(self) -> None:
+        self.t_s: float | None = None
+
+    def record(self, stream: Any = None) -> None:
+        self.t_s = time.perf_counter()
+
+    def query(self) -> bool:
+        return self.t_s is not None
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: host work is done when it returns."""
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        if self.t_s is None or end.t_s is None:
+            raise RuntimeError("elapsed_time of an event that was not recorded")
+        return (end.t_s - self.t_s) * 1e3  # milliseconds, as torch.cuda.Event
 
 
 _BY_TYPE: dict[str, type[Accelerator]] = {

@@ -16,6 +16,7 @@ DDP) and the loader's settings. Each cause has one rule and one fix:
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 from dataclasses import dataclass
 from typing import Any
@@ -75,10 +76,12 @@ class EpochReport:
 
 
 def loader_facts(
-    loader: Any, accelerator: Accelerator, local_world_size: int, copies: bool, tuned: Any = None
+    loader: Any, accelerator: Accelerator, local_world_size: int, copies: bool, tuned: Any = None,
+    pinned: bool | None = None,
 ) -> LoaderFacts:
     """The :class:`LoaderFacts` of a torch DataLoader (``copies``: batches go to a device;
-    ``tuned``: the :class:`~gpukit.data.TuneResult` its settings came from, if any)."""
+    ``tuned``: the :class:`~gpukit.data.TuneResult` its settings came from, if any; ``pinned``:
+    whether batches are pinned, where not by the DataLoader -- ``None``: its ``pin_memory``)."""
     context = getattr(loader, "multiprocessing_context", None)
     if isinstance(context, str):
         method: str | None = context
@@ -90,7 +93,7 @@ def loader_facts(
         )
     per_process = usable_cpu_count() // max(1, local_world_size)
     return LoaderFacts(
-        num_workers=int(loader.num_workers), pin_memory=bool(loader.pin_memory),
+        num_workers=int(loader.num_workers), pin_memory=bool(loader.pin_memory if pinned is None else pinned),
         persistent_workers=bool(getattr(loader, "persistent_workers", False)),
         start_method=method, pinning_helps=copies and accelerator.benefits_from_pinned_memory,
         auto_workers=auto_num_workers(loader.dataset, accelerator, local_world_size),
@@ -108,6 +111,7 @@ def diagnose(per_rank: list[PassTotals], facts: LoaderFacts) -> EpochReport:
     data = sum(s.data_share for s in summaries) / n
     copies = [s.h2d_share for s in summaries if s.h2d_share is not None]
     h2d = sum(copies) / len(copies) if copies else None
+    copy = _copy_text(summaries, h2d)
     worst = max(range(n), key=lambda r: summaries[r].data_share)
     samples = sum(s.samples for s in summaries)
     busy_s = max(s.step_time_s for s in summaries)
@@ -127,18 +131,32 @@ def diagnose(per_rank: list[PassTotals], facts: LoaderFacts) -> EpochReport:
     if h2d is not None and h2d >= ADVICE_SHARE:
         if facts.pinning_helps and not facts.pin_memory:
             causes.append("pinning")
-            advice.append(f"host-to-device copy {h2d:.0%}: pin_memory is off -> pin_memory=True")
+            advice.append(f"host-to-device {copy}: pin_memory is off -> pin_memory=True")
         else:
             causes.append("copy_size")
             advice.append(
-                f"host-to-device copy {h2d:.0%}: batches are large on the wire -> send uint8 or "
+                f"host-to-device {copy}: batches are large on the wire -> send uint8 or "
                 "half tensors and convert on the device, or keep the dataset on the device"
             )
     if not advice:
-        copy = f", copy {h2d:.0%}" if h2d is not None else ""
-        advice.append(f"data loading {data:.0%}{where}{copy}: the loader keeps up")
+        advice.append(f"data loading {data:.0%}{where}{', ' + copy if copy else ''}: the loader keeps up")
     line = f"gpukit: {head} " + "; ".join(advice)
     return EpochReport(per_rank[0].epoch, summaries, data, h2d, worst, tuple(causes), line)
+
+
+def _copy_text(summaries: tuple[TimingSummary, ...], h2d: float | None) -> str:
+    """``copy 12% +-3% (sampled 8 of 120 steps)``: the ranks' mean copy share and its sampling
+    error (the ranks' errors combined as independent); "" when no copy was measured."""
+    measured = [s for s in summaries if s.h2d_share is not None]
+    if h2d is None or not measured:
+        return ""
+    timed = sum(s.h2d_sampled for s in measured)
+    steps = sum(s.steps for s in measured)
+    if timed >= steps:
+        return f"copy {h2d:.0%}"
+    errors = [s.h2d_share_err for s in measured]
+    err = "" if None in errors else f" +-{math.sqrt(sum(e * e for e in errors)) / len(errors):.0%}"  # type: ignore[operator]
+    return f"copy {h2d:.0%}{err} (sampled {timed} of {steps} steps)"
 
 
 def _data_advice(totals: PassTotals, facts: LoaderFacts) -> tuple[str, str]:

@@ -6,7 +6,7 @@ What ``Session.setup_dataloader`` calls, in four steps:
    -- its batch size, workers, collate function... unless overridden -- else torch's defaults;
 2. the worker settings (:class:`~gpukit.data.LoaderSettings`): ``num_workers`` "auto" (a rule),
    "tune" (measured on rank 0, the same on every rank) or given, and pinned memory where the
-   device gains from it;
+   device gains from it (without workers, from a pool of reused pinned buffers: ``_pinned``);
 3. the DataLoader's arguments: those settings, a timeout so a stuck worker is an error (not a
    hang), seeded workers, a generator distinct per rank;
 4. the loader: this rank's shard in a batch sampler that resumes mid-epoch -- or, for an
@@ -111,6 +111,11 @@ def build_loader(data: Dataset | DataLoader, place: LoaderPlace, request: Loader
     request = request.completed_from(given)
     settings, tuned = _worker_settings(dataset, request, place)
     kwargs = _dataloader_kwargs(settings, request, place)
+    # without workers torch pins each batch in the training thread anyway: pooled buffers do it cheaper
+    pooled = (settings.pin_memory and not settings.num_workers and request.move_to_device
+              and place.accelerator.benefits_from_pinned_memory)
+    if pooled:
+        kwargs["pin_memory"] = False
     # An iterable dataset, or a sampler of the user's own: batches moved to the device, not sharded nor resumed.
     custom = given is not None and not _plain_sampling(given)
     if isinstance(dataset, IterableDataset) or custom:
@@ -127,7 +132,7 @@ def build_loader(data: Dataset | DataLoader, place: LoaderPlace, request: Loader
         loader = DataLoader(dataset, batch_size=request.batch_size, drop_last=request.drop_last, **kwargs)
         track_worker_pool(loader)
         return DeviceLoader(loader, place, move_to_device=request.move_to_device, resumable=False,
-                            data_timeout_s=request.data_timeout_s, tuned=tuned)
+                            data_timeout_s=request.data_timeout_s, tuned=tuned, pinned_pool=pooled)
 
     # A map-style dataset: this rank's shard, in a batch sampler that resumes mid-epoch.
     shuffle = bool(request.shuffle) if request.shuffle is not None else _shuffles(given)
@@ -137,7 +142,7 @@ def build_loader(data: Dataset | DataLoader, place: LoaderPlace, request: Loader
     loader = DataLoader(dataset, batch_sampler=batch_sampler, **kwargs)
     track_worker_pool(loader)
     return DeviceLoader(loader, place, move_to_device=request.move_to_device, data_timeout_s=request.data_timeout_s,
-                        tuned=tuned)
+                        tuned=tuned, pinned_pool=pooled)
 
 
 def _worker_settings(dataset: Any, request: LoaderRequest,

@@ -24,6 +24,7 @@ from gpukit.data._shard import batches_per_rank, real_samples, shard_note
 from gpukit.data._stall import StallGuard, resolve_data_timeout
 from gpukit.data._timing import PassTotals, StepTimings
 from gpukit.data._epoch_gather import EpochGather
+from gpukit.data._pinned import PinnedMover
 from gpukit.data._tune_result import TuneResult
 
 __all__ = ["DeviceLoader", "LoaderListener", "LoaderPlace"]
@@ -90,8 +91,12 @@ class DeviceLoader:
         resumable: bool = True,
         data_timeout_s: float | None = None,
         tuned: TuneResult | None = None,
+        pinned_pool: bool = False,
     ) -> None:
         self.loader = loader
+        self._accelerator = place.accelerator
+        #: batches are pinned through a pool of reused buffers (the DataLoader itself does not pin)
+        self.pinned_pool = pinned_pool and move_to_device
         self._listener = place.listener if place.listener is not None else LoaderListener()
         self.timings = place.timings if place.timings is not None else StepTimings()
         self.local_world_size = place.local_world_size
@@ -188,6 +193,8 @@ class DeviceLoader:
             batches = itertools.islice(raw, skip, None)
         if self._move is None and self.device is not None:
             self._move = device_mover(self.device)  # resolved once, not per batch
+            if self.pinned_pool:
+                self._move = PinnedMover(self.device, self._accelerator, self._move)
         if isinstance(self._batch_sampler, ResumableBatchSampler):
             # augmentation seeds only matter to workers; without them, plain index lists
             self._batch_sampler.seeded = bool(self.loader.num_workers)
@@ -213,7 +220,7 @@ class DeviceLoader:
         if self._facts is None:  # the loader's settings do not change between epochs
             copies = self.device is not None and not self.timings.accelerator.is_host
             self._facts = loader_facts(self.loader, self.timings.accelerator, self.local_world_size,
-                                       copies, tuned=self.tuned)
+                                       copies, tuned=self.tuned, pinned=self.pinned_pool or None)
         report = diagnose(per_rank, self._facts)
         if "retune" in report.causes and self.tuned is not None:
             self.tuned.forget()  # the next run measures again instead of trusting the cache

@@ -5,14 +5,20 @@ for (or the pass over the loader ends). A step's time splits into
 
 * ``data_wait_s``: waiting for the loader to produce the batch (``next()`` on the DataLoader);
 * ``h2d_s``: the host-to-device copy of the batch (``None`` where there is no copy: training
-  on the host, or a GPU copy whose CUDA events are not done yet in lazy mode);
+  on the host, or a step whose copy was not sampled);
 * ``compute_s``: the rest -- the user's forward, backward and optimizer step, up to the next
   request for data (``step_time_s - data_wait_s - (h2d_s or 0)``).
 
-On a GPU the default is lazy: the copy is bracketed by two CUDA events that are read only if
-the GPU already passed them when the step completes, so no synchronisation is added to the
-loop. ``StepTimings.exact = True`` synchronises at each step boundary instead, for exact
-figures at the price of the overlap between host and GPU. On the host every figure is exact.
+**Nothing the GPU waits for.** Every step costs two clock reads and a few additions: the data
+wait and the step time are exact on every step. The copy is timed on *sampled* steps only --
+the first :data:`SAMPLE_FIRST` of each pass and then one in :data:`SAMPLE_EVERY` -- with two
+device events read when the step completes, never waited for (a copy the GPU has not finished
+by then is left unmeasured). Steps in between issue no synchronisation and no device event, and
+make no Python object (except a :class:`StepTiming` per step for listeners, when there are
+any). The copy's share is the sampled copies' mean times the steps, with its sampling error
+(``TimingSummary.h2d_share_err``: 1.96 standard errors of the sampled mean, about a 95% interval).
+``StepTimings.exact = True`` (``GPUKIT_EXACT_TIMING=1``) synchronises around the sampled steps
+instead, for exact copy figures at the price of the overlap there. On the host every figure is exact.
 """
 
 from __future__ import annotations
@@ -27,13 +33,18 @@ from typing import Any
 
 from gpukit._util.envvars import EXACT_TIMING_ENV
 from gpukit.accelerators import Accelerator
-from gpukit.monitor import Throughput
 
-__all__ = ["StepTiming", "StepTimings", "TimingSummary", "PassTotals", "timed_progress"]
+__all__ = ["SAMPLE_EVERY", "SAMPLE_FIRST", "StepTiming", "StepTimings", "TimingSummary", "PassTotals",
+           "timed_progress"]
 
 #: the progress bar shows ``data NN%`` from this data-wait share on
 DATA_SHARE_SHOWN = 0.10
-_EMA = 0.1  # weight of the newest step in the progress bar's moving averages
+_EMA = 0.3  # weight of the newest sampled step in the progress bar's moving averages
+#: one step in this many has its copy timed (and feeds the progress bar's averages)
+SAMPLE_EVERY = 16
+#: the first steps of every pass are all sampled (the start of an epoch is where loaders differ)
+SAMPLE_FIRST = 3
+_Z95 = 1.96  # standard errors either side of a mean for a ~95% interval
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +58,8 @@ class StepTiming:
         samples: items in the batch (0 when the batch holds no tensor with a batch dimension).
         step_time_s: from the request of this batch to the request of the next one.
         data_wait_s: time the request waited for the loader.
-        h2d_s: host-to-device copy; ``None`` where not measured (no copy, or lazy CUDA events
-            not complete yet).
+        h2d_s: host-to-device copy; ``None`` where not measured (no copy, a step not sampled,
+            or a sampled copy the GPU had not finished when the step completed).
         compute_s: the rest of the step.
         exact: whether the figures are exact (host device, or GPU timings synchronised).
     """
@@ -65,64 +76,82 @@ class StepTiming:
 
 
 class PassTotals:
-    """Sums over the steps of one pass over a loader (one epoch) on this rank."""
+    """Sums over the steps of one pass over a loader (one epoch) on this rank: every step's
+    time, data wait and samples; the sampled steps' copy times and data-wait shares."""
 
-    __slots__ = ("epoch", "steps", "samples", "step_s", "wait_s", "h2d_s", "h2d_steps",
-                 "share_sum", "share_sq", "first_wait_s")
+    __slots__ = ("epoch", "steps", "samples", "step_s", "wait_s", "h2d_s", "h2d_sq", "h2d_steps",
+                 "sampled", "share_sum", "share_sq", "first_wait_s")
+    _FIELDS = ("steps", "samples", "step_s", "wait_s", "h2d_s", "h2d_steps", "first_wait_s",
+               "share_sum", "share_sq", "h2d_sq", "sampled")
 
     def __init__(self, epoch: int = 0) -> None:
         self.epoch = epoch
-        self.steps = self.samples = self.h2d_steps = 0
-        self.step_s = self.wait_s = self.h2d_s = self.share_sum = self.share_sq = 0.0
+        self.steps = self.samples = self.h2d_steps = self.sampled = 0
+        self.step_s = self.wait_s = self.h2d_s = self.h2d_sq = self.share_sum = self.share_sq = 0.0
         self.first_wait_s = 0.0
 
     def add(self, samples: int, step_s: float, wait_s: float, h2d_s: float | None) -> None:
-        if not self.steps:
-            self.first_wait_s = wait_s
-        self.steps += 1
-        self.samples += samples
-        self.step_s += step_s
-        self.wait_s += wait_s
+        """One step, sampled (its copy time and data-wait share kept too)."""
+        _count(self, samples, step_s, wait_s)
+        self.add_sample(step_s, wait_s, h2d_s)
+
+    def add_sample(self, step_s: float, wait_s: float, h2d_s: float | None) -> None:
+        """The sampled figures of a step already counted."""
+        self.sampled += 1
         if h2d_s is not None:
             self.h2d_s += h2d_s
+            self.h2d_sq += h2d_s * h2d_s
             self.h2d_steps += 1
         share = wait_s / step_s if step_s > 0 else 0.0
         self.share_sum += share
         self.share_sq += share * share
 
     def merge(self, other: PassTotals) -> None:
-        for name in ("steps", "samples", "step_s", "wait_s", "h2d_s", "h2d_steps",
-                     "share_sum", "share_sq"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in PassTotals._FIELDS:
+            if name != "first_wait_s":
+                setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def as_list(self) -> list[float]:
         """The figures the end-of-epoch report gathers from every rank."""
-        return [float(v) for v in (self.steps, self.samples, self.step_s, self.wait_s, self.h2d_s,
-                                   self.h2d_steps, self.first_wait_s, self.share_sum, self.share_sq)]
+        return [float(getattr(self, name)) for name in PassTotals._FIELDS]
 
     @classmethod
     def from_list(cls, values: list[float], epoch: int) -> PassTotals:
         t = cls(epoch)
-        t.steps, t.samples, t.h2d_steps = int(values[0]), int(values[1]), int(values[5])
-        t.step_s, t.wait_s, t.h2d_s, t.first_wait_s = values[2], values[3], values[4], values[6]
-        t.share_sum, t.share_sq = values[7], values[8]
+        for name, value in zip(PassTotals._FIELDS, values):
+            setattr(t, name, int(value) if name in ("steps", "samples", "h2d_steps", "sampled") else value)
         return t
 
-    def summary(self, busy_s: float | None = None, steady: Throughput | None = None) -> TimingSummary:
+    def summary(self, steady: tuple[int, int, float] | None = None) -> TimingSummary:
+        """Totals, rates and shares; ``steady``: (steps, samples, seconds) after warm-up for the rates."""
         n = self.steps
-        mean = self.share_sum / n if n else 0.0
-        std = math.sqrt(max(0.0, self.share_sq / n - mean * mean)) if n else 0.0
+        m = self.sampled
+        mean = self.share_sum / m if m else 0.0
+        std = math.sqrt(max(0.0, self.share_sq / m - mean * mean)) if m else 0.0
         total = self.step_s
-        # an unmeasured copy (lazy CUDA events not done) counts as its measured steps' mean
-        h2d = self.h2d_s / self.h2d_steps * n if self.h2d_steps else None
-        rate = lambda count: count / total if total > 0 else None  # noqa: E731
+        # the copy: the sampled copies' mean for every step, with the error of that mean
+        h2d = h2d_err = None
+        k = self.h2d_steps
+        if k:
+            c_mean = self.h2d_s / k
+            h2d = c_mean * n
+            if k > 1 and k < n and total > 0:
+                c_var = max(0.0, self.h2d_sq / k - c_mean * c_mean) * k / (k - 1)
+                h2d_err = _Z95 * math.sqrt(c_var / k) * n / total
+            elif k >= n:
+                h2d_err = 0.0  # every step was measured
+        if steady is not None and steady[0] and steady[2] > 0:
+            samples_per_s, steps_per_s = steady[1] / steady[2], steady[0] / steady[2]
+        else:
+            samples_per_s = self.samples / total if total > 0 else None
+            steps_per_s = n / total if total > 0 else None
         return TimingSummary(
             steps=n, samples=self.samples, step_time_s=total, data_wait_s=self.wait_s,
             h2d_s=h2d, compute_s=max(0.0, total - self.wait_s - (h2d or 0.0)),
-            samples_per_s=steady.samples_per_s if steady and steady.steps else rate(self.samples),
-            steps_per_s=steady.steps_per_s if steady and steady.steps else rate(n),
+            samples_per_s=samples_per_s, steps_per_s=steps_per_s,
             data_share=self.wait_s / total if total > 0 else 0.0, data_share_std=std,
             h2d_share=(h2d / total if total > 0 else 0.0) if h2d is not None else None,
+            h2d_share_err=h2d_err, h2d_sampled=k,
         )
 
 
@@ -130,8 +159,11 @@ class PassTotals:
 class TimingSummary:
     """Steps summed: totals, rates and shares of the step time.
 
-    ``data_share`` is total data wait / total step time; ``data_share_std`` is the spread of
-    the per-step share (a loader that stalls now and then has a large spread).
+    ``data_share`` is total data wait / total step time (every step measured);
+    ``data_share_std`` is the spread of the per-step share over the sampled steps (a loader
+    that stalls now and then has a large spread). ``h2d_share`` is estimated from the
+    ``h2d_sampled`` steps whose copy was timed; ``h2d_share_err`` is its sampling error (about
+    a 95% interval either side; 0 when every step was timed, ``None`` from a single sample).
     """
 
     steps: int
@@ -145,14 +177,25 @@ class TimingSummary:
     data_share: float
     data_share_std: float
     h2d_share: float | None
+    h2d_share_err: float | None = None
+    h2d_sampled: int = 0
 
     @property
     def compute_share(self) -> float:
         return self.compute_s / self.step_time_s if self.step_time_s > 0 else 0.0
 
+    def copy_text(self) -> str:
+        """``copy 12% +-3% (8 of 120 steps timed)``; "" when no copy was measured."""
+        if self.h2d_share is None:
+            return ""
+        if self.h2d_sampled >= self.steps:
+            return f"copy {self.h2d_share:.0%}"
+        err = "" if self.h2d_share_err is None else f" +-{self.h2d_share_err:.0%}"
+        return f"copy {self.h2d_share:.0%}{err} ({self.h2d_sampled} of {self.steps} steps timed)"
+
     def __str__(self) -> str:
         rate = f"{self.samples_per_s:.1f} samples/s, " if self.samples_per_s else ""
-        copy = f", copy {self.h2d_share:.0%}" if self.h2d_share is not None else ""
+        copy = f", {self.copy_text()}" if self.h2d_share is not None else ""
         ms = 1e3 * self.step_time_s / self.steps if self.steps else 0.0
         return (f"{rate}{ms:.2f} ms/step: data {self.data_share:.0%} "
                 f"(+-{self.data_share_std:.0%}){copy}, compute {self.compute_share:.0%}")
@@ -162,11 +205,17 @@ class StepTimings:
     """The session's step-time breakdown (``session.timings``): every gpukit loader reports here.
 
     Args:
-        accelerator: the device's accelerator (CUDA events for the copy on GPUs).
+        accelerator: the device's accelerator (device events time the sampled copies).
         rank: this process's rank (stamped on each :class:`StepTiming`).
-        exact: synchronise the GPU at step boundaries (``GPUKIT_EXACT_TIMING=1`` also sets it).
+        exact: synchronise the GPU around sampled steps (``GPUKIT_EXACT_TIMING=1`` also sets it).
         report: print the end-of-epoch diagnosis line (rank 0 only) to stderr.
         warmup_steps: steps left out of :meth:`throughput` rates (start-up costs).
+        sample_every: time the copy of one step in this many (and the first ``sample_first``
+            of each pass); 1 times every step.
+        sample_first: steps sampled at the start of every pass.
+
+    Raises:
+        ConfigurationError: ``sample_every`` < 1 or ``sample_first`` < 0.
     """
 
     def __init__(
@@ -177,18 +226,29 @@ class StepTimings:
         exact: bool = False,
         report: bool = False,
         warmup_steps: int = 1,
+        sample_every: int = SAMPLE_EVERY,
+        sample_first: int = SAMPLE_FIRST,
     ) -> None:
+        for name, value, least in (("sample_every", sample_every, 1), ("sample_first", sample_first, 0),
+                                   ("warmup_steps", warmup_steps, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                from gpukit.errors import ConfigurationError
+
+                raise ConfigurationError(f"StepTimings({name}={value!r}): use an int >= {least}.")
         self.accelerator = accelerator if accelerator is not None else Accelerator()
         self.rank = rank
         self.exact = exact or os.environ.get(EXACT_TIMING_ENV) == "1"
         self.report = report
+        self.warmup_steps = warmup_steps
+        self.sample_every = sample_every
+        self.sample_first = sample_first
         self._listeners: list[Callable[[StepTiming], Any]] = []
         self._next_step = 0
-        self._busy_s = 0.0  # summed step time: the clock of the steady-state meter
-        self._meter = Throughput(warmup_steps, clock=lambda: self._busy_s)
+        # (steps, samples, step seconds) when warm-up ended: the steady rates count from there
+        self._warm: tuple[int, int, float] | None = (0, 0, 0.0) if warmup_steps == 0 else None
         self._done = PassTotals()
         self._active: list[PassTotals] = []
-        self.recent_step_s: float | None = None  # moving averages for the progress bar
+        self.recent_step_s: float | None = None  # moving averages for the progress bar (sampled steps)
         self.recent_data_share: float | None = None
         self._recent_samples = 0.0
         #: end-of-epoch reports so far (:class:`gpukit.data.EpochReport`), newest last
@@ -198,7 +258,8 @@ class StepTimings:
     def add_listener(self, callback: Callable[[StepTiming], Any]) -> None:
         """Call ``callback(StepTiming)`` once per completed step, in the training thread.
 
-        Keep it cheap: it runs inside the loop. A callback that raises stops the loop.
+        Keep it cheap: it runs inside the loop (and makes the loop build a StepTiming per
+        step). A callback that raises stops the loop.
         """
         if not callable(callback):
             from gpukit.errors import ConfigurationError
@@ -220,13 +281,22 @@ class StepTimings:
         """Steps completed so far."""
         return self._next_step
 
-    def throughput(self) -> TimingSummary:
-        """Everything so far: samples/s and steps/s (after warm-up), data-wait share and spread."""
+    def _all(self) -> PassTotals:
         total = PassTotals()
         total.merge(self._done)
         for running in self._active:
             total.merge(running)
-        return total.summary(steady=self._meter)
+        return total
+
+    def throughput(self) -> TimingSummary:
+        """Everything so far: samples/s and steps/s (after warm-up), data-wait share and spread,
+        the copy's share with its sampling error."""
+        total = self._all()
+        steady = None
+        if self._warm is not None:
+            steps, samples, busy_s = self._warm
+            steady = (total.steps - steps, total.samples - samples, total.step_s - busy_s)
+        return total.summary(steady=steady)
 
     def status_text(self) -> str:
         """What the progress bar shows: ``812 samples/s``, plus ``data 37%`` when high."""
@@ -251,51 +321,74 @@ class StepTimings:
 
         ``fetch(batches)`` draws one batch (a loader adds its stall guard there).
         ``on_pass_end(totals)`` runs when ``batches`` is exhausted (not when the loop breaks).
+        ``move.fence(event)``, where ``move`` has it, is given the event recorded after each
+        sampled copy (the pinned pool reuses buffers the device has finished reading).
         """
         from gpukit.memory import batch_length
 
         batches = iter(batches)
         clock = time.perf_counter
         accelerator = self.accelerator
-        synced = self.exact and not accelerator.is_host
-        exact = accelerator.is_host or synced
-        # lazy GPU mode: events around the copy (None where the backend has no timing events)
-        lazy = not exact and move is not None and accelerator.timing_event() is not None
+        on_device = not accelerator.is_host
+        synced = self.exact and on_device
+        exact = not on_device or synced
+        fence = getattr(move, "fence", None)
+        every, first = self.sample_every, self.sample_first
         totals = PassTotals(epoch)
         self._active.append(totals)
-        pending: tuple | None = None
+        i = 0  # steps of this pass handed out
+        t_req = wait_s = 0.0
+        samples = 0
+        h2d: Any = None  # the open step's copy: seconds, an event pair, or None
+        sampled = False
+        open_step = False
         try:
             while True:
-                if synced:
-                    accelerator.synchronize()
-                t_req = clock()
-                if pending is not None:
-                    self._complete(totals, pending, t_req, exact)
-                    pending = None
+                # the step being completed, and whether the next one is sampled
+                sampling = i < first or i % every == 0
+                if synced and (sampled or sampling):
+                    accelerator.synchronize()  # counted: exact mode pays for its figures
+                t_next = clock()
+                if open_step:
+                    open_step = False
+                    step_s = t_next - t_req
+                    _count(totals, samples, step_s, wait_s)  # a plain function: no attribute lookup
+                    if sampled or self._listeners or self._next_step == self.warmup_steps - 1:
+                        self._complete(totals, samples, step_s, wait_s, h2d, sampled, exact)
+                    else:
+                        self._next_step += 1
+                sampled = sampling
+                t_req = t_next
                 try:
                     batch = fetch(batches)
                 except StopIteration:
                     break
                 t_got = clock()
+                wait_s = t_got - t_req
                 try:
                     samples = batch_length(batch)
                 except Exception:  # noqa: BLE001 - no tensor with a batch dim: count unknown
                     samples = 0
-                h2d: Any = None
+                h2d = None
                 if move is not None:
-                    if lazy:
-                        start = accelerator.timing_event()
-                        start.record()
-                    batch = move(batch)
-                    if lazy:
-                        h2d = _EventPair(start, accelerator.timing_event())
-                        h2d.end.record()
+                    if not (sampled and on_device):
+                        batch = move(batch)
                     elif synced:
+                        batch = move(batch)
                         accelerator.synchronize()
                         h2d = clock() - t_got
-                    elif not accelerator.is_host:
-                        h2d = clock() - t_got
-                pending = (t_req, t_got, samples, h2d, totals.epoch)
+                    else:
+                        start = accelerator.timing_event()
+                        batch = move(batch)
+                        if start is None:  # no device events: the host's time to issue the copy
+                            h2d = clock() - t_got
+                        else:
+                            end = accelerator.timing_event()
+                            h2d = (start, end)
+                            if fence is not None:
+                                fence(end)
+                i += 1
+                open_step = True
                 yield batch
                 # hold no reference while the next batch is made: the training loop's own
                 # variable is the only one, as with a plain DataLoader (measured: a second
@@ -306,34 +399,39 @@ class StepTimings:
                 self._done.merge(totals)
                 on_pass_end(totals)
         finally:
-            if pending is not None:  # the loop broke: the last step ends now
-                self._complete(totals, pending, clock(), exact)
+            if open_step:  # the loop broke: the last step ends now
+                step_s = clock() - t_req
+                _count(totals, samples, step_s, wait_s)
+                self._complete(totals, samples, step_s, wait_s, h2d, sampled, exact)
             if totals in self._active:
                 self._active.remove(totals)
                 self._done.merge(totals)
 
-    def _complete(self, totals: PassTotals, pending: tuple, t_end: float, exact: bool) -> None:
-        t_req, t_got, samples, h2d, epoch = pending
-        if isinstance(h2d, _EventPair):
-            h2d = h2d.elapsed_s()
-        step_s = t_end - t_req
-        wait_s = t_got - t_req
-        totals.add(samples, step_s, wait_s, h2d)
-        self._busy_s += step_s
-        self._meter.update(samples)
-        if self.recent_step_s is None:
-            self.recent_step_s, self._recent_samples = step_s, float(samples)
-            self.recent_data_share = wait_s / step_s if step_s > 0 else 0.0
-        else:
-            self.recent_step_s += _EMA * (step_s - self.recent_step_s)
-            self._recent_samples += _EMA * (samples - self._recent_samples)
+    def _complete(self, totals: PassTotals, samples: int, step_s: float, wait_s: float, h2d: Any,
+                  sampled: bool, exact: bool) -> None:
+        """The rarer part of a step's end (counted already): a sampled step's copy time and
+        averages, the end of warm-up, the listeners' StepTiming."""
+        if type(h2d) is tuple:
+            start, end = h2d
+            accelerator = self.accelerator
+            h2d = accelerator.elapsed_s(start, end) if accelerator.event_done(end) else None
+        if sampled:
+            totals.add_sample(step_s, wait_s, h2d)
             share = wait_s / step_s if step_s > 0 else 0.0
-            self.recent_data_share += _EMA * (share - self.recent_data_share)  # type: ignore[operator]
+            if self.recent_step_s is None:
+                self.recent_step_s, self._recent_samples, self.recent_data_share = step_s, float(samples), share
+            else:
+                self.recent_step_s += _EMA * (step_s - self.recent_step_s)
+                self._recent_samples += _EMA * (samples - self._recent_samples)
+                self.recent_data_share += _EMA * (share - self.recent_data_share)  # type: ignore[operator]
         step = self._next_step
         self._next_step = step + 1
+        if self._warm is None and self._next_step >= self.warmup_steps:
+            done = self._all()
+            self._warm = (done.steps, done.samples, done.step_s)
         if self._listeners:
             record = StepTiming(
-                step=step, epoch=epoch, rank=self.rank, samples=samples, step_time_s=step_s,
+                step=step, epoch=totals.epoch, rank=self.rank, samples=samples, step_time_s=step_s,
                 data_wait_s=wait_s, h2d_s=h2d,
                 compute_s=max(0.0, step_s - wait_s - (h2d or 0.0)), exact=exact,
             )
@@ -358,21 +456,18 @@ class StepTimings:
             print(report.line, file=sys.stderr, flush=True)
 
     def __repr__(self) -> str:
-        return f"StepTimings(steps={self._next_step}, exact={self.exact}, rank={self.rank})"
+        return (f"StepTimings(steps={self._next_step}, exact={self.exact}, rank={self.rank}, "
+                f"sample_every={self.sample_every})")
 
 
-class _EventPair:
-    """Two CUDA events around a copy, read without waiting (``None`` until the GPU passed them)."""
-
-    __slots__ = ("start", "end")
-
-    def __init__(self, start: Any, end: Any) -> None:
-        self.start, self.end = start, end
-
-    def elapsed_s(self) -> float | None:
-        if not self.end.query():  # the GPU has not reached the end of the copy yet
-            return None
-        return self.start.elapsed_time(self.end) / 1e3
+def _count(totals: PassTotals, samples: int, step_s: float, wait_s: float) -> None:
+    """Every step's figures (the cheap part of a step's end)."""
+    if not totals.steps:
+        totals.first_wait_s = wait_s
+    totals.steps += 1
+    totals.samples += samples
+    totals.step_s += step_s
+    totals.wait_s += wait_s
 
 
 def timed_progress(

@@ -23,10 +23,11 @@ Bounded size: the first ``full_steps`` steps (default 2000) get a line each; aft
 line aggregates a window of steps that doubles every time the step count does (2 steps per
 line up to 2x``full_steps``, 4 up to 4x, ...), so a million steps take ~11,000 lines (~2 MB).
 
-Crash safety and cost: the loop only appends to in-memory queues. The sampler thread converts
-logged tensors to numbers (so the loop never waits for the GPU), writes the queued lines and
-flushes once per ``sample_interval_s``; a killed run loses at most that last interval and the
-open aggregation window, and leaves a file whose last line may be torn (readers skip it).
+Crash safety and cost: the loop only appends to in-memory queues. The sampler thread starts
+reading logged tensors back without waiting for the device (:mod:`gpukit.monitor._lazy_read`)
+and writes the lines once their numbers are in, one flush (``sample_interval_s``) later; neither
+the loop nor the sampler thread waits for the GPU. A killed run loses at most the last two
+intervals and the open aggregation window, and leaves a file whose last line may be torn (readers skip it).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpukit.errors import ConfigurationError
 from gpukit.monitor import _events
+from gpukit.monitor._lazy_read import LazyRead, is_tensor
 from gpukit.monitor._system import SystemSampler
 from gpukit.monitor._tensorboard import thin_steps
 
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
     from gpukit.accelerators import Accelerator
 
 __all__ = ["RECORD_FORMAT", "RECORD_VERSION", "RecordedRank", "Recorder", "check_scalar", "log_event",
-           "read_as_floats", "record_path", "start_recorder"]
+           "record_path", "start_recorder"]
 
 RECORD_FORMAT = "gpukit-record"
 RECORD_VERSION = 1
@@ -76,41 +78,16 @@ def _window(recorded: int, full_steps: int) -> int:
 
 
 def _is_tensor(value: Any) -> bool:
-    return hasattr(value, "detach") and hasattr(value, "numel")
+    return is_tensor(value)
 
 
-def _resolve_tensors(lines: list[dict[str, Any]]) -> None:
-    """Replace the logged tensors of queued step windows by floats, on the writer thread.
-
-    CPU tensors are read one by one (a microsecond each); tensors on an accelerator are
-    stacked per device and copied in one transfer, so a flush waits for the device once. The
-    copy runs on this thread's default stream: a loss computed on a side stream should be
-    logged after that stream is synchronised with the default one.
-    """
-    read_as_floats([(values, i) for line in lines for values in line.get("_scalars", {}).values()
-                    for i in range(len(values))])
-
-
-def read_as_floats(slots: list[tuple[Any, Any]]) -> None:
-    """Replace ``container[key]`` by a float for each slot holding a tensor: CPU tensors one by one,
-    tensors on an accelerator stacked per device and read in one transfer (numbers are kept)."""
-    on_device: dict[Any, list[tuple[Any, Any]]] = {}
-    for container, key in slots:
-        value = container[key]
-        if not _is_tensor(value):
-            continue
-        if value.device.type == "cpu":
-            container[key] = float(value)
-        else:
-            on_device.setdefault(value.device, []).append((container, key))
-    if not on_device:
-        return
-    import torch
-
-    for group in on_device.values():
-        numbers = torch.stack([c[k].reshape(()).float() for c, k in group]).tolist()
-        for (container, key), number in zip(group, numbers):
-            container[key] = number
+def _start_read(lines: list[dict[str, Any]], accelerator: Accelerator | None) -> LazyRead:
+    """Start reading the logged tensors of queued step windows back as floats, without waiting
+    for the device (:class:`~gpukit.monitor._lazy_read.LazyRead`; the lines are written once it is
+    done). The copy runs on this thread's current stream: a loss computed on a side stream should
+    be logged after that stream is synchronised with the default one."""
+    return LazyRead([(values, i) for line in lines for values in line.get("_scalars", {}).values()
+                     for i in range(len(values))], accelerator)
 
 
 class Recorder:
@@ -153,6 +130,7 @@ class Recorder:
                 "Give record= (or gpukit run --record) a writable directory."
             ) from None
         self.rank = rank
+        self._accelerator = accelerator
         self.full_steps = full_steps
         self._steps = 0
         self._last_step: int | None = None
@@ -160,6 +138,8 @@ class Recorder:
         self._scalars: dict[str, list[Any]] = {}
         self._defaults: dict[str, list[Any]] = {}
         self._queue: collections.deque[dict[str, Any]] = collections.deque()  # append is thread-safe
+        self._held: list[dict[str, Any]] = []  # taken from the queue, to be read and written
+        self._reading: tuple[LazyRead, list[dict[str, Any]]] | None = None  # lines whose numbers are on their way
         self._closed = False
         self._write_lock = threading.Lock()  # never taken by on_event (it may run in a signal handler)
         self._pid = os.getpid()
@@ -235,20 +215,43 @@ class Recorder:
                             "step": self._last_step, **fields})
 
     # -- output (sampler thread, and close) ----------------------------------------------------
-    def flush(self) -> None:
-        """Write what is queued and flush it to the OS (the sampler thread does this each interval)."""
+    def flush(self, final: bool = False) -> None:
+        """Write what is queued and flush it to the OS (the sampler thread does this each interval).
+
+        Lines with logged device tensors wait until the device has copied them back (the next
+        flush, usually); ``final`` waits for that copy instead (at close)."""
         with self._write_lock:  # the sampler thread and close() may both flush
-            lines = []
             while self._queue:
-                lines.append(self._queue.popleft())
-            if not lines:
-                return
-            try:
-                _resolve_tensors(lines)
-            except Exception:  # noqa: BLE001 - a tensor on a lost device: its scalars are left out
-                for line in lines:
-                    line.pop("_scalars", None)
-            self._write([_finish(line) for line in lines])
+                self._held.append(self._queue.popleft())
+            ready: list[dict[str, Any]] = []
+            if self._reading is not None:
+                read, lines = self._reading
+                if not self._read_done(read, lines, final):
+                    return  # still on its way: the held lines go after it
+                ready, self._reading = lines, None
+            if self._held:
+                lines, self._held = self._held, []
+                try:
+                    read = _start_read(lines, self._accelerator)
+                except Exception:  # noqa: BLE001 - a tensor on a lost device: its scalars are left out
+                    read = _drop_scalars(lines)
+                if self._read_done(read, lines, final):
+                    ready.extend(lines)
+                else:
+                    self._reading = (read, lines)
+            if ready:
+                self._write([_finish(line) for line in ready])
+
+    @staticmethod
+    def _read_done(read: LazyRead, lines: list[dict[str, Any]], final: bool) -> bool:
+        try:
+            if final:
+                read.finish()
+                return True
+            return read.done()
+        except Exception:  # noqa: BLE001 - a tensor on a lost device: its scalars are left out
+            _drop_scalars(lines)
+            return True
 
     def _write(self, lines: list[dict[str, Any]]) -> None:
         text = "".join(json.dumps(line, separators=(",", ":"), default=str) + "\n" for line in lines)
@@ -274,7 +277,7 @@ class Recorder:
             self._queue.append(self._window)
             self._window = None
         self._queue.append({"type": "end", "t": time.time(), "steps": self._steps})
-        self.flush()
+        self.flush(final=True)
         self._file.close()
         if self._tb is not None:
             self._tb.close()
@@ -301,6 +304,13 @@ def check_scalar(name: str, value: Any) -> Any:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ConfigurationError(f"session.log({name}={value!r}): log numbers or one-element tensors.")
     return value
+
+
+def _drop_scalars(lines: list[dict[str, Any]]) -> LazyRead:
+    """Leave out the logged values of ``lines`` (their device is lost); a read that is done."""
+    for line in lines:
+        line.pop("_scalars", None)
+    return LazyRead([])
 
 
 def _finish(line: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 :class:`TrackerHub` holds the trackers of ``Session(log_with=...)`` (:mod:`gpukit.monitor._trackers`).
 ``log`` only queues (step, name, value); tensors stay tensors until a flush, every ``flush_every_s``
-seconds and at ``close``, which reads all queued device tensors in one transfer per device. A value
+seconds, which starts reading all queued device tensors back in one transfer per device without
+waiting (:mod:`gpukit.monitor._lazy_read`) and sends the rows whose numbers are in -- those of the
+flush before, usually; ``close`` waits for the last ones. A value
 logged by gpukit itself (the loss given to ``session.backward``, the gradient norm) is a default: a
 value the user logs under the same name at the same step replaces it.
 """
@@ -16,7 +18,7 @@ from typing import Any
 
 from gpukit._util.warnings import warn_at_user_code
 from gpukit.errors import ConfigurationError
-from gpukit.monitor._record import read_as_floats
+from gpukit.monitor._lazy_read import LazyRead
 from gpukit.monitor._trackers import Tracker
 
 __all__ = ["TrackerHub"]
@@ -42,6 +44,7 @@ class TrackerHub:
         self._started = False
         self._pending: dict[int, dict[str, tuple[Any, bool]]] = {}
         self._last_flush = time.monotonic()
+        self._reading: list[tuple[LazyRead, dict[int, dict[str, Any]]]] = []  # rows whose numbers are on their way
         self.run_name: str | None = None
 
     @property
@@ -91,18 +94,29 @@ class TrackerHub:
             self.flush()
 
     def flush(self, final: bool = False) -> None:
-        """Send what is queued (device tensors read in one transfer per device). The newest step
-        waits for the next flush unless ``final``: more of its values may still come."""
+        """Start reading what is queued (device tensors in one transfer per device, not waited for)
+        and send the rows whose numbers are in. The newest step waits for the next flush unless
+        ``final`` (which also waits for the reads): more of its values may still come."""
         self._last_flush = time.monotonic()
-        if not self._pending:
-            return
-        newest = max(self._pending)
-        pending = {step: slot for step, slot in self._pending.items() if final or step < newest}
+        newest = max(self._pending) if self._pending else None
+        pending = {step: slot for step, slot in self._pending.items() if final or step != newest}
         self._pending = {step: slot for step, slot in self._pending.items() if step not in pending}
-        if not pending:
-            return
         rows = {step: {name: value for name, (value, _) in slot.items()} for step, slot in sorted(pending.items())}
-        _to_numbers(rows)
+        if rows:
+            self._reading.append((LazyRead([(scalars, name) for scalars in rows.values() for name in scalars]), rows))
+        while self._reading:  # in order: a row is sent once it and every row before it are numbers
+            read, rows = self._reading[0]
+            if final:
+                read.finish()
+            elif not read.done():
+                return
+            self._reading.pop(0)
+            self._send(rows)
+
+    def _send(self, rows: dict[int, dict[str, Any]]) -> None:
+        for scalars in rows.values():
+            for name, value in scalars.items():
+                scalars[name] = float(value)
         for tracker in list(self.trackers):
             try:
                 for step, scalars in rows.items():
@@ -122,11 +136,3 @@ class TrackerHub:
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []
-
-
-def _to_numbers(rows: dict[int, dict[str, Any]]) -> None:
-    """Replace the tensors in ``rows`` by floats (one transfer per device), and ints by floats."""
-    read_as_floats([(scalars, name) for scalars in rows.values() for name in scalars])
-    for scalars in rows.values():
-        for name, value in scalars.items():
-            scalars[name] = float(value)
