@@ -47,19 +47,41 @@ class RunState:
         self.schedulers: list[SessionScheduler] = []
         #: what the last ``resume`` did (``session.resumed``)
         self.resumed: ResumeInfo | None = None
+        self._stop_read: tuple[torch.Tensor, Any] | None = None  # the last call's agreement, on its way to the host
 
     def should_stop(self) -> bool:
-        """Whether any rank was asked to stop; every rank gets the same answer (one all-reduce)."""
+        """Whether any rank was asked to stop; every rank gets the same answer (one all-reduce).
+
+        On a device that is not the host the answer comes one call late, without a sync: each call
+        starts reducing its flag and copying the result back asynchronously, and returns the previous
+        call's result (every rank makes the same calls, so every rank gets the same answer at the same
+        call); it waits only if the device has not finished that copy since the previous call."""
         from gpukit.worker import mark_stop_agreed, stop_requested
 
         stop = stop_requested()
         strategy = self._strategy
         if strategy.world_size > 1 and strategy.launched:
-            flag = torch.tensor(1.0 if stop else 0.0, device=strategy.root_device)
-            stop = bool(strategy.all_reduce(flag, op="max") > 0)
+            if strategy.accelerator.is_host:
+                flag = torch.tensor(1.0 if stop else 0.0, device=strategy.root_device)
+                stop = bool(strategy.all_reduce(flag, op="max") > 0)
+            else:
+                stop = self._agreed_a_call_late(stop)
         if stop:
             mark_stop_agreed(strategy.rank)  # gpukit run exits 75 even if only one rank got it
         return stop
+
+    def _agreed_a_call_late(self, stop: bool) -> bool:
+        strategy = self._strategy
+        accelerator = strategy.accelerator
+        flag = torch.full((), 1.0 if stop else 0.0, device=strategy.root_device)  # a fill: no copy from the host
+        reduced = strategy.all_reduce(flag, op="max")
+        previous, self._stop_read = self._stop_read, accelerator.to_host_async(reduced)
+        if previous is None:
+            return False
+        host, event = previous
+        if event is not None and not accelerator.event_done(event):
+            accelerator.wait_event(event)  # rare: a whole step later the copy is long done
+        return bool(host.item() > 0)  # host memory: no sync
 
     def save_checkpoint(
         self, directory: str | os.PathLike[str], step: int, *, keep_last: int = 3,
