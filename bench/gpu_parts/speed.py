@@ -228,7 +228,7 @@ def p7_plain() -> None:
 
 
 def _report_mfu(label: str, model: nn.Module, step, layers: int, width: int, batch: int, context: int) -> None:
-    from gpukit.doctor._gpu_peaks import spec_peak_tflops
+    from gpukit.devices import dense_peak
 
     inner = getattr(model, "_orig_mod", model)
     n_params = sum(p.numel() for p in inner.parameters()) - inner.pos.weight.numel()
@@ -246,7 +246,8 @@ def _report_mfu(label: str, model: nn.Module, step, layers: int, width: int, bat
     # PaLM's count: 6 N per token for the weights, 12 L d T per token for attention scores/values
     flops = batch * context * (6 * n_params + 12 * layers * width * context)
     tflops = flops / step_s / 1e12
-    peak = None if DRY else spec_peak_tflops(torch.cuda.get_device_name(0), "bf16")
+    found = None if DRY else dense_peak(torch.cuda.get_device_name(0), "bf16")
+    peak = None if found is None else found.tflops
     emit(f"P7 MFU GPT-2 small {label}", "info", None if peak is None else 100 * tflops / peak, "% of peak",
          f"{tflops:.0f} TFLOP/s, {step_s * 1e3:.1f} ms/step ({batch}x{context} tokens, {n_params / 1e6:.0f} M params), "
          f"warm-up {warm_s:.1f} s, peak {peak}")

@@ -12,7 +12,6 @@ import torch
 
 from gpukit.devices import FakeNvml
 from gpukit.devices._health import GpuHealth, gpu_health
-from gpukit.doctor._gpu_peaks import spec_peak_tflops
 from gpukit.doctor._gpu_probe import measure_allocatable, measure_allreduce, measure_copies, measure_matmul
 from gpukit.doctor._gpu_verdicts import (
     judge_allreduce, judge_copies, judge_errors, judge_gpu, judge_link, judge_matmul, judge_memory,
@@ -73,15 +72,6 @@ def test_a_slow_matrix_product_names_the_throttle_reason_and_clock() -> None:
     assert healthy.status == "ok" and "80% of" in healthy.message
     unknown = judge_matmul("GPU 3", "gpu3.matmul", "Some Future GPU", matmul)
     assert unknown.status == "info" and "no data-sheet peak" in unknown.message
-
-
-def test_spec_peaks_take_the_most_specific_name() -> None:
-    assert spec_peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
-    assert spec_peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.5
-    assert spec_peak_tflops("NVIDIA A10", "bf16") == 125.0 and spec_peak_tflops("NVIDIA A100 80GB PCIe", "bf16") == 312.0
-    assert spec_peak_tflops("NVIDIA L40S", "bf16") == 362.1 and spec_peak_tflops("NVIDIA L4", "bf16") == 121.0
-    assert spec_peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None  # no bf16: the probe uses fp16
-    assert spec_peak_tflops("Tesla V100-SXM2-16GB", "fp16") == 125.0 and spec_peak_tflops(None, "bf16") is None
 
 
 def test_memory_is_not_filled_beside_other_processes_and_a_shortfall_warns() -> None:

@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpukit._util.units import format_bytes
-from gpukit.devices import GpuHealth
+from gpukit.devices import GpuHealth, dense_peak
 from gpukit.doctor._finding import Finding
-from gpukit.doctor._gpu_peaks import spec_peak_tflops
 
 __all__ = ["judge_gpu", "judge_nvml_facts", "judge_allreduce", "COPY_OK", "MATMUL_OK", "ALLOCATABLE_OK"]
 
@@ -76,7 +75,8 @@ def judge_copies(label: str, name: str, health: GpuHealth, copies: dict[str, Any
 
 def judge_matmul(label: str, name: str, gpu_name: str | None, matmul: dict[str, Any]) -> Finding:
     dtype = "bf16" if matmul["dtype"] == "bfloat16" else "fp16"
-    peak = spec_peak_tflops(gpu_name, dtype)
+    found = dense_peak(gpu_name, dtype)
+    peak = None if found is None else found.tflops
     tflops = matmul["tflops"]
     during = matmul.get("during") or {}
     details = {**{k: v for k, v in matmul.items() if k != "during"}, "spec_peak_tflops": peak,
