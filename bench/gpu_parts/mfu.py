@@ -8,7 +8,7 @@ bf16 autocast, AdamW -- the setting llm.c reaches ~40% MFU with on an H100. Rows
   interleaved with the plain loop's, so a drifting clock hits both);
 * gpukit with the automatic settings (``precision="auto"``, ``compile=True``): goal >= 40% MFU on
   H100/H200; plain torch compiled beside it tells gpukit's share of what is left;
-* the FLOPs gpukit counted on its first step (``session.flops_per_step``) against PaLM's formula
+* the FLOPs gpukit counted on its second step (``session.flops_per_step``) against PaLM's formula
   (6 N per token for the weights + 12 L d T per token for attention), which the MFU figures use.
 
 MFU divides by the dense bf16 peak of ``gpukit.devices.dense_peak`` (989.4 TFLOP/s on H100/H200 SXM).
@@ -175,7 +175,7 @@ def p7_eager() -> None:
            f"{BLOCKS} interleaved blocks of {BLOCK} steps")
     counted = session.flops_per_step  # type: ignore[attr-defined]
     emit("P7 FLOPs gpukit counted / PaLM's formula", "info", None if counted is None else counted / flops, "x",
-         f"counted on gpukit's first step {counted}, formula {flops} (the counter counts causal attention "
+         f"counted on gpukit's second step {counted}, formula {flops} (the counter counts causal attention "
          "in full, and the embedding lookups and the loss as 0)")
 
 

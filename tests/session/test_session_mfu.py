@@ -82,6 +82,20 @@ def test_without_a_peak_the_cpu_shows_achieved_and_says_mfu_is_not_known() -> No
     session.close()
 
 
+def test_the_second_step_is_counted_not_the_first_which_compiles() -> None:
+    session = gpukit.Session(devices="cpu", precision="32-true", verbose=False)
+    model = _model()
+    model, opt = session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = _data()[:BATCH]
+    seen = []
+    for _ in range(3):
+        session.backward(F.cross_entropy(model(x), y))
+        session.step(opt)
+        seen.append(session.flops_per_step)
+    assert seen == [None, _reference_flops(), _reference_flops()] and not model._forward_pre_hooks
+    session.close()
+
+
 def test_the_models_own_count_is_used_as_given() -> None:
     session = gpukit.Session(devices="cpu", precision="32-true", verbose=False, flops_per_step=10**9,
                              peak_tflops=1.0)
@@ -112,7 +126,7 @@ def test_the_record_and_the_report_show_it(tmp_path: Path) -> None:
     assert len(events) == 1
     event = events[0]
     assert event["flops_per_step"] == flops and event["flops_source"] == "counted" and event["dtype"] == "fp32"
-    assert event["steps"] == 7  # 8 batches less the counted one, which the counter slowed
+    assert event["steps"] == 7  # 8 batches less the counted (second) one, which the counter slowed
     assert event["achieved_tflops"] == pytest.approx(flops * event["steps"] / event["seconds"] / 1e12)
     assert event["achieved_tflops"] == pytest.approx(mfu.achieved_tflops) and event["mfu"] == pytest.approx(mfu.mfu)
     record = read_record(tmp_path / "run")
@@ -121,3 +135,23 @@ def test_the_record_and_the_report_show_it(tmp_path: Path) -> None:
     assert figures.mfu == pytest.approx(event["mfu"])
     html = render_report(record)
     assert f"{flops:,} FLOPs per step (counted)" in html and f"MFU {100 * figures.mfu:.3g}% of 0.25 TFLOP/s" in html
+
+
+def test_a_compiled_model_still_compiles_and_is_counted() -> None:
+    """Counted under the flop counter, a compiled model's first call would never compile (Dynamo skips
+    the frame for good): counting the second step keeps compile on and counts the same FLOPs."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    # the "eager" backend: Dynamo (where the skip happens) without the minutes of a C++ build
+    session = gpukit.Session(devices="cpu", precision="32-true", verbose=False, compile={"backend": "eager"})
+    model = _model()
+    model, opt = session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = _data()[:BATCH]
+    for _ in range(3):
+        session.backward(F.cross_entropy(model(x), y))
+        session.step(opt)
+    assert counters["frames"]["ok"] >= 1 and counters["stats"]["unique_graphs"] >= 1  # it compiled
+    assert session.flops_per_step == _reference_flops()
+    session.close()

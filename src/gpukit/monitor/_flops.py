@@ -6,7 +6,7 @@ Three things make it wrong in the wild, and each has one owner here:
 * the FLOPs: counted by torch's own :class:`torch.utils.flop_counter.FlopCounterMode` over one
   real training step (forward, loss and backward: what the device really did, attention and
   recomputed activations included) -- or given by the user when they know better
-  (``Session(flops_per_step=...)``). Counted once, on the first step only: the counter slows
+  (``Session(flops_per_step=...)``). Counted once, on the second step (the first compiles), never again: the counter slows
   that one step (every op goes through a Python dispatch mode), never another.
 * the peak: the data sheet's dense figure for this device and dtype (:func:`gpukit.devices.dense_peak`,
   never the 2:4-sparsity figure), or ``Session(peak_tflops=...)`` for a device the table lacks
@@ -68,7 +68,7 @@ def check_flops_per_step(value: Any) -> int | None:
         raise ConfigurationError(
             f"Session(flops_per_step={value!r}): give the floating-point operations of one training step "
             "(forward and backward of one micro-batch on one process) as a positive whole number, e.g. "
-            "flops_per_step=6 * n_params * tokens_per_step, or leave it out to count them on the first step.")
+            "flops_per_step=6 * n_params * tokens_per_step, or leave it out to count them on the second step.")
     return int(value)
 
 

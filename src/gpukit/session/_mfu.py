@@ -1,9 +1,13 @@
-"""The session's MFU: FLOPs per step counted on the first training step, shown at each epoch's end, recorded.
+"""The session's MFU: FLOPs per step counted on the second training step, shown at each epoch's end, recorded.
 
-Which step is counted: from the first forward of a model ``session.setup`` returned (with
-gradients on: an evaluation under ``torch.no_grad`` does not open the count) up to the first
-``session.step(optimizer)`` -- the forward, the loss and the backward of one micro-batch on this
-process, however the loop calls them (``run_step``, ``session.backward``, ``loss.backward()``).
+Which step is counted: the SECOND training step -- from the first forward (with gradients on: an
+evaluation under ``torch.no_grad`` does not open the count) of a model ``session.setup`` returned
+after the first ``session.step(optimizer)``, up to the next ``session.step`` -- the forward, the
+loss and the backward of one micro-batch on this process, however the loop calls them
+(``run_step``, ``session.backward``, ``loss.backward()``). Not the first: a ``torch.compile``'d
+model compiles in its first call, and a first call made under torch's flop counter (a dispatch
+mode) is one Dynamo skips for good -- measured: the model then never compiles. After the first
+step it is compiled, and counting it changes nothing (same FLOPs, no recompilation).
 The counter (torch's ``FlopCounterMode``) slows that one step, which its epoch's figures leave
 out; its hooks come off afterwards, so no other step pays anything. ``Session(flops_per_step=N)`` skips the count.
 
@@ -61,6 +65,8 @@ class SessionMfu:
         self._window = FlopWindow()
         self._hooks: list[Any] = []
         self._forwards = 0
+        self._pending = self.flops_per_step is None  # until the count is done or given up
+        self._steps_seen = 0
         self._opened_s = 0.0
         #: wall time of the counted step, which the counter slowed: left out of its epoch's figures
         self._counted_s: float | None = None
@@ -72,15 +78,15 @@ class SessionMfu:
 
     # -- counting ------------------------------------------------------------------------------
     def watch(self, model: nn.Module) -> None:
-        """Count the FLOPs of the first training step through ``model`` (unless they are known)."""
+        """Count the FLOPs of the second training step through ``model`` (unless they are known)."""
         if self.flops_per_step is None and self.flops_source == "not counted yet":
             self._hooks.append(model.register_forward_pre_hook(self._on_forward))
 
     def _on_forward(self, module: nn.Module, args: Any) -> None:
         import torch
 
-        if not torch.is_grad_enabled():
-            return  # an evaluation pass: not a training step
+        if self._steps_seen < 1 or not torch.is_grad_enabled():
+            return  # the first step (it compiles), or an evaluation pass: not counted
         self._forwards += 1
         if self._forwards > MAX_UNSTEPPED_FORWARDS:
             self._window.close()
@@ -92,8 +98,12 @@ class SessionMfu:
             self._window.open()
 
     def before_step(self) -> None:
-        """``session.step`` is called: the first one ends the counted step (a no-op on every later one)."""
-        if self._window.is_open:
+        """``session.step`` is called: the second one ends the counted step (a no-op once counted)."""
+        if not self._pending:
+            return
+        if not self._window.is_open:
+            self._steps_seen += 1
+        else:
             flops = self._window.close()
             self._counted_s = time.perf_counter() - self._opened_s
             if flops > 0:
@@ -105,6 +115,7 @@ class SessionMfu:
 
     def _finish(self, source: str) -> None:
         self.flops_source = source
+        self._pending = False
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()

@@ -108,7 +108,7 @@ class Session:
         peak_tflops: the device's dense peak TFLOP/s in the precision that runs, for MFU on a device
             gpukit's table lacks (CPUs included); default: the data sheet's (docs/monitoring.md).
         flops_per_step: floating-point operations of one micro-batch's forward and backward on one
-            process, when the model knows them; default: counted by torch on the first step.
+            process, when the model knows them; default: counted by torch on the second step.
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -258,7 +258,7 @@ class Session:
         model = self.strategy.setup_module(model)
         model = compile_module(self.strategy, model, compiling)  # ... and goes back on what the strategy built
         self._memory.track_model(model)  # inference guard; run_step's default model
-        self._mfu.watch(model)  # FLOPs of the first training step through it
+        self._mfu.watch(model)  # FLOPs of the second training step through it
         self._seeding.after_setup()  # seed_per_rank: seed + rank from here on
         if optimizer is None:
             return model
@@ -342,7 +342,7 @@ class Session:
             True when the optimizer stepped; False inside a window and when fp16 found
             non-finite gradients (the step is skipped and the loss scale lowered).
         """
-        self._mfu.before_step()  # the first step ends the FLOP count
+        self._mfu.before_step()  # the second step ends the FLOP count (then a no-op)
         stepped = self._steps.step(optimizer, clip_grad_norm)
         self._memory.after_step()  # leak check every n steps when watch_memory is on
         if clip_grad_norm is not None and self._steps.in_window == 0 and self._services.logging:
@@ -490,7 +490,7 @@ class Session:
     @property
     def flops_per_step(self) -> int | None:
         """Floating-point operations of one micro-batch's step on this process: given, or counted on
-        the first step (``None`` until then)."""
+        the second step (``None`` until then)."""
         return self._mfu.flops_per_step
 
     # -- collectives (identity in a single process) -----------------------------------------------
