@@ -209,6 +209,7 @@ def probe_gpu(index: int, *, copy_bytes: int, matmul_n: int, alloc_limit_bytes: 
     # 2 GiB each way (4 GiB in all) where it fits easily: large enough to leave every cache behind
     memory_bytes = min(2 * _GIB, max(64 * 2**20, free_before // 8))
     out["device_memory"] = measure_device_memory(device, memory_bytes)
+    torch.cuda.empty_cache()  # its blocks back to the driver: the allocatable memory below is measured against NVML's free
     if alloc_limit_bytes is not None:
         free_now = torch.cuda.mem_get_info(device)[0]
         out["allocatable_bytes"] = measure_allocatable(device, min(alloc_limit_bytes, free_now))
