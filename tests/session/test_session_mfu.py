@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils.flop_counter import FlopCounterMode
 
 import gpukit
@@ -137,21 +138,57 @@ def test_the_record_and_the_report_show_it(tmp_path: Path) -> None:
     assert f"{flops:,} FLOPs per step (counted)" in html and f"MFU {100 * figures.mfu:.3g}% of 0.25 TFLOP/s" in html
 
 
-def test_a_compiled_model_still_compiles_and_is_counted() -> None:
-    """Counted under the flop counter, a compiled model's first call would never compile (Dynamo skips
-    the frame for good): counting the second step keeps compile on and counts the same FLOPs."""
+def _compiled_run(flops_per_step: int | None) -> tuple[int | None, dict]:
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    # the "eager" backend: Dynamo (where the skip happens) without the minutes of a C++ build
-    session = gpukit.Session(devices="cpu", precision="32-true", verbose=False, compile={"backend": "eager"})
+    # the "eager" backend: Dynamo (where a skip or a recompilation would happen) without a C++ build
+    session = gpukit.Session(devices="cpu", precision="32-true", verbose=False, compile={"backend": "eager"},
+                             flops_per_step=flops_per_step)
     model = _model()
     model, opt = session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     x, y = _data()[:BATCH]
-    for _ in range(3):
+    for _ in range(4):
         session.backward(F.cross_entropy(model(x), y))
         session.step(opt)
-    assert counters["frames"]["ok"] >= 1 and counters["stats"]["unique_graphs"] >= 1  # it compiled
-    assert session.flops_per_step == _reference_flops()
     session.close()
+    return session.flops_per_step, {k: dict(counters[k]) for k in ("frames", "stats")}
+
+
+def test_a_compiled_model_still_compiles_once_and_is_counted() -> None:
+    """Counted under the flop counter, a compiled model's first call would never compile (Dynamo skips
+    the frame for good), and a hook on the model would recompile it when removed: counting the second
+    step from session.step to session.step does neither, and counts the same FLOPs."""
+    counted, dynamo = _compiled_run(None)
+    given, plain = _compiled_run(10**6)
+    assert counted == _reference_flops() and given == 10**6
+    assert dynamo["stats"].get("unique_graphs", 0) >= 1  # it compiled
+    assert dynamo == plain  # and did the same Dynamo work as a session that counts nothing
+
+
+def test_an_epoch_that_ends_inside_the_count_retries_then_gives_up() -> None:
+    session = gpukit.Session(devices="cpu", precision="32-true", verbose=False)
+    model = _model()
+    model, opt = session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    loader = session.setup_dataloader(torch.utils.data.Subset(_data(), range(BATCH)), batch_size=BATCH)
+    for _ in range(4):  # one batch an epoch: every epoch ends inside the counted step
+        for x, y in loader:
+            session.backward(F.cross_entropy(model(x), y))
+            session.step(opt)
+    assert session.flops_per_step is None and session.mfu is None
+    assert session._mfu.flops_source.startswith("not counted: 3 epochs ended inside the counted step")
+    assert not session._mfu._window.is_open  # nothing slows the later steps
+    session.close()
+
+
+def test_closing_mid_count_drops_it() -> None:
+    session = gpukit.Session(devices="cpu", precision="32-true", verbose=False)
+    model = _model()
+    model, opt = session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = _data()[:BATCH]
+    session.backward(F.cross_entropy(model(x), y))
+    session.step(opt)  # opens the count
+    assert len(_get_current_dispatch_mode_stack()) == 1
+    session.close()
+    assert _get_current_dispatch_mode_stack() == [] and session.flops_per_step is None  # no counter left behind

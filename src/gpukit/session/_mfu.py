@@ -1,15 +1,17 @@
 """The session's MFU: FLOPs per step counted on the second training step, shown at each epoch's end, recorded.
 
-Which step is counted: the SECOND training step -- from the first forward (with gradients on: an
-evaluation under ``torch.no_grad`` does not open the count) of a model ``session.setup`` returned
-after the first ``session.step(optimizer)``, up to the next ``session.step`` -- the forward, the
+Which step is counted: the SECOND training step -- from the end of the first
+``session.step(optimizer)`` to the start of the second: fetching the batch, the forward, the
 loss and the backward of one micro-batch on this process, however the loop calls them
-(``run_step``, ``session.backward``, ``loss.backward()``). Not the first: a ``torch.compile``'d
-model compiles in its first call, and a first call made under torch's flop counter (a dispatch
-mode) is one Dynamo skips for good -- measured: the model then never compiles. After the first
-step it is compiled, and counting it changes nothing (same FLOPs, no recompilation).
-The counter (torch's ``FlopCounterMode``) slows that one step, which its epoch's figures leave
-out; its hooks come off afterwards, so no other step pays anything. ``Session(flops_per_step=N)`` skips the count.
+(``run_step``, ``session.backward``, ``loss.backward()``); no optimizer step. Not the first: a
+``torch.compile``'d model compiles in its first call, and a first call made under torch's flop
+counter (a dispatch mode) is one Dynamo skips for good -- measured: the model then never compiles.
+After the first step it is compiled, and counting it changes nothing (same FLOPs, no
+recompilation). No hook on the model either: ``module.compile()`` compiles a module's hooks with
+it, so a hook would recompile the model when it comes off. The counter slows that one step, which
+its epoch's figures leave out; afterwards nothing is left but one attribute check in
+``session.step``. An epoch that ends inside the counted step (a pass of one batch) drops the count
+and tries again at the next step, up to three times. ``Session(flops_per_step=N)`` skips the count.
 
 Where it shows: each epoch of a gpukit loader ends with a line that now says the achieved TFLOP/s
 and MFU (this rank's steps over their wall time, data waits included, as MFU is defined); the run
@@ -21,8 +23,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from torch import nn
-
 from gpukit.accelerators import Accelerator
 from gpukit.monitor import (
     FlopWindow, MfuFigures, PeakChoice, check_flops_per_step, check_peak_tflops, matmul_dtype, mfu_figures,
@@ -32,9 +32,8 @@ from gpukit.strategies import Strategy
 
 __all__ = ["SessionMfu"]
 
-#: forwards with gradients on and no ``session.step`` after them before the count gives up (a loop
-#: that never calls ``session.step``: its steps are not training steps gpukit can delimit)
-MAX_UNSTEPPED_FORWARDS = 16
+#: epochs that may end inside the counted step before the count gives up
+MAX_RETRIES = 3
 
 
 class SessionMfu:
@@ -63,10 +62,8 @@ class SessionMfu:
         self._device_name: str | None = None
         self._named = False
         self._window = FlopWindow()
-        self._hooks: list[Any] = []
-        self._forwards = 0
         self._pending = self.flops_per_step is None  # until the count is done or given up
-        self._steps_seen = 0
+        self._retries = 0
         self._opened_s = 0.0
         #: wall time of the counted step, which the counter slowed: left out of its epoch's figures
         self._counted_s: float | None = None
@@ -77,48 +74,41 @@ class SessionMfu:
         timings.epoch_notes.append(self.epoch_note)
 
     # -- counting ------------------------------------------------------------------------------
-    def watch(self, model: nn.Module) -> None:
-        """Count the FLOPs of the second training step through ``model`` (unless they are known)."""
-        if self.flops_per_step is None and self.flops_source == "not counted yet":
-            self._hooks.append(model.register_forward_pre_hook(self._on_forward))
-
-    def _on_forward(self, module: nn.Module, args: Any) -> None:
-        import torch
-
-        if self._steps_seen < 1 or not torch.is_grad_enabled():
-            return  # the first step (it compiles), or an evaluation pass: not counted
-        self._forwards += 1
-        if self._forwards > MAX_UNSTEPPED_FORWARDS:
-            self._window.close()
-            self._finish(f"not counted: {MAX_UNSTEPPED_FORWARDS} forwards without a session.step(); "
-                         "give Session(flops_per_step=...)")
+    def before_step(self) -> None:
+        """``session.step`` starts: the second one ends the counted step (a no-op once counted)."""
+        if not self._pending or not self._window.is_open:
             return
-        if not self._window.is_open:
+        flops = self._window.close()
+        self._counted_s = time.perf_counter() - self._opened_s
+        if flops > 0:
+            self.flops_per_step = flops
+            self._finish("counted")
+        else:
+            self._finish("not counted: torch's flop counter saw no matrix products in the step; give "
+                         "Session(flops_per_step=...)")
+
+    def after_step(self) -> None:
+        """``session.step`` ended: the first one opens the count (a no-op once counted)."""
+        if self._pending and not self._window.is_open:
             self._opened_s = time.perf_counter()
             self._window.open()
-
-    def before_step(self) -> None:
-        """``session.step`` is called: the second one ends the counted step (a no-op once counted)."""
-        if not self._pending:
-            return
-        if not self._window.is_open:
-            self._steps_seen += 1
-        else:
-            flops = self._window.close()
-            self._counted_s = time.perf_counter() - self._opened_s
-            if flops > 0:
-                self.flops_per_step = flops
-                self._finish("counted")
-            else:
-                self._finish("not counted: torch's flop counter saw no matrix products in the step; give "
-                             "Session(flops_per_step=...)")
 
     def _finish(self, source: str) -> None:
         self.flops_source = source
         self._pending = False
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
+
+    def close(self) -> None:
+        """The session closes: a count still open is dropped (the counter must not outlive the session)."""
+        if self._window.is_open:
+            self._window.close()
+            self._finish("not counted: the session closed before a second step")
+
+    def _epoch_ended_mid_count(self) -> None:
+        self._window.close()  # the batch that would end it belongs to the next epoch: count again from there
+        self._retries += 1
+        if self._retries >= MAX_RETRIES:
+            self._finish(f"not counted: {MAX_RETRIES} epochs ended inside the counted step; give "
+                         "Session(flops_per_step=...)")
 
     # -- figures -------------------------------------------------------------------------------
     def peak(self) -> PeakChoice:
@@ -131,6 +121,8 @@ class SessionMfu:
 
     def epoch_note(self, report: Any) -> str | None:
         """Achieved TFLOP/s and MFU of this rank's steps in an epoch (an :class:`~gpukit.data.EpochReport`)."""
+        if self._window.is_open:
+            self._epoch_ended_mid_count()
         if self.flops_per_step is None or not report.ranks:
             return None
         rank = self._strategy.rank if self._strategy.rank < len(report.ranks) else 0

@@ -258,7 +258,6 @@ class Session:
         model = self.strategy.setup_module(model)
         model = compile_module(self.strategy, model, compiling)  # ... and goes back on what the strategy built
         self._memory.track_model(model)  # inference guard; run_step's default model
-        self._mfu.watch(model)  # FLOPs of the second training step through it
         self._seeding.after_setup()  # seed_per_rank: seed + rank from here on
         if optimizer is None:
             return model
@@ -344,6 +343,7 @@ class Session:
         """
         self._mfu.before_step()  # the second step ends the FLOP count (then a no-op)
         stepped = self._steps.step(optimizer, clip_grad_norm)
+        self._mfu.after_step()  # the first opens it
         self._memory.after_step()  # leak check every n steps when watch_memory is on
         if clip_grad_norm is not None and self._steps.in_window == 0 and self._services.logging:
             self._services.log_default({"grad_norm": self._steps.grad_norm}, self._steps.micro_step - 1)
@@ -551,6 +551,7 @@ class Session:
         try:
             self._runstate.wait_for_saves()
         finally:
+            self._mfu.close()
             self._memory.close()
             self._services.close()
             self.strategy.teardown()
