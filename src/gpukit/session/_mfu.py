@@ -1,17 +1,23 @@
 """The session's MFU: FLOPs per step counted on the second training step, shown at each epoch's end, recorded.
 
-Which step is counted: the SECOND training step -- from the end of the first
-``session.step(optimizer)`` to the start of the second: fetching the batch, the forward, the
-loss and the backward of one micro-batch on this process, however the loop calls them
-(``run_step``, ``session.backward``, ``loss.backward()``); no optimizer step. Not the first: a
-``torch.compile``'d model compiles in its first call, and a first call made under torch's flop
-counter (a dispatch mode) is one Dynamo skips for good -- measured: the model then never compiles.
-After the first step it is compiled, and counting it changes nothing (same FLOPs, no
-recompilation). No hook on the model either: ``module.compile()`` compiles a module's hooks with
-it, so a hook would recompile the model when it comes off. The counter slows that one step, which
+Which step is counted: the SECOND training step, in a window that opens and closes inside gpukit's
+own calls of that step, never across the user's code at large:
+
+* a loop over a gpukit loader: from the moment the loader hands out the batch after the first
+  ``session.step`` (with gradients on: an evaluation under ``torch.no_grad`` opens nothing) to the
+  start of the next ``session.step`` -- the forward, the loss and the backward of that micro-batch,
+  however the loop calls them; no optimizer step. A batch handed out before a step is taken (an
+  evaluation batch), the end of the pass, or ``session.close()`` drops an open count (three
+  dropped counts and it gives up: ``Session(flops_per_step=...)`` then);
+* ``session.run_step``: the forward and backward inside the second call.
+
+Not the first step: a ``torch.compile``'d model compiles in its first call, and a first call made
+under torch's flop counter (a dispatch mode) is one Dynamo skips for good -- measured: the model
+then never compiles. After the first step it is compiled, and counting it changes nothing (same
+FLOPs, no recompilation). No hook on the model either: ``module.compile()`` compiles a module's
+hooks with it, so a hook coming off recompiled the model. The counter slows that one step, which
 its epoch's figures leave out; afterwards nothing is left but one attribute check in
-``session.step``. An epoch that ends inside the counted step (a pass of one batch) drops the count
-and tries again at the next step, up to three times. ``Session(flops_per_step=N)`` skips the count.
+``session.step`` and ``run_step``. ``Session(flops_per_step=N)`` skips the count.
 
 Where it shows: each epoch of a gpukit loader ends with a line that now says the achieved TFLOP/s
 and MFU (this rank's steps over their wall time, data waits included, as MFU is defined); the run
@@ -21,7 +27,8 @@ record gets an ``mfu`` event per epoch (``gpukit report`` sums them); ``session.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from gpukit.accelerators import Accelerator
 from gpukit.monitor import (
@@ -32,8 +39,10 @@ from gpukit.strategies import Strategy
 
 __all__ = ["SessionMfu"]
 
-#: epochs that may end inside the counted step before the count gives up
+#: counts that may be dropped (a pass ended, an evaluation batch) before the count gives up
 MAX_RETRIES = 3
+
+T = TypeVar("T")
 
 
 class SessionMfu:
@@ -45,13 +54,14 @@ class SessionMfu:
         strategy: the session's strategy (rank, device, precision: read when needed, as fit may change it).
         accelerator: the device's accelerator (its name comes from NVML through it).
         timings: the session's step timings, whose epoch lines get the MFU.
+        loaders: the session's loader tracker (its ``on_batch`` opens the count).
 
     Raises:
         ConfigurationError: a bad ``peak_tflops`` or ``flops_per_step``.
     """
 
     def __init__(self, peak_tflops: Any, flops_per_step: Any, *, strategy: Strategy, accelerator: Accelerator,
-                 timings: Any) -> None:
+                 timings: Any, loaders: Any) -> None:
         self._given_peak = check_peak_tflops(peak_tflops)
         #: floating-point operations of one micro-batch's step on this process (``None``: not known yet)
         self.flops_per_step = check_flops_per_step(flops_per_step)
@@ -64,6 +74,9 @@ class SessionMfu:
         self._window = FlopWindow()
         self._pending = self.flops_per_step is None  # until the count is done or given up
         self._retries = 0
+        self._steps_seen = 0
+        self._loaders = loaders  # the session's LoaderTracker: tells of each batch handed out
+        loaders.on_batch = self.on_batch if self._pending else None
         self._opened_s = 0.0
         #: wall time of the counted step, which the counter slowed: left out of its epoch's figures
         self._counted_s: float | None = None
@@ -74,10 +87,56 @@ class SessionMfu:
         timings.epoch_notes.append(self.epoch_note)
 
     # -- counting ------------------------------------------------------------------------------
+    @property
+    def pending(self) -> bool:
+        """Whether the FLOPs per step are still to be counted."""
+        return self._pending
+
+    def on_batch(self) -> None:
+        """A gpukit loader hands out a batch: after the first step, the count opens (see the module docstring)."""
+        import torch
+
+        if self._window.is_open:
+            self._drop("batches handed out without a session.step() between them")
+        if self._pending and self._steps_seen and torch.is_grad_enabled():
+            self._open()
+
     def before_step(self) -> None:
-        """``session.step`` starts: the second one ends the counted step (a no-op once counted)."""
-        if not self._pending or not self._window.is_open:
+        """``session.step`` starts: it ends an open count (the first step opens nothing)."""
+        if not self._pending:
             return
+        if self._window.is_open:
+            self._close()
+        else:
+            self._steps_seen += 1
+
+    def count_run_step(self, run: Callable[[], T]) -> T:
+        """``run()`` (a ``run_step``'s forward and backward), counted when it is the one to count."""
+        opened = False
+        if self._steps_seen and not self._window.is_open:
+            self._open()
+            opened = True
+        try:
+            out = run()
+        except BaseException:
+            if opened and self._window.is_open:
+                self._drop("the step raised")
+            raise
+        if opened and self._window.is_open:
+            self._close()
+        return out
+
+    def close(self) -> None:
+        """The session closes: a count still open is dropped (the counter must not outlive the session)."""
+        if self._window.is_open:
+            self._window.close()
+            self._finish("not counted: the session closed before a second step")
+
+    def _open(self) -> None:
+        self._opened_s = time.perf_counter()
+        self._window.open()
+
+    def _close(self) -> None:
         flops = self._window.close()
         self._counted_s = time.perf_counter() - self._opened_s
         if flops > 0:
@@ -87,28 +146,17 @@ class SessionMfu:
             self._finish("not counted: torch's flop counter saw no matrix products in the step; give "
                          "Session(flops_per_step=...)")
 
-    def after_step(self) -> None:
-        """``session.step`` ended: the first one opens the count (a no-op once counted)."""
-        if self._pending and not self._window.is_open:
-            self._opened_s = time.perf_counter()
-            self._window.open()
+    def _drop(self, why: str) -> None:
+        self._window.close()
+        self._retries += 1
+        if self._retries >= MAX_RETRIES:
+            self._finish(f"not counted: {MAX_RETRIES} counts dropped (the last: {why}); give "
+                         "Session(flops_per_step=...)")
 
     def _finish(self, source: str) -> None:
         self.flops_source = source
         self._pending = False
-
-    def close(self) -> None:
-        """The session closes: a count still open is dropped (the counter must not outlive the session)."""
-        if self._window.is_open:
-            self._window.close()
-            self._finish("not counted: the session closed before a second step")
-
-    def _epoch_ended_mid_count(self) -> None:
-        self._window.close()  # the batch that would end it belongs to the next epoch: count again from there
-        self._retries += 1
-        if self._retries >= MAX_RETRIES:
-            self._finish(f"not counted: {MAX_RETRIES} epochs ended inside the counted step; give "
-                         "Session(flops_per_step=...)")
+        self._loaders.on_batch = None  # nothing per batch from here on
 
     # -- figures -------------------------------------------------------------------------------
     def peak(self) -> PeakChoice:
@@ -122,7 +170,7 @@ class SessionMfu:
     def epoch_note(self, report: Any) -> str | None:
         """Achieved TFLOP/s and MFU of this rank's steps in an epoch (an :class:`~gpukit.data.EpochReport`)."""
         if self._window.is_open:
-            self._epoch_ended_mid_count()
+            self._drop("a pass ended inside the count")
         if self.flops_per_step is None or not report.ranks:
             return None
         rank = self._strategy.rank if self._strategy.rank < len(report.ranks) else 0

@@ -157,7 +157,7 @@ class Session:
         self.timings = StepTimings(self.accelerator, rank=self.strategy.rank, report=verbose)
         # FLOPs per step (counted on the first) and MFU in each epoch's line and the record
         self._mfu = SessionMfu(peak_tflops, flops_per_step, strategy=self.strategy, accelerator=self.accelerator,
-                               timings=self.timings)
+                               timings=self.timings, loaders=self._loaders)
         if seed is not None:
             seed_everything(seed, self.accelerator)
         # `srun python`: rank 0 requeues a job stopped by --signal, at exit -- after the process
@@ -341,9 +341,8 @@ class Session:
             True when the optimizer stepped; False inside a window and when fp16 found
             non-finite gradients (the step is skipped and the loss scale lowered).
         """
-        self._mfu.before_step()  # the second step ends the FLOP count (then a no-op)
+        self._mfu.before_step()  # the second step ends the FLOP count (a no-op once counted)
         stepped = self._steps.step(optimizer, clip_grad_norm)
-        self._mfu.after_step()  # the first opens it
         self._memory.after_step()  # leak check every n steps when watch_memory is on
         if clip_grad_norm is not None and self._steps.in_window == 0 and self._services.logging:
             self._services.log_default({"grad_norm": self._steps.grad_norm}, self._steps.micro_step - 1)
@@ -391,6 +390,8 @@ class Session:
         (``"backoff"``: split a batch that does not fit). Returns the loss, detached. See
         :meth:`SessionMemory.run_step <gpukit.session._memory.SessionMemory.run_step>`."""
         self._require_launched("session.run_step()")
+        if self._mfu.pending:  # the second run_step is a step the FLOP count can hold whole
+            return self._mfu.count_run_step(lambda: self._memory.run_step(step_fn, batch, model=model))
         return self._memory.run_step(step_fn, batch, model=model)
 
     @property
