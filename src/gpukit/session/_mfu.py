@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpukit.accelerators import Accelerator
 from gpukit.monitor import (
@@ -36,6 +36,10 @@ from gpukit.monitor import (
     resolve_peak, tf32_matmuls_on,
 )
 from gpukit.strategies import Strategy
+
+if TYPE_CHECKING:
+    from gpukit.data import StepTimings
+    from gpukit.session._loaders import LoaderTracker
 
 __all__ = ["SessionMfu"]
 
@@ -61,7 +65,7 @@ class SessionMfu:
     """
 
     def __init__(self, peak_tflops: Any, flops_per_step: Any, *, strategy: Strategy, accelerator: Accelerator,
-                 timings: Any, loaders: Any) -> None:
+                 timings: StepTimings, loaders: LoaderTracker) -> None:
         self._given_peak = check_peak_tflops(peak_tflops)
         #: floating-point operations of one micro-batch's step on this process (``None``: not known yet)
         self.flops_per_step = check_flops_per_step(flops_per_step)
