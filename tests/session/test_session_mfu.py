@@ -73,6 +73,22 @@ def test_a_cpu_session_with_peak_tflops_reports_mfu(capsys, run_step: bool, eval
     session.close()
 
 
+def test_an_evaluation_pass_gets_no_mfu() -> None:
+    session = gpukit.Session(devices="cpu", precision="32-true", verbose=False, peak_tflops=0.5)
+    model = _train(session)
+    trained = session.mfu
+    val = session.setup_dataloader(_data(), batch_size=BATCH)
+    with torch.no_grad():  # evaluated the usual way
+        for x, _ in val:
+            model(x)
+    for x, _ in val:  # and without no_grad, but with no session.step in the pass
+        model(x).detach()
+    lines = [r.line for r in session.timings.epoch_reports]
+    assert len(lines) == 3 and "MFU" in lines[0] and "FLOP/s" not in lines[1] + lines[2]
+    assert session.mfu is trained
+    session.close()
+
+
 def test_without_a_peak_the_cpu_shows_achieved_and_says_mfu_is_not_known() -> None:
     session = gpukit.Session(devices="cpu", precision="32-true", verbose=False)
     _train(session)

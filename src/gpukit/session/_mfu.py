@@ -40,6 +40,7 @@ from gpukit.strategies import Strategy
 if TYPE_CHECKING:
     from gpukit.data import StepTimings
     from gpukit.session._loaders import LoaderTracker
+    from gpukit.session._steps import TrainingSteps
 
 __all__ = ["SessionMfu"]
 
@@ -59,13 +60,14 @@ class SessionMfu:
         accelerator: the device's accelerator (its name comes from NVML through it).
         timings: the session's step timings, whose epoch lines get the MFU.
         loaders: the session's loader tracker (its ``on_batch`` opens the count).
+        steps: the session's training steps (a pass with no ``session.step`` in it is no training pass).
 
     Raises:
         ConfigurationError: a bad ``peak_tflops`` or ``flops_per_step``.
     """
 
     def __init__(self, peak_tflops: Any, flops_per_step: Any, *, strategy: Strategy, accelerator: Accelerator,
-                 timings: StepTimings, loaders: LoaderTracker) -> None:
+                 timings: StepTimings, loaders: LoaderTracker, steps: TrainingSteps) -> None:
         self._given_peak = check_peak_tflops(peak_tflops)
         #: floating-point operations of one micro-batch's step on this process (``None``: not known yet)
         self.flops_per_step = check_flops_per_step(flops_per_step)
@@ -82,6 +84,8 @@ class SessionMfu:
         self._loaders = loaders  # the session's LoaderTracker: tells of each batch handed out
         loaders.on_batch = self.on_batch if self._pending else None
         self._opened_s = 0.0
+        self._steps = steps
+        self._steps_at_last_pass = steps.micro_step
         #: wall time of the counted step, which the counter slowed: left out of its epoch's figures
         self._counted_s: float | None = None
         #: the run recorder, set by the session once it exists (``None``: not recording)
@@ -173,9 +177,15 @@ class SessionMfu:
 
     def epoch_note(self, report: Any) -> str | None:
         """Achieved TFLOP/s and MFU of this rank's steps in an epoch (an :class:`~gpukit.data.EpochReport`)."""
+        import torch
+
         if self._window.is_open:
             self._drop("a pass ended inside the count")
-        if self.flops_per_step is None or not report.ranks:
+        stepped = self._steps.micro_step > self._steps_at_last_pass
+        self._steps_at_last_pass = self._steps.micro_step
+        # an evaluation pass (under no_grad, or no session.step since the last pass ended) has no
+        # training FLOPs to rate
+        if self.flops_per_step is None or not report.ranks or not stepped or not torch.is_grad_enabled():
             return None
         rank = self._strategy.rank if self._strategy.rank < len(report.ranks) else 0
         mine = report.ranks[rank]

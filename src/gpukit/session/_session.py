@@ -157,7 +157,7 @@ class Session:
         self.timings = StepTimings(self.accelerator, rank=self.strategy.rank, report=verbose)
         # FLOPs per step (counted on the first) and MFU in each epoch's line and the record
         self._mfu = SessionMfu(peak_tflops, flops_per_step, strategy=self.strategy, accelerator=self.accelerator,
-                               timings=self.timings, loaders=self._loaders)
+                               timings=self.timings, loaders=self._loaders, steps=self._steps)
         if seed is not None:
             seed_everything(seed, self.accelerator)
         # `srun python`: rank 0 requeues a job stopped by --signal, at exit -- after the process
