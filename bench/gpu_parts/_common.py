@@ -47,6 +47,15 @@ def emit(check: str, status: str, value: float | None = None, unit: str | None =
     return record
 
 
+def judged(check: str, value: float | None, unit: str | None, goal: str, met: bool | None, detail: str = "",
+           **extra: Any) -> dict[str, Any]:
+    """A result with a goal (``"<= 1.01x plain"``): ``ok`` when met, ``warn`` when missed (a figure that
+    misses its goal is recorded with what explains it, not hidden); ``info`` in a dry run, whose tiny
+    CPU sizes say nothing about the goal, and when ``met`` is ``None`` (not judgeable here)."""
+    status = "info" if DRY or met is None else ("ok" if met else "warn")
+    return emit(check, status, value, unit, detail, goal=goal, met=None if DRY else met, **extra)
+
+
 def device() -> Any:
     """``cuda:0`` on the GPU machine, the CPU in a dry run."""
     import torch

@@ -1,14 +1,14 @@
 """gpu-check part `speed`: the GPU figures bench/RESULTS.md lacks, each measured side by side.
 
 P6  host->device copies from pinned vs pageable memory, against the PCIe link's peak (NVML).
-P1  per-step overhead of a Session over the plain loop, with a CUDA sync after every step
+P1  per-step overhead of a Session over the plain loop (goal: <= 1.01x), with a CUDA sync after every step
     (bench/overhead.py's interleaved loops, MLP and CNN), then a cProfile of Session steps: the
     top functions by own time, so an overhead has a name.
 P5  the seed tutorials' plain loop (fp32, num_workers=0, no pinning, blocking copies) against
-    the same model under Session(precision="auto") with a tuned loader, on a dataset whose items
+    the same model under the automatic settings (Session(precision="auto") and whatever it turns
+    on by itself, num_workers="tune"; goal: >= 3x), on a dataset whose items
     cost CPU work: samples/s for a fixed time each.
-P7  model FLOPs utilisation of a GPT-2-small-sized training step (124 M parameters, 1024 tokens,
-    bf16-mixed, AdamW), eager and torch.compile'd, against the data sheet's bf16 peak.
+(P7, MFU of GPT-2 small, is the part `mfu`.)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from _common import DRY, device, emit, guarded, sync
+from _common import DRY, device, emit, guarded, judged, sync
 
 
 def p6_copies() -> None:
@@ -49,8 +49,10 @@ def p1_overhead() -> None:
         plain = overhead.plain_stepper(copy.deepcopy(model), data, batch, dev)
         ours = overhead.session_stepper(copy.deepcopy(model), data, batch, dev)
         t_plain, t_ours = overhead.interleaved(plain, ours, steps, warmup, sync)
-        emit(f"P1 {name} per-step overhead", "info", (t_ours - t_plain) * 1e6, "us",
-             f"plain {t_plain * 1e3:.3f} ms, session {t_ours * 1e3:.3f} ms, ratio {t_ours / t_plain:.3f}")
+        ratio = t_ours / t_plain
+        judged(f"P1 {name} per-step time, Session / plain", ratio, "x", "<= 1.01x plain torch", ratio <= 1.01,
+               f"+{(t_ours - t_plain) * 1e6:.0f} us per step: plain {t_plain * 1e3:.3f} ms, session "
+               f"{t_ours * 1e3:.3f} ms ({steps} interleaved steps each, a sync after every step)")
         if name == "mlp":
             _profile("session", ours)
             _profile("plain", plain)
@@ -165,122 +167,19 @@ def p5_plain_vs_session() -> None:
         session.step(opt2)
 
     ours = _samples_per_s(lambda: tuned, session_step, seconds)
-    emit("P5 plain loop", "info", plain, "samples/s", "fp32, num_workers=0, no pinning")
+    emit("P5 plain loop", "info", plain, "samples/s", "the tutorial loop: fp32, num_workers=0, no pinning")
     emit("P5 Session(auto) + tuned loader", "info", ours, "samples/s",
-         f"{ours / plain:.2f}x the plain loop; precision {session.precision.name}, tuning {tune_s:.1f} s, "
+         f"precision {session.precision.name}, tuning {tune_s:.1f} s, "
          f"loader num_workers={tuned.loader.num_workers}, pin_memory={tuned.loader.pin_memory}, "
          f"prefetch_factor={tuned.loader.prefetch_factor}")
-
-
-class Block(nn.Module):
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-        self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
-        x = x + self.proj(attn)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class GPT(nn.Module):
-    """GPT-2 small's shape (12 x 768, 12 heads, vocab 50304, 1024 positions), weights tied."""
-
-    def __init__(self, layers: int, width: int, heads: int, vocab: int, context: int) -> None:
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(context, width)
-        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab, bias=False)
-        self.head.weight = self.tok.weight
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln(x))
-
-
-def p7_plain() -> None:
-    """The same GPT step in plain torch (autocast bf16, AdamW): the row P7's Session figures sit beside."""
-    layers, width, heads, vocab, context, batch = (2, 64, 4, 512, 32, 2) if DRY else (12, 768, 12, 50304, 1024, 8)
-    torch.manual_seed(0)
-    model = GPT(layers, width, heads, vocab, context).to(device())
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    idx = torch.randint(0, vocab, (batch, context + 1), generator=torch.Generator().manual_seed(0)).to(device())
-    x, y = idx[:, :-1], idx[:, 1:]
-    kind = "cpu" if DRY else "cuda"
-
-    def step() -> None:
-        with torch.autocast(kind, dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    _report_mfu("plain torch eager", model, step, layers, width, batch, context)
-
-
-def _report_mfu(label: str, model: nn.Module, step, layers: int, width: int, batch: int, context: int) -> None:
-    from gpukit.doctor._gpu_peaks import spec_peak_tflops
-
-    inner = getattr(model, "_orig_mod", model)
-    n_params = sum(p.numel() for p in inner.parameters()) - inner.pos.weight.numel()
-    started = time.perf_counter()
-    for _ in range(2 if DRY else 3):  # warm-up (compiles here)
-        step()
-    sync()
-    warm_s = time.perf_counter() - started
-    reps = 3 if DRY else 15
-    started = time.perf_counter()
-    for _ in range(reps):
-        step()
-    sync()
-    step_s = (time.perf_counter() - started) / reps
-    # PaLM's count: 6 N per token for the weights, 12 L d T per token for attention scores/values
-    flops = batch * context * (6 * n_params + 12 * layers * width * context)
-    tflops = flops / step_s / 1e12
-    peak = None if DRY else spec_peak_tflops(torch.cuda.get_device_name(0), "bf16")
-    emit(f"P7 MFU GPT-2 small {label}", "info", None if peak is None else 100 * tflops / peak, "% of peak",
-         f"{tflops:.0f} TFLOP/s, {step_s * 1e3:.1f} ms/step ({batch}x{context} tokens, {n_params / 1e6:.0f} M params), "
-         f"warm-up {warm_s:.1f} s, peak {peak}")
-
-
-def p7_mfu(compiled: bool) -> None:
-    import gpukit
-
-    layers, width, heads, vocab, context, batch = (2, 64, 4, 512, 32, 2) if DRY else (12, 768, 12, 50304, 1024, 8)
-    torch.manual_seed(0)
-    model = GPT(layers, width, heads, vocab, context)
-    session = gpukit.Session(devices=device(), precision="bf16-mixed", compile=compiled or None, verbose=False)
-    model, opt = session.setup(model, torch.optim.AdamW(model.parameters(), lr=3e-4))
-    g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, vocab, (batch, context + 1), generator=g).to(device())
-    x, y = idx[:, :-1], idx[:, 1:]
-
-    def step() -> None:
-        session.run_step(lambda b: F.cross_entropy(model(b[0]).flatten(0, 1).float(), b[1].flatten()), (x, y))
-        session.step(opt)
-
-    _report_mfu("compiled" if compiled else "eager", model, step, layers, width, batch, context)
+    judged("P5 automatic settings / tutorial loop", ours / plain, "x", ">= 3x the tutorial loop", ours / plain >= 3.0,
+           f"{ours:,.0f} against {plain:,.0f} samples/s, {seconds:g} s each")
 
 
 def main() -> None:
     guarded("P6 copies", p6_copies)
     guarded("P1 overhead", p1_overhead)
     guarded("P5 plain vs session", p5_plain_vs_session)
-    guarded("P7 plain", p7_plain)
-    guarded("P7 eager", p7_mfu, False)
-    if DRY:
-        emit("P7 compiled", "skip", detail="dry run: torch.compile on the CPU takes too long for the suite")
-    else:
-        guarded("P7 compiled", p7_mfu, True)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def test_without_a_gpu_it_lists_the_plan_and_exits_0(tmp_path: Path) -> None:
 
 def test_bad_part_names_are_refused_with_the_list(tmp_path: Path) -> None:
     proc = _run(tmp_path, "--only", "speed,sped", timeout=60)
-    assert proc.returncode == 2 and "unknown part(s) sped; the parts are env, tests," in proc.stderr
+    assert proc.returncode == 2 and "unknown part(s) sped; the parts are env, speed, mfu, syncs," in proc.stderr
 
 
 def test_every_part_runs_on_the_cpu_and_writes_its_results(tmp_path: Path) -> None:
@@ -64,4 +64,15 @@ def test_the_table_survives_a_line_cut_off_by_a_kill(tmp_path: Path) -> None:
     good = {"part": "speed", "check": "P6 h2d pinned", "status": "info", "value": 51.2, "unit": "GB/s", "detail": "x|y"}
     (tmp_path / "results.jsonl").write_text(json.dumps(good) + "\n" + '{"part": "speed", "check": "P1')
     table = gpu_check.write_table(tmp_path)
-    assert table.splitlines()[2] == "| speed | P6 h2d pinned | info | 51.2 GB/s | x/y |" and len(table.splitlines()) == 3
+    assert table.splitlines()[2] == "| speed | P6 h2d pinned | info | 51.2 GB/s |  | x/y |" and len(table.splitlines()) == 3
+
+
+def test_a_goal_and_whether_it_was_met_are_in_the_table(tmp_path: Path) -> None:
+    rows = [{"part": "speed", "check": "P1 mlp", "status": "warn", "value": 1.08, "unit": "x", "detail": "",
+             "goal": "<= 1.01x plain", "met": False},
+            {"part": "mfu", "check": "P7 auto", "status": "ok", "value": 41.0, "unit": "% MFU", "detail": "",
+             "goal": ">= 40% MFU", "met": True}]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = gpu_check.write_table(tmp_path).splitlines()
+    assert lines[2] == "| speed | P1 mlp | warn | 1.08 x | <= 1.01x plain: MISSED |  |"
+    assert lines[3] == "| mfu | P7 auto | ok | 41 % MFU | >= 40% MFU: met |  |"

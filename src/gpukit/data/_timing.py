@@ -253,6 +253,8 @@ class StepTimings:
         self._recent_samples = 0.0
         #: end-of-epoch reports so far (:class:`gpukit.data.EpochReport`), newest last
         self.epoch_reports: list[Any] = []
+        #: ``note(report) -> str | None`` each: text added to every epoch's line (the session's MFU)
+        self.epoch_notes: list[Callable[[Any], str | None]] = []
 
     # -- listeners ------------------------------------------------------------------------------
     def add_listener(self, callback: Callable[[StepTiming], Any]) -> None:
@@ -449,7 +451,13 @@ class StepTimings:
         return [PassTotals.from_list(row, totals.epoch) for row in rows]
 
     def record_epoch(self, report: Any) -> None:
-        """Keep an :class:`~gpukit.data.EpochReport`; print its line on rank 0 when reporting."""
+        """Keep an :class:`~gpukit.data.EpochReport` (its line with the :attr:`epoch_notes`); print
+        the line on rank 0 when reporting."""
+        notes = [text for text in (note(report) for note in self.epoch_notes) if text]
+        if notes:
+            from dataclasses import replace
+
+            report = replace(report, line=f"{report.line}; " + "; ".join(notes))
         self.epoch_reports.append(report)
         del self.epoch_reports[:-100]
         if self.report and self.rank == 0:

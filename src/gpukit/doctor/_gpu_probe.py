@@ -3,7 +3,8 @@
 ``python -m gpukit.doctor._gpu_probe gpu --index N`` measures ``cuda:0`` of a process that sees
 one GPU (the parent sets ``CUDA_VISIBLE_DEVICES`` to its UUID) and prints one JSON object:
 host-to-device and device-to-host copy bandwidth from pinned and from pageable memory, a large
-matrix product's TFLOP/s, the memory a process can allocate, and what NVML says while the GPU is
+matrix product's TFLOP/s, device memory bandwidth (a large device-to-device copy), the memory a
+process can allocate, and what NVML says while the GPU is
 busy (the PCIe link trains down when idle, clock-event reasons change under load).
 ``... allreduce --world N`` times an all-reduce over N GPUs (NCCL; gloo on the CPU in tests).
 
@@ -23,13 +24,14 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["measure_copies", "measure_matmul", "measure_allocatable", "measure_allreduce", "main"]
+__all__ = ["measure_copies", "measure_matmul", "measure_device_memory", "measure_allocatable", "measure_allreduce",
+           "main"]
 
 _GIB = 2**30
 
 
-def _timed(fn: Callable[[], Any], sync: Callable[[], None], reps: int) -> float:
-    """Median seconds of ``fn`` over ``reps`` runs, after one warm-up run."""
+def _times(fn: Callable[[], Any], sync: Callable[[], None], reps: int) -> list[float]:
+    """Seconds of each of ``reps`` runs of ``fn``, after one warm-up run."""
     fn()
     sync()
     times = []
@@ -38,17 +40,24 @@ def _timed(fn: Callable[[], Any], sync: Callable[[], None], reps: int) -> float:
         fn()
         sync()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def _timed(fn: Callable[[], Any], sync: Callable[[], None], reps: int) -> float:
+    """Median seconds of ``fn`` over ``reps`` runs, after one warm-up run."""
+    return statistics.median(_times(fn, sync, reps))
 
 
 def _sync(device: torch.device) -> Callable[[], None]:
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
 
-def measure_copies(device: torch.device, size_bytes: int = 256 * 2**20, reps: int = 5,
+def measure_copies(device: torch.device, size_bytes: int = 256 * 2**20, reps: int = 10,
                    during: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Copy bandwidth in GB/s (10^9 bytes/s): host->device and device->host, pinned and pageable.
 
+    Pinned copies give their median and their sustained minimum (``*_min_gbps``: the slowest of
+    ``reps`` copies, what the floors judge: a link that dips is not saved by its best copy).
     ``during()`` is called while pinned host->device copies are in flight (to read the PCIe link
     under load); its result is returned as ``"during"``.
     """
@@ -60,9 +69,11 @@ def measure_copies(device: torch.device, size_bytes: int = 256 * 2**20, reps: in
     sync = _sync(device)
     gb = size_bytes / 1e9
     out: dict[str, Any] = {"size_bytes": size_bytes}
-    out["h2d_pinned_gbps"] = gb / _timed(lambda: target.copy_(pinned, non_blocking=True), sync, reps)
-    out["h2d_pageable_gbps"] = gb / _timed(lambda: target.copy_(pageable), sync, reps)
-    out["d2h_pinned_gbps"] = gb / _timed(lambda: pinned.copy_(target, non_blocking=True), sync, reps)
+    h2d = _times(lambda: target.copy_(pinned, non_blocking=True), sync, reps)
+    out["h2d_pinned_gbps"], out["h2d_pinned_min_gbps"] = gb / statistics.median(h2d), gb / max(h2d)
+    out["h2d_pageable_gbps"] = gb / _timed(lambda: target.copy_(pageable), sync, max(3, reps // 2))
+    d2h = _times(lambda: pinned.copy_(target, non_blocking=True), sync, reps)
+    out["d2h_pinned_gbps"], out["d2h_pinned_min_gbps"] = gb / statistics.median(d2h), gb / max(d2h)
     if during is not None:
         for _ in range(8):  # queue a few copies (tens of ms), then look at the link while they run
             target.copy_(pinned, non_blocking=True)
@@ -72,22 +83,47 @@ def measure_copies(device: torch.device, size_bytes: int = 256 * 2**20, reps: in
 
 
 def measure_matmul(device: torch.device, dtype: torch.dtype, n: int = 8192, seconds: float = 1.0,
-                   during: Callable[[], Any] | None = None) -> dict[str, Any]:
-    """TFLOP/s of ``n x n @ n x n`` products in ``dtype`` over about ``seconds`` (clocks ramp up first)."""
+                   during: Callable[[], Any] | None = None, windows: int = 5) -> dict[str, Any]:
+    """TFLOP/s of ``n x n @ n x n`` products in ``dtype`` over about ``seconds`` (clocks ramp up first).
+
+    The time is cut into ``windows`` equal runs of products: ``tflops`` is the whole, ``tflops_min``
+    the slowest window (the sustained minimum: a GPU that throttles after a burst shows there).
+    """
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     sync = _sync(device)
     one = _timed(lambda: a @ b, sync, 3)
-    reps = max(3, int(seconds / max(one, 1e-6)))
-    sync()
-    start = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    observed = during() if during is not None else None  # read while the products still run
-    sync()
-    elapsed = time.perf_counter() - start
-    return {"n": n, "dtype": str(dtype).replace("torch.", ""), "reps": reps,
-            "tflops": 2 * n**3 * reps / elapsed / 1e12, "during": observed}
+    per_window = max(3, int(seconds / windows / max(one, 1e-6)))
+    observed = None
+    took = []
+    for window in range(windows):
+        sync()
+        start = time.perf_counter()
+        for _ in range(per_window):
+            a @ b
+        if window == windows // 2 and during is not None:
+            observed = during()  # read while the products still run
+        sync()
+        took.append(time.perf_counter() - start)
+    flops = 2 * n**3 * per_window
+    return {"n": n, "dtype": str(dtype).replace("torch.", ""), "reps": per_window * windows,
+            "tflops": flops * windows / sum(took) / 1e12, "tflops_min": flops / max(took) / 1e12,
+            "during": observed}
+
+
+def measure_device_memory(device: torch.device, size_bytes: int = 2 * _GIB, reps: int = 10) -> dict[str, Any]:
+    """Device memory bandwidth in GB/s: a large device-to-device copy (each byte read once, written once).
+
+    Counted as nvbandwidth and STREAM's copy do: 2 x ``size_bytes`` moved per copy. ``gbps`` is the
+    median, ``min_gbps`` the slowest copy (the sustained minimum).
+    """
+    numel = size_bytes // 4
+    source = torch.empty(numel, dtype=torch.float32, device=device)
+    source.fill_(1.0)
+    target = torch.empty_like(source)
+    times = _times(lambda: target.copy_(source), _sync(device), reps)
+    moved_gb = 2 * size_bytes / 1e9
+    return {"size_bytes": size_bytes, "gbps": moved_gb / statistics.median(times), "min_gbps": moved_gb / max(times)}
 
 
 def measure_allocatable(device: torch.device, limit_bytes: int, chunk_bytes: int = _GIB) -> int:
@@ -170,6 +206,10 @@ def probe_gpu(index: int, *, copy_bytes: int, matmul_n: int, alloc_limit_bytes: 
     out["copies"] = measure_copies(device, copy_bytes, during=lambda: _nvml_now(index))
     out["matmul"] = measure_matmul(device, torch.bfloat16 if bf16 else torch.float16, matmul_n,
                                    during=lambda: _nvml_now(index))
+    # 2 GiB each way (4 GiB in all) where it fits easily: large enough to leave every cache behind
+    memory_bytes = min(2 * _GIB, max(64 * 2**20, free_before // 8))
+    out["device_memory"] = measure_device_memory(device, memory_bytes)
+    torch.cuda.empty_cache()  # its blocks back to the driver: the allocatable memory below is measured against NVML's free
     if alloc_limit_bytes is not None:
         free_now = torch.cuda.mem_get_info(device)[0]
         out["allocatable_bytes"] = measure_allocatable(device, min(alloc_limit_bytes, free_now))

@@ -9,17 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from gpukit._util.units import format_bytes
-from gpukit.devices import GpuHealth
+from gpukit.devices import GpuHealth, dense_peak
 from gpukit.doctor._finding import Finding
-from gpukit.doctor._gpu_peaks import spec_peak_tflops
+from gpukit.doctor._gpu_floors import (
+    MATMUL_FLOOR_SHARE, MEMORY_FLOOR_SHARE, copy_floor_gbps, matmul_reference, memory_reference_gbps,
+)
 
-__all__ = ["judge_gpu", "judge_nvml_facts", "judge_allreduce", "COPY_OK", "MATMUL_OK", "ALLOCATABLE_OK"]
+__all__ = ["judge_gpu", "judge_nvml_facts", "judge_allreduce", "ALLOCATABLE_OK"]
 
-#: pinned host->device copies at or above this share of the link's peak are healthy (PCIe
-#: protocol overhead leaves ~80-90% usable; below half something is wrong)
-COPY_OK = 0.6
-#: a large matrix product at or above this share of the data sheet's peak is healthy (70-85% is usual)
-MATMUL_OK = 0.6
 #: allocatable memory at or above this share of what NVML reports free (the CUDA context and
 #: allocator granularity take the rest)
 ALLOCATABLE_OK = 0.9
@@ -57,46 +54,84 @@ def judge_link(label: str, name: str, health: GpuHealth, during: dict[str, Any] 
 
 
 def judge_copies(label: str, name: str, health: GpuHealth, copies: dict[str, Any]) -> Finding:
+    """Pinned copies each way against the floor for the link (48 GB/s on PCIe gen5 x16), their sustained minimum."""
     pinned, pageable = copies["h2d_pinned_gbps"], copies["h2d_pageable_gbps"]
+    sustained = {"host->device": copies.get("h2d_pinned_min_gbps", pinned),
+                 "device->host": copies.get("d2h_pinned_min_gbps", copies["d2h_pinned_gbps"])}
     peak = health.link_peak_gbps()
-    details = {**{k: v for k, v in copies.items() if k != "during"}, "link_peak_gbps": peak}
+    floor = copy_floor_gbps(peak)
+    details = {**{k: v for k, v in copies.items() if k != "during"}, "link_peak_gbps": peak, "floor_gbps": floor}
     figures = (f"host->device {pinned:.1f} GB/s pinned, {pageable:.1f} GB/s pageable "
                f"(device->host pinned {copies['d2h_pinned_gbps']:.1f} GB/s)")
-    if peak is None:
-        return Finding(name, "info", f"{label}: {figures}; the link's peak is not reported", None, details)
+    if peak is None or floor is None:
+        return Finding(name, "info", f"{label}: {figures}; the link's peak is not reported, so no floor", None, details)
     share = pinned / peak
     details["share_of_peak"] = share
-    words = f"{label}: {figures}: pinned at {share:.0%} of the {_link(health.pcie_max_gen, health.pcie_max_width)} peak ({peak:.1f} GB/s)"
-    if share < COPY_OK:
-        return Finding(name, "warn", words,
+    link = _link(health.pcie_max_gen, health.pcie_max_width)
+    words = f"{label}: {figures}: pinned at {share:.0%} of the {link} peak ({peak:.1f} GB/s)"
+    short = [f"{way} sustained minimum {gbps:.1f} GB/s" for way, gbps in sustained.items() if gbps < floor]
+    if short:
+        details["failed_floor"] = "copy_floor_gbps"
+        return Finding(name, "warn", f"{words}; below the floor of {floor:.1f} GB/s for {link} "
+                       f"(48 GB/s on gen5 x16): " + ", ".join(short),
                        "another job may be copying on the same link or CPU socket; check `gpukit ls`, the "
                        "PCIe link above, and NUMA placement (run on the CPU socket the GPU hangs off)", details)
-    return Finding(name, "ok", words, None, details)
+    return Finding(name, "ok", f"{words}; both ways sustain the {floor:.1f} GB/s floor", None, details)
 
 
 def judge_matmul(label: str, name: str, gpu_name: str | None, matmul: dict[str, Any]) -> Finding:
+    """A large matrix product's sustained minimum against the model's reference (measured, or assumed)."""
     dtype = "bf16" if matmul["dtype"] == "bfloat16" else "fp16"
-    peak = spec_peak_tflops(gpu_name, dtype)
+    found = dense_peak(gpu_name, dtype)
+    peak = None if found is None else found.tflops
+    reference = matmul_reference(gpu_name, dtype)
     tflops = matmul["tflops"]
+    sustained = matmul.get("tflops_min", tflops)
     during = matmul.get("during") or {}
     details = {**{k: v for k, v in matmul.items() if k != "during"}, "spec_peak_tflops": peak,
                "clock_event_reasons": during.get("clock_event_reasons"), "sm_clock_mhz": during.get("sm_clock_mhz")}
-    head = f"{label}: {matmul['n']}^3 {dtype} products at {tflops:.0f} TFLOP/s"
-    if peak is None:
+    head = f"{label}: {matmul['n']}^3 {dtype} products at {tflops:.0f} TFLOP/s (sustained minimum {sustained:.0f})"
+    if peak is None or reference is None:
         return Finding(name, "info", f"{head}; no data-sheet peak known for {gpu_name!r}", None, details)
     share = tflops / peak
-    details["share_of_peak"] = share
+    floor = MATMUL_FLOOR_SHARE * reference[0]
+    details.update(share_of_peak=share, reference_tflops=reference[0], reference_source=reference[1],
+                   floor_tflops=floor)
     head += f", {share:.0%} of its {peak:g} TFLOP/s peak"
-    if share >= MATMUL_OK:
-        return Finding(name, "ok", head, None, details)
+    if sustained >= floor:
+        return Finding(name, "ok", f"{head}; floor {floor:.0f} ({MATMUL_FLOOR_SHARE:.0%} of the {reference[1]})",
+                       None, details)
+    details["failed_floor"] = "matmul_floor_tflops"
     why = _reasons(during)
     clock = during.get("sm_clock_mhz"), during.get("sm_max_clock_mhz")
     said = ("throttled for " + " and ".join(_REASON_WORDS.get(r, r) for r in why)) if why else "no throttle reason reported"
     if all(clock):
         said += f"; SM clock {clock[0]} of {clock[1]} MHz"
-    return Finding(name, "warn", f"{head}: {said}",
+    return Finding(name, "warn", f"{head}: below the floor of {floor:.0f} TFLOP/s ({MATMUL_FLOOR_SHARE:.0%} of the "
+                   f"{reference[1]}): {said}",
                    "check cooling and power limits (`nvidia-smi -q -d PERFORMANCE,POWER`), and whether another "
                    "process shares the GPU (`gpukit ls`)", details)
+
+
+def judge_device_memory(label: str, name: str, gpu_name: str | None, memory: dict[str, Any] | None) -> Finding:
+    """Device memory bandwidth (a large device-to-device copy), its sustained minimum against the data sheet's."""
+    if not memory:
+        return Finding(name, "info", f"{label}: device memory bandwidth not measured", None, {})
+    gbps, sustained = memory["gbps"], memory.get("min_gbps", memory["gbps"])
+    reference = memory_reference_gbps(gpu_name)
+    details = {**memory, "reference_gbps": reference}
+    head = f"{label}: device memory copies at {gbps:,.0f} GB/s (sustained minimum {sustained:,.0f})"
+    if reference is None:
+        return Finding(name, "info", f"{head}; no data-sheet memory bandwidth known for {gpu_name!r}", None, details)
+    floor = MEMORY_FLOOR_SHARE * reference
+    details.update(share=sustained / reference, floor_gbps=floor)
+    head += f", {gbps / reference:.0%} of the data sheet's {reference:,.0f} GB/s"
+    if sustained >= floor:
+        return Finding(name, "ok", f"{head}; floor {floor:,.0f} GB/s ({MEMORY_FLOOR_SHARE:.0%})", None, details)
+    details["failed_floor"] = "memory_floor_gbps"
+    return Finding(name, "warn", f"{head}: below the floor of {floor:,.0f} GB/s ({MEMORY_FLOOR_SHARE:.0%} of the "
+                   "data sheet's)", "check memory clocks and throttling (`nvidia-smi -q -d CLOCK,PERFORMANCE`) and "
+                   "whether another process shares the GPU (`gpukit ls`)", details)
 
 
 def judge_memory(label: str, name: str, probe: dict[str, Any], others: int) -> Finding:
@@ -152,6 +187,7 @@ def judge_gpu(label: str, index: int, gpu_name: str | None, health: GpuHealth, p
         link,
         judge_copies(label, f"gpu{index}.copy_bandwidth", health, probe["copies"]),
         judge_matmul(label, f"gpu{index}.matmul", gpu_name, probe["matmul"]),
+        judge_device_memory(label, f"gpu{index}.memory_bandwidth", gpu_name, probe.get("device_memory")),
         judge_memory(label, f"gpu{index}.memory", probe, others),
         errors,
     ]

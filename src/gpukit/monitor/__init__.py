@@ -1,4 +1,4 @@
-"""Run monitoring: throughput, utilization sampling, the per-step run record and its events, and
+"""Run monitoring: throughput, FLOPs per step and MFU, utilization sampling, the per-step run record and its events, and
 the experiment trackers (CSV, MLflow, Weights & Biases) of ``Session(log_with=...)``."""
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ from gpukit.monitor._utilization import UtilizationSampler, UtilizationSummary
 
 # resolved on first use: the hub warns through _util.warnings, which imports torch, and the
 # doctor loads this package (through worker/) without torch
-_LAZY: dict[str, str] = {"TrackerHub": "gpukit.monitor._tracking"}
+_LAZY: dict[str, str] = {
+    "TrackerHub": "gpukit.monitor._tracking",
+    # FLOP counting and MFU (torch only once counting starts)
+    "FlopWindow": "gpukit.monitor._flops", "MfuFigures": "gpukit.monitor._flops",
+    "PeakChoice": "gpukit.monitor._flops", "check_flops_per_step": "gpukit.monitor._flops",
+    "check_peak_tflops": "gpukit.monitor._flops", "format_flops": "gpukit.monitor._flops",
+    "matmul_dtype": "gpukit.monitor._flops", "mfu_figures": "gpukit.monitor._flops",
+    "resolve_peak": "gpukit.monitor._flops", "tf32_matmuls_on": "gpukit.monitor._flops",
+}
 
 __all__ = [
     "CSVTracker", "EVENT_KINDS", "MLflowTracker", "RECORD_FORMAT", "RECORD_VERSION", "RecordedRank", "Recorder",
@@ -29,4 +37,9 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from gpukit.monitor._flops import (
+        FlopWindow, MfuFigures, PeakChoice, check_flops_per_step, check_peak_tflops, format_flops, matmul_dtype,
+        mfu_figures,
+        resolve_peak, tf32_matmuls_on,
+    )
     from gpukit.monitor._tracking import TrackerHub

@@ -17,6 +17,10 @@ Every line has ``"type"`` and ``"t"`` (unix time in seconds). Types:
   ``process_rss_bytes``, ``cpu_pct``, ``host_mem_used_bytes``; a figure not available is left out.
 * ``event`` -- ``kind`` (oom_backoff, leak_warning, checkpoint, preemption, restart), ``step``
   (the last step recorded before it, or null) and the event's own fields.
+  ``mfu`` (one per epoch of a gpukit loader, once the FLOPs per step are known): ``epoch``,
+  ``steps`` and ``seconds`` (this rank's, the counted step left out), ``flops_per_step``,
+  ``flops_source`` ("counted" or "given"), ``dtype``, ``peak_tflops`` (null: not known),
+  ``peak_source``, ``achieved_tflops``, ``mfu`` (null without a peak).
 * ``end`` -- the run closed normally: ``steps``.
 
 Bounded size: the first ``full_steps`` steps (default 2000) get a line each; after that each

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import os
+import statistics
 from pathlib import Path
 from gpukit._util.units import format_bytes
 from gpukit.report._charts import charts
@@ -48,6 +49,23 @@ def _listed(items: list[str], limit: int = 8) -> str:
     return shown + (f", ... ({len(items) - limit:,} more)" if len(items) > limit else "")
 
 
+def _compute(summary: RunSummary) -> str:
+    """Achieved TFLOP/s per device and MFU, from the ranks' ``mfu`` events (mean over the ranks that have them)."""
+    from gpukit.monitor import format_flops
+
+    figures = [r.flops for r in summary.ranks if r.flops is not None]
+    if not figures:
+        return "n/a (no epoch of a gpukit loader ended with a FLOP count)"
+    achieved = statistics.fmean(f.achieved_tflops for f in figures)
+    first = figures[0]
+    text = (f"{format_flops(achieved)} per device (mean of {len(figures)} rank{'s' if len(figures) > 1 else ''}), "
+            f"{first.flops_per_step:,} FLOPs per step ({first.flops_source or '?'})")
+    mfus = [f.mfu for f in figures if f.mfu is not None]
+    if mfus:
+        return text + f"; MFU {100 * statistics.fmean(mfus):.3g}% of {first.peak_tflops:g} TFLOP/s ({first.peak_source})"
+    return text + f"; MFU not known ({first.peak_source or 'no peak for this device'})"
+
+
 def _summary_rows(summary: RunSummary) -> list[tuple[str, str]]:
     processes = f"{summary.world_size} process{'es' if summary.world_size != 1 else ''}"
     hosts = f" on {len(summary.hosts)} hosts" if len(summary.hosts) > 1 else ""
@@ -67,6 +85,7 @@ def _summary_rows(summary: RunSummary) -> list[tuple[str, str]]:
         rows.append(("where the time went", split + (" (estimated: steps not synchronised)" if summary.estimated_split else "")))
     else:
         rows.append(("where the time went", "no step timings recorded"))
+    rows.append(("compute", _compute(summary)))
     peaks = []
     for r in summary.ranks[:8]:
         if r.peak_torch_allocated_bytes is not None or r.peak_gpu_mem_used_bytes is not None:

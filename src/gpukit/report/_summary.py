@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from gpukit.report._read import RankRecord, RunInfo, RunRecord
 #: events every rank records for one happening of the job (counted once, not once per rank)
 JOB_WIDE_EVENTS = ("checkpoint", "preemption", "restart")
 
-__all__ = ["JOB_WIDE_EVENTS", "RankFigures", "RunFigures", "RunSummary", "STRAGGLER_RATIO", "summarize"]
+__all__ = ["JOB_WIDE_EVENTS", "FlopFigures", "RankFigures", "RunFigures", "RunSummary", "STRAGGLER_RATIO", "summarize"]
 
 #: A rank whose median step time is this many times the other ranks' median is a straggler.
 STRAGGLER_RATIO = 1.15
@@ -37,6 +38,48 @@ class RankFigures:
     peak_process_rss_bytes: int | None
     mean_util_pct: float | None
     util_source: str | None
+    flops: FlopFigures | None = None
+
+
+@dataclass(frozen=True)
+class FlopFigures:
+    """Achieved TFLOP/s and MFU from a rank's ``mfu`` events (one per epoch; see docs/monitoring.md)."""
+
+    steps: int
+    seconds: float
+    flops_per_step: int
+    flops_source: str | None
+    achieved_tflops: float
+    peak_tflops: float | None
+    peak_source: str | None
+    dtype: str | None
+
+    @property
+    def mfu(self) -> float | None:
+        return None if not self.peak_tflops else self.achieved_tflops / self.peak_tflops
+
+
+def _flop_figures(events: list[dict[str, Any]]) -> FlopFigures | None:
+    """All epochs' steps and time summed (the record is untrusted: a line of another shape is passed over)."""
+    rows = [e for e in events if e.get("kind") == "mfu" and _numbers(e, "steps", "seconds", "flops_per_step")
+            and e["steps"] > 0 and e["seconds"] > 0]
+    if not rows:
+        return None
+    steps = sum(int(e["steps"]) for e in rows)
+    seconds = sum(float(e["seconds"]) for e in rows)
+    flops = sum(float(e["flops_per_step"]) * e["steps"] for e in rows)
+    last = rows[-1]
+    peak = last.get("peak_tflops")
+    text = lambda key: str(last[key])[:200] if isinstance(last.get(key), str) else None  # noqa: E731
+    return FlopFigures(steps=steps, seconds=seconds, flops_per_step=int(last["flops_per_step"]),
+                       flops_source=text("flops_source"), achieved_tflops=flops / seconds / 1e12,
+                       peak_tflops=float(peak) if _numbers(last, "peak_tflops") and peak > 0 else None,
+                       peak_source=text("peak_source"), dtype=text("dtype"))
+
+
+def _numbers(line: dict[str, Any], *keys: str) -> bool:
+    return all(isinstance(line.get(k), (int, float)) and not isinstance(line.get(k), bool)
+               and math.isfinite(line[k]) for k in keys)
 
 
 @dataclass(frozen=True)
@@ -133,6 +176,7 @@ def _rank_figures(record: RankRecord) -> RankFigures:
         peak_gpu_mem_used_bytes=field_max("gpu_mem_used_bytes"),
         peak_process_rss_bytes=field_max("process_rss_bytes"),
         mean_util_pct=statistics.fmean(util) if util else None, util_source=source,
+        flops=_flop_figures(record.events),
     )
 
 

@@ -44,6 +44,8 @@ class LoaderTracker(LoaderListener):
         self.joined = False
         #: told when a pass ends, with whether the loader has a length (the Session's steps)
         self.on_pass_end: Any = None
+        #: told of each batch handed out while set (the Session's FLOP count; ``None`` once done)
+        self.on_batch: Any = None
 
     # -- LoaderListener ---------------------------------------------------------------------
     def pass_started(self, loader: DeviceLoader) -> None:
@@ -61,6 +63,8 @@ class LoaderTracker(LoaderListener):
 
     def batch(self, loader: DeviceLoader) -> None:
         self.current = loader
+        if self.on_batch is not None:
+            self.on_batch()
 
     def pass_ended(self, loader: DeviceLoader) -> None:
         if self.current is loader:

@@ -32,6 +32,7 @@ from gpukit.data import (
     DeviceLoader, LoaderPlace, LoaderRequest, StepTimings, TimingSummary, build_loader, timed_progress,
 )
 from gpukit.launch import LaunchSpec
+from gpukit.monitor import MfuFigures
 from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
 from gpukit.session._batching import plan_batches
@@ -42,6 +43,7 @@ from gpukit.session._gather import all_gather_checked, gather_for_metrics
 from gpukit.session._launch import launch_workers
 from gpukit.session._loaders import LoaderTracker, join_uneven
 from gpukit.session._memory import DEFAULT_WATCH_EVERY_N_STEPS, SessionMemory, check_memory_options
+from gpukit.session._mfu import SessionMfu
 from gpukit.session._resume import ResumeInfo
 from gpukit.session._runstate import RunState
 from gpukit.session._schedulers import SessionScheduler
@@ -103,6 +105,10 @@ class Session:
             and micro-batch left open (``session.fit_choice``; see docs/memory.md).
         log_with: experiment trackers for ``session.log``: "csv", "mlflow", "wandb", a list, or
             tracker objects (``gpukit.monitor.CSVTracker`` ...); rank 0 only (docs/run-records.md).
+        peak_tflops: the device's dense peak TFLOP/s in the precision that runs, for MFU on a device
+            gpukit's table lacks (CPUs included); default: the data sheet's (docs/monitoring.md).
+        flops_per_step: floating-point operations of one micro-batch's forward and backward on one
+            process, when the model knows them; default: counted by torch on the second step.
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -118,7 +124,8 @@ class Session:
         activation_checkpointing: Any = None, compile: bool | dict[str, Any] | None = None,
         fit: bool | str | int | None = None, *, seed_per_rank: bool = False,
         global_batch_size: int | None = None, micro_batch_size: int | None = None,
-        step_at_loader_end: bool = True, log_with: Any = None,
+        step_at_loader_end: bool = True, log_with: Any = None, peak_tflops: float | None = None,
+        flops_per_step: int | None = None,
     ) -> None:
         # what a worker started by launch() needs to build the same session: every argument
         self._config = {name: value for name, value in locals().items() if name != "self"}
@@ -149,6 +156,9 @@ class Session:
                                     self.accelerator, seed_per_rank)
         #: step-time breakdown of every gpukit loader (data wait, copy, compute); listeners
         self.timings = StepTimings(self.accelerator, rank=self.strategy.rank, report=verbose)
+        # FLOPs per step (counted on the first) and MFU in each epoch's line and the record
+        self._mfu = SessionMfu(peak_tflops, flops_per_step, strategy=self.strategy, accelerator=self.accelerator,
+                               timings=self.timings, loaders=self._loaders, steps=self._steps)
         if seed is not None:
             seed_everything(seed, self.accelerator)
         # `srun python`: rank 0 requeues a job stopped by --signal, at exit -- after the process
@@ -163,6 +173,7 @@ class Session:
         )
         #: the run recorder (``Session(record=...)``), ``None`` unless recording
         self.recorder = self._services.recorder
+        self._mfu.recorder = self.recorder
         self._memory = SessionMemory(
             oom, watch_every, strategy=self.strategy, accelerator=self.accelerator, steps=self._steps,
         )
@@ -333,6 +344,7 @@ class Session:
             True when the optimizer stepped; False inside a window and when fp16 found
             non-finite gradients (the step is skipped and the loss scale lowered).
         """
+        self._mfu.before_step()  # the second step ends the FLOP count (a no-op once counted)
         stepped = self._steps.step(optimizer, clip_grad_norm)
         self._memory.after_step()  # leak check every n steps when watch_memory is on
         if clip_grad_norm is not None and self._steps.in_window == 0 and self._services.logging:
@@ -381,6 +393,8 @@ class Session:
         (``"backoff"``: split a batch that does not fit). Returns the loss, detached. See
         :meth:`SessionMemory.run_step <gpukit.session._memory.SessionMemory.run_step>`."""
         self._require_launched("session.run_step()")
+        if self._mfu.pending:  # the second run_step is a step the FLOP count can hold whole
+            return self._mfu.count_run_step(lambda: self._memory.run_step(step_fn, batch, model=model))
         return self._memory.run_step(step_fn, batch, model=model)
 
     @property
@@ -471,6 +485,18 @@ class Session:
         """Samples/s, steps/s and where step time went so far (see ``session.timings``)."""
         return self.timings.throughput()
 
+    @property
+    def mfu(self) -> MfuFigures | None:
+        """Achieved TFLOP/s and MFU of the last epoch of a gpukit loader (``None`` before one ends, or
+        while the FLOPs per step are not known); ``session.flops_per_step`` is the count."""
+        return self._mfu.last
+
+    @property
+    def flops_per_step(self) -> int | None:
+        """Floating-point operations of one micro-batch's step on this process: given, or counted on
+        the second step (``None`` until then)."""
+        return self._mfu.flops_per_step
+
     # -- collectives (identity in a single process) -----------------------------------------------
     def barrier(self) -> None:
         """Wait until every process reaches this point."""
@@ -529,6 +555,7 @@ class Session:
         try:
             self._runstate.wait_for_saves()
         finally:
+            self._mfu.close()
             self._memory.close()
             self._services.close()
             self.strategy.teardown()
