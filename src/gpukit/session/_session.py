@@ -34,6 +34,8 @@ from gpukit.data import (
 from gpukit.launch import LaunchSpec
 from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
+from gpukit.session._auto import SessionAuto, loader_steps, say_on
+from gpukit.session._auto_decide import Decision, check_auto
 from gpukit.session._batching import plan_batches
 from gpukit.session._checks import check_optimizer, check_session_options, choice_banner, not_launched_error
 from gpukit.session._first import main_process_first
@@ -103,6 +105,10 @@ class Session:
             and micro-batch left open (``session.fit_choice``; see docs/memory.md).
         log_with: experiment trackers for ``session.log``: "csv", "mlflow", "wandb", a list, or
             tracker objects (``gpukit.monitor.CSVTracker`` ...); rank 0 only (docs/run-records.md).
+        auto: the settings a GPU rewards, each printed once with its reason (``session.auto_settings``):
+            bf16, tf32, fused_optimizer, channels_last, attention at setup; compile and cuda_graphs
+            after the first steps are measured. False: none (docs/sessions.md, "Automatic settings").
+        refuse: setting names to keep off, e.g. ``refuse=("compile", "channels_last")``.
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -118,7 +124,7 @@ class Session:
         activation_checkpointing: Any = None, compile: bool | dict[str, Any] | None = None,
         fit: bool | str | int | None = None, *, seed_per_rank: bool = False,
         global_batch_size: int | None = None, micro_batch_size: int | None = None,
-        step_at_loader_end: bool = True, log_with: Any = None,
+        step_at_loader_end: bool = True, log_with: Any = None, auto: bool = True, refuse: Iterable[str] = (),
     ) -> None:
         # what a worker started by launch() needs to build the same session: every argument
         self._config = {name: value for name, value in locals().items() if name != "self"}
@@ -128,13 +134,16 @@ class Session:
         if accelerator == "auto" and worker.cpu:
             accelerator = self._config["accelerator"] = "cpu"  # `gpukit run --cpu`: gloo even where GPUs exist
         self._compile = check_compile(compile)
+        auto_on, refused = check_auto(auto, refuse)
         self.strategy: Strategy = select_strategy(devices, strategy, accelerator, sync_batchnorm=sync_batchnorm)
         configure_strategy(self.strategy, activation_checkpointing, verbose=verbose)
         if timeout_s is not None:  # before setup_environment creates the process group
             self.strategy.timeout_s = parse_timeout_s(timeout_s)
         self.accelerator: Accelerator = self.strategy.accelerator
         # the strategy owns the precision; every component reads it there (Session(fit=) may change it)
-        self.strategy.precision = get_precision(precision, self.accelerator, self.strategy.root_device)
+        self.strategy.precision = get_precision(
+            SessionAuto.precision_name(precision, auto_on, refused, self.accelerator, self.strategy.root_device),
+            self.accelerator, self.strategy.root_device)
         self._fit = SessionFit.create(fit, self._config, self.strategy, verbose=verbose)
         self.seed = seed
         batches = plan_batches(global_batch_size, micro_batch_size, accumulate_grad_batches,
@@ -166,6 +175,8 @@ class Session:
             oom, watch_every, strategy=self.strategy, accelerator=self.accelerator, steps=self._steps,
         )
         self._runstate = RunState(strategy=self.strategy, steps=self._steps, memory=self._memory, verbose=verbose)
+        self._auto = SessionAuto(auto_on, refused, self.strategy, precision, compile, loader_steps(self._loaders),
+                                 say_on() if verbose and self.is_main else None)
         if self.strategy.launched and verbose and self.is_main:
             print(choice_banner(self.strategy, self.precision, self._config), file=sys.stderr)
 
@@ -197,6 +208,12 @@ class Session:
     def is_main(self) -> bool:
         """True on rank 0 -- the process that prints, logs and saves."""
         return self.strategy.rank == 0
+
+    @property
+    def auto_settings(self) -> list[Decision]:
+        """Each automatic setting (``Session(auto=...)``): on or off and why; compile and cuda_graphs
+        join after the first steps are measured."""
+        return list(self._auto.decisions)
 
     @property
     def fit_choice(self) -> FitChoice | None:
@@ -244,9 +261,12 @@ class Session:
         model = self.strategy.materialise_meta(model)  # built on the meta device: allocated, initialised
         model = self.strategy.prepare_module(model)
         model = self.precision.convert_module(model)
+        model = self._auto.before_wrap(model, optimizer, compiled=compiling is not None)  # Session(auto=...)
         model = self.strategy.setup_module(model)
+        model = self.strategy.run_at_precision(model)  # "-mixed": the forward autocasts without session.autocast()
         model = compile_module(self.strategy, model, compiling)  # ... and goes back on what the strategy built
         self._memory.track_model(model)  # inference guard; run_step's default model
+        self._auto.after_setup(model)  # compiled after the first steps when that pays
         self._seeding.after_setup()  # seed_per_rank: seed + rank from here on
         if optimizer is None:
             return model
@@ -332,6 +352,7 @@ class Session:
         """
         stepped = self._steps.step(optimizer, clip_grad_norm)
         self._memory.after_step()  # leak check every n steps when watch_memory is on
+        self._auto.after_step()  # measures a window of early steps once, then decides compile / CUDA graphs
         if clip_grad_norm is not None and self._steps.in_window == 0 and self._services.logging:
             self._services.log_default({"grad_norm": self._steps.grad_norm}, self._steps.micro_step - 1)
         return stepped
