@@ -99,7 +99,14 @@ class Precision:
         return contextlib.nullcontext()
 
     def wrap_forward(self, module: nn.Module) -> nn.Module:
-        """Make ``module``'s own forward run at this precision (in place); nothing to do here."""
+        """Make ``module``'s own forward run at this precision (in place): here, take off the autocast
+        forward of an earlier set-up at a "-mixed" precision, if any; returns ``module``."""
+        present = vars(module).get("forward")
+        if isinstance(present, AutocastForward):
+            if present.inner is None:
+                del module.forward
+            else:
+                module.forward = present.inner  # type: ignore[method-assign]
         return module
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:

@@ -123,3 +123,6 @@ def test_the_model_is_unchanged_for_true_precisions() -> None:
     assert "forward" not in vars(model)
     model = _session("bf16-true").setup(worker.make_model())
     assert "forward" not in vars(model)  # the "-true" precisions cast inputs and outputs with hooks
+    model = _session("32-true").setup(_session("bf16-mixed").setup(worker.make_model()))
+    assert "forward" not in vars(model)  # set up again at fp32: the autocast forward comes off
+    assert model(torch.randn(2, 8)).dtype == torch.float32
