@@ -244,6 +244,15 @@ def test_measured_after_the_first_steps_then_compiled_in_place() -> None:
     assert "step 4.0 ms, launch-bound share 50%" in got["cuda_graphs"].reason
     assert model._compiled_call_impl is not None  # compiled in place: the module and its keys unchanged
     assert sorted(model.state_dict()) == ["bias", "weight"]
+    # compile settled by the user: no profiling window, the decision says so
+    accelerator = _GpuLike()
+    strategy = SingleDeviceStrategy(accelerator, torch.device("cpu"))
+    asked = SessionAuto(True, frozenset(), strategy, "auto", {"mode": "max-autotune"}, lambda: 10**6, None)
+    asked.after_setup(asked.before_wrap(nn.Linear(4, 4), None, compiled=True))
+    for _ in range(WARMUP_STEPS + MEASURED_STEPS):
+        asked.after_step()
+    assert "start" not in accelerator.calls
+    assert str(_by_name(asked.decisions)["compile"]).startswith("compile: on (as given")
 
 
 def test_a_cpu_session_decides_everything_off_and_says_so_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -157,7 +157,9 @@ class SessionAuto:
             return
         self._calls += 1
         if self._calls == WARMUP_STEPS:
-            self._window = self._accelerator.kernel_window(self._strategy.root_device)
+            # profile the kernels only when a decision depends on it (the profiler costs those steps)
+            settled = self._facts.compile_asked is not None or {"compile", "cuda_graphs"} <= self.refused
+            self._window = KernelWindow() if settled else self._accelerator.kernel_window(self._strategy.root_device)
             self._window.start()
             self._window_start_s = time.perf_counter()
         elif self._calls == WARMUP_STEPS + MEASURED_STEPS and self._window is not None:
