@@ -246,7 +246,9 @@ class Session:
 
         Returns:
             ``(model, optimizer)``, or the model alone when no optimizer is given. The model
-            may be wrapped (DataParallel/DDP); ``gpukit.unwrap_model`` gives the inner one.
+            may be wrapped (DataParallel/DDP); ``gpukit.unwrap_model`` gives the inner one. Under a
+            "-mixed" precision its forward runs under autocast (no ``session.autocast()`` needed)
+            and returns 16-bit floating outputs in fp32.
 
         Raises:
             ConfigurationError: the optimizer holds parameters that are not the model's.
@@ -325,7 +327,8 @@ class Session:
 
     # -- the training step ------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """Context for the forward pass and loss at the session's precision."""
+        """Context for maths outside the set-up model at the session's precision (a loss head, a model
+        not set up); the model ``setup`` returned autocasts by itself, and nesting costs nothing."""
         return self.precision.autocast()
 
     def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
