@@ -306,3 +306,23 @@ def test_the_kernel_window_measures_a_launch_bound_and_a_busy_step_on_cuda() -> 
     assert shares["tiny"] < 0.5 < shares["matmul"]  # tiny kernels leave the GPU idle between launches
     traits = accelerator.speed_traits(device)
     assert traits.capability is not None and traits.cuda_graphs and traits.name
+
+
+@pytest.mark.requires_gpu
+def test_a_cuda_session_applies_the_setup_settings_and_measures_the_window() -> None:
+    session = gpukit.Session(devices=1, verbose=False)
+    torch.manual_seed(0)
+    model = _Net()
+    model, optimizer = session.setup(model, torch.optim.AdamW(model.parameters()))
+    got = _by_name(session.auto_settings)
+    assert got["fused_optimizer"].on and all(g["fused"] for g in optimizer.param_groups)
+    assert got["channels_last"].on == model.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert got["tf32"].on == (torch.cuda.get_device_capability()[0] >= 8 and session.precision.name != "32-true")
+    x = torch.randn(8, 3, 8, 8, device=session.device)
+    for _ in range(WARMUP_STEPS + MEASURED_STEPS):
+        session.backward(model(x).square().mean())
+        session.step(optimizer)
+    graphs = _by_name(session.auto_settings)["cuda_graphs"]
+    # a tiny convnet leaves the GPU idle between launches; without a loader the run length is unknown
+    assert "launch-bound share" in graphs.reason and not graphs.on, graphs
+    assert not _by_name(session.auto_settings)["compile"].on

@@ -126,3 +126,22 @@ def test_the_model_is_unchanged_for_true_precisions() -> None:
     model = _session("32-true").setup(_session("bf16-mixed").setup(worker.make_model()))
     assert "forward" not in vars(model)  # set up again at fp32: the autocast forward comes off
     assert model(torch.randn(2, 8)).dtype == torch.float32
+
+
+@pytest.mark.requires_gpu
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_a_loop_without_session_autocast_runs_16_bit_on_cuda(precision: str) -> None:
+    if precision == "bf16-mixed" and not torch.cuda.is_bf16_supported():
+        pytest.skip("no native bf16 on this GPU")
+    session = gpukit.Session(devices=1, precision=precision, verbose=False)
+    model = worker.make_model()
+    seen: list[dict[str, Any]] = []
+    worker.watch(model, seen)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = session.setup(model, optimizer)
+    x, y = torch.randn(4, 8, device=session.device), torch.randn(4, 1, device=session.device)
+    output = model(x)
+    session.backward(nn.functional.mse_loss(output, y))
+    session.step(optimizer)
+    low = "torch.bfloat16" if precision == "bf16-mixed" else "torch.float16"
+    assert {s["dtype"] for s in seen} == {low} and output.dtype == torch.float32
