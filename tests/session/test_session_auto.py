@@ -260,7 +260,7 @@ def test_a_cpu_session_decides_everything_off_and_says_so_in_one_line(capsys: py
     model = _Net()
     model, optimizer = session.setup(model, torch.optim.AdamW(model.parameters()))
     err = capsys.readouterr().err
-    assert "gpukit: auto: bf16, tf32, fused_optimizer, channels_last, attention off on the CPU" in err
+    assert "gpukit: auto: every automatic setting is off on the CPU (session.auto_settings says why)" in err
     assert {d.name for d in session.auto_settings} == {"bf16", "tf32", "fused_optimizer", "channels_last", "attention"}
     x = torch.randn(2, 3, 4, 4)
     for _ in range(WARMUP_STEPS + MEASURED_STEPS):
@@ -269,7 +269,7 @@ def test_a_cpu_session_decides_everything_off_and_says_so_in_one_line(capsys: py
     measured = _by_name(session.auto_settings)
     assert not measured["compile"].on and measured["compile"].reason.startswith("the CPU")
     assert not any(d.on for d in session.auto_settings)
-    assert "gpukit: auto: compile, cuda_graphs off on the CPU" in capsys.readouterr().err
+    assert "gpukit: auto" not in capsys.readouterr().err  # said once, at setup
     off = gpukit.Session(accelerator="cpu", verbose=False, auto=False)
     off.setup(_Net())
     assert off.auto_settings == []

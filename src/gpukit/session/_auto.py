@@ -192,8 +192,8 @@ class SessionAuto:
         if self._say is None:
             return
         if self._facts is not None and self._facts.host and not any(d.on for d in decisions):
-            names = ", ".join(d.name for d in decisions)
-            self._say(f"gpukit: auto: {names} off on the CPU (session.auto_settings says why)")
+            if decisions[0].name == "bf16":  # at setup: one line for all; the measured ones stay quiet
+                self._say("gpukit: auto: every automatic setting is off on the CPU (session.auto_settings says why)")
             return
         for decision in decisions:
             self._say(f"gpukit: auto: {decision}")
