@@ -2,9 +2,11 @@
 
 ``session.setup`` makes a "-mixed" model's forward run under autocast by itself
 (``gpukit.precision.AutocastForward``). This measures, per forward call of a tiny model (so the
-wrapper's cost is not hidden in the maths), interleaved round by round, the minimum over rounds:
+wrapper's cost is not hidden in the maths), interleaved round by round, the minimum over rounds
+of this thread's CPU time per call (robust to a loaded machine):
 
-- plain: the bare model inside ``session.autocast()`` (the old way);
+- plain: the model set up at "32-true" (the same gpukit hooks, e.g. the inference guard, but no
+  autocast forward) inside the bf16 ``session.autocast()``: the old loop's cost;
 - nested: the set-up model inside ``session.autocast()`` (the old loop, unchanged: must cost ~0);
 - alone: the set-up model with no ``session.autocast()`` (the loop ported from Accelerate/Fabric).
 
@@ -27,10 +29,12 @@ import gpukit
 
 
 def per_call_us(fn: Callable[[], object], calls: int) -> float:
-    start = time.perf_counter()
+    # this thread's CPU time, not wall time: the machine's other processes do not count (one torch
+    # thread, so all of a call's work is on this thread)
+    start = time.thread_time()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls * 1e6
+    return (time.thread_time() - start) / calls * 1e6
 
 
 def main() -> None:
@@ -41,9 +45,10 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)
     session = gpukit.Session(accelerator="cpu", precision="bf16-mixed", verbose=False)
+    fp32 = gpukit.Session(accelerator="cpu", precision="32-true", verbose=False)
     x = torch.randn(2, 4)
     for name, make in (("Identity", nn.Identity), ("Linear", lambda: nn.Linear(4, 4))):
-        plain, set_up = make(), session.setup(make())
+        plain, set_up = fp32.setup(make()), session.setup(make())
 
         def under_session_autocast(model: nn.Module) -> Callable[[], object]:
             def call() -> object:
