@@ -212,8 +212,11 @@ class _CudaKernelWindow(KernelWindow):
         from torch.profiler import ProfilerActivity, profile
 
         torch.cuda.synchronize(self.device)  # the window holds only its own steps' kernels
-        self._profiler = profile(activities=[ProfilerActivity.CUDA])
-        self._profiler.__enter__()
+        try:
+            self._profiler = profile(activities=[ProfilerActivity.CUDA])
+            self._profiler.__enter__()
+        except Exception:  # noqa: BLE001 - no CUPTI, or a profiler already running: the decision says "not measured"
+            self._profiler = None
         self._start_s = time.perf_counter()
 
     def stop(self) -> tuple[float, float] | None:
@@ -223,10 +226,13 @@ class _CudaKernelWindow(KernelWindow):
             return None
         torch.cuda.synchronize(self.device)
         wall_s = time.perf_counter() - self._start_s
-        self._profiler.__exit__(None, None, None)
-        spans = sorted((e.time_range.start, e.time_range.end) for e in self._profiler.events()
-                       if e.device_type == DeviceType.CUDA)
-        self._profiler = None
+        profiler, self._profiler = self._profiler, None
+        try:
+            profiler.__exit__(None, None, None)
+            spans = sorted((e.time_range.start, e.time_range.end) for e in profiler.events()
+                           if e.device_type == DeviceType.CUDA)
+        except Exception:  # noqa: BLE001 - a profiler that failed to collect: "not measured", training goes on
+            return None
         busy_us, end = 0.0, float("-inf")
         for lo, hi in spans:  # kernels on several streams overlap: count the union once
             if hi > end:
