@@ -222,10 +222,10 @@ class _CudaKernelWindow(KernelWindow):
     def stop(self) -> tuple[float, float] | None:
         from torch.autograd import DeviceType
 
+        torch.cuda.synchronize(self.device)  # the caller's wall clock then covers the GPU's work too
+        wall_s = time.perf_counter() - self._start_s
         if self._profiler is None:
             return None
-        torch.cuda.synchronize(self.device)
-        wall_s = time.perf_counter() - self._start_s
         profiler, self._profiler = self._profiler, None
         try:
             profiler.__exit__(None, None, None)
