@@ -163,8 +163,8 @@ class SessionAuto:
             self._window.start()
             self._window_start_s = time.perf_counter()
         elif self._calls == WARMUP_STEPS + MEASURED_STEPS and self._window is not None:
+            timed = self._window.stop()  # on a GPU: after its queued work is done
             cpu_wall_s = time.perf_counter() - self._window_start_s
-            timed = self._window.stop()
             self._window = None
             wall_s, busy = (timed[0], timed[1] / timed[0] if timed[0] > 0 else None) if timed else (cpu_wall_s, None)
             measured = MeasuredFacts(step_s=wall_s / MEASURED_STEPS, steps_per_epoch=self._steps_per_epoch(),
