@@ -9,6 +9,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+
+
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -30,6 +33,8 @@ __all__ = [
     "get_accelerator",
     "auto_device_type",
     "DEVICE_TYPES",
+    "KernelWindow",
+    "SpeedTraits",
 ]
 
 DEVICE_TYPES = ("cpu", "cuda", "mps")
@@ -62,6 +67,43 @@ class SyncCounts:
 
 #: the process's count of gpukit's syncs and device events (every accelerator adds to it)
 SYNC_COUNTS = SyncCounts()
+
+
+@dataclass(frozen=True)
+class SpeedTraits:
+    """What a device rewards, for the automatic settings (``gpukit.session._auto_decide``).
+
+    Attributes:
+        name: the device's name ("NVIDIA H100 80GB HBM3", "cpu").
+        capability: CUDA compute capability, ``None`` elsewhere.
+        tf32: TF32 tensor cores (Ampere+).
+        tensor_cores: fp16/bf16 tensor cores (Volta+).
+        cuda_graphs: can capture CUDA graphs.
+        flash_attention: runs the flash attention kernel (Ampere+).
+    """
+
+    name: str
+    capability: tuple[int, int] | None = None
+    tf32: bool = False
+    tensor_cores: bool = False
+    cuda_graphs: bool = False
+    flash_attention: bool = False
+
+
+class KernelWindow:
+    """Measures, over a window of steps, the wall time and the time the device ran kernels.
+
+    ``start()`` before the first step of the window, ``stop()`` after its last: returns
+    ``(wall_s, busy_s)``, or ``None`` where the device has no kernel timeline (the CPU). One
+    synchronisation at each end: a one-off measurement, not a per-step cost.
+    """
+
+    def start(self) -> None:
+        """Begin the window."""
+
+    def stop(self) -> tuple[float, float] | None:
+        """End the window: ``(wall_s, busy_s)``, or ``None`` when not measurable here."""
+        return None
 
 
 class Accelerator:
@@ -237,12 +279,68 @@ class Accelerator:
     def manual_seed_all(self, seed: int) -> None:
         """Seed every device of this type (the CPU generator is seeded by torch.manual_seed)."""
 
+    # -- what the automatic settings ask of a device (session/_auto.py) ---------------------
+    def speed_traits(self, device: torch.device) -> SpeedTraits:
+        """What ``device`` rewards: none of the GPU settings here."""
+        return SpeedTraits(name=self.type)
+
+    def enable_tf32(self) -> None:
+        """Let fp32 matmuls and convolutions use TF32 tensor cores (no-op without them)."""
+
+    def enable_attention_kernels(self) -> None:
+        """Make sure the flash and memory-efficient attention kernels may run (no-op here)."""
+
+    def kernel_window(self, device: torch.device) -> KernelWindow:
+        """A :class:`KernelWindow` for ``device`` (here one that measures nothing)."""
+        return KernelWindow()
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
 class CPUAccelerator(Accelerator):
     pass
+
+
+class _CudaKernelWindow(KernelWindow):
+    """Kernel busy time from torch's profiler (CUPTI): the union of the kernels' intervals."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._profiler: Any = None
+        self._start_s = 0.0
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize(self.device)  # the window holds only its own steps' kernels
+        try:
+            self._profiler = profile(activities=[ProfilerActivity.CUDA])
+            self._profiler.__enter__()
+        except Exception:  # noqa: BLE001 - no CUPTI, or a profiler already running: the decision says "not measured"
+            self._profiler = None
+        self._start_s = time.perf_counter()
+
+    def stop(self) -> tuple[float, float] | None:
+        from torch.autograd import DeviceType
+
+        torch.cuda.synchronize(self.device)  # the caller's wall clock then covers the GPU's work too
+        wall_s = time.perf_counter() - self._start_s
+        if self._profiler is None:
+            return None
+        profiler, self._profiler = self._profiler, None
+        try:
+            profiler.__exit__(None, None, None)
+            spans = sorted((e.time_range.start, e.time_range.end) for e in profiler.events()
+                           if e.device_type == DeviceType.CUDA)
+        except Exception:  # noqa: BLE001 - a profiler that failed to collect: "not measured", training goes on
+            return None
+        busy_us, end = 0.0, float("-inf")
+        for lo, hi in spans:  # kernels on several streams overlap: count the union once
+            if hi > end:
+                busy_us += hi - max(lo, end)
+                end = hi
+        return wall_s, busy_us / 1e6
 
 
 class CUDAAccelerator(Accelerator):
@@ -299,6 +397,22 @@ class CUDAAccelerator(Accelerator):
 
     def is_initialized(self) -> bool:
         return torch.cuda.is_initialized()
+
+    def speed_traits(self, device: torch.device) -> SpeedTraits:
+        major, minor = torch.cuda.get_device_capability(device)
+        return SpeedTraits(name=torch.cuda.get_device_name(device), capability=(major, minor), tf32=major >= 8,
+                           tensor_cores=major >= 7, cuda_graphs=True, flash_attention=major >= 8)
+
+    def enable_tf32(self) -> None:
+        torch.backends.cuda.matmul.allow_tf32 = True  # off by default since torch 1.12
+        torch.backends.cudnn.allow_tf32 = True  # on by default; a script may have turned it off
+
+    def enable_attention_kernels(self) -> None:
+        torch.backends.cuda.enable_flash_sdp(True)
+        torch.backends.cuda.enable_mem_efficient_sdp(True)
+
+    def kernel_window(self, device: torch.device) -> KernelWindow:
+        return _CudaKernelWindow(device)
 
     def oom_error_types(self) -> tuple[type[BaseException], ...]:
         return (torch.cuda.OutOfMemoryError,)

@@ -36,6 +36,7 @@ __all__ = [
     "PRECISIONS",
     "cast_inputs_hook",
     "cast_outputs_hook",
+    "AutocastForward",
     "Precision",
     "MixedPrecision",
     "TruePrecision",
@@ -97,6 +98,17 @@ class Precision:
         """A context in which forward passes run at this precision."""
         return contextlib.nullcontext()
 
+    def wrap_forward(self, module: nn.Module) -> nn.Module:
+        """Make ``module``'s own forward run at this precision (in place): here, take off the autocast
+        forward of an earlier set-up at a "-mixed" precision, if any; returns ``module``."""
+        present = vars(module).get("forward")
+        if isinstance(present, AutocastForward):
+            if present.inner is None:
+                del module.forward
+            else:
+                module.forward = present.inner  # type: ignore[method-assign]
+        return module
+
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The tensor to call ``backward`` on."""
         return loss
@@ -141,6 +153,26 @@ class MixedPrecision(Precision):
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def wrap_forward(self, module: nn.Module) -> nn.Module:
+        """Run ``module``'s forward under this precision's autocast, its 16-bit floating outputs
+        returned in fp32 (see :class:`AutocastForward`); in place, the module and its keys unchanged.
+
+        Args:
+            module: the module whose calls should run mixed (the strategy names which one).
+
+        Returns:
+            ``module``.
+        """
+        present = vars(module).get("forward")
+        if isinstance(present, AutocastForward):  # set up again: replace, never stack
+            present = present.inner
+        dtype = self.autocast_dtype
+        assert dtype is not None  # a MixedPrecision always has one
+        # nn.Module.__setattr__ keeps a non-module value in the instance dict, which shadows the
+        # class's forward for nn.Module.__call__ (and for torch.compile, which traces the same call)
+        module.forward = AutocastForward(module, present, self.device.type, dtype)  # type: ignore[method-assign]
+        return module
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         if self._scaler is None:
@@ -221,17 +253,71 @@ class TruePrecision(Precision):
         return module
 
 
-def _cast(obj: Any, dtype: torch.dtype) -> Any:
-    """``obj`` with its floating-point tensors cast to ``dtype``, every container kept as its own
-    type: a Hugging Face ``ModelOutput`` stays one (``model(**batch).loss`` still works), and so do
-    namedtuples, dataclasses and dict/list subclasses."""
+#: the dtypes autocast computes in; a "-mixed" model's outputs in them come back in fp32
+_LOW_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class AutocastForward:
+    """A module's forward run under ``torch.autocast``, set as the module's own ``forward``.
+
+    This is how the model returned by ``session.setup`` computes at a "-mixed" precision without
+    ``with session.autocast():`` around its calls (as Accelerate's patched forward and Fabric's
+    wrapped module do). Floating outputs in 16 bits come back in fp32 (the default dtype), as FSDP's
+    root returns them and as autocast computes losses anyway: a loss taken outside autocast
+    (``mse_loss(model(x), y)`` against an fp32 target) works and is computed in fp32.
+
+    An object rather than a closure: it keeps a reference to its module, so ``copy.deepcopy`` of the
+    model (an EMA copy) runs the copy's weights, and the model still pickles. It is no ``nn.Module``,
+    so ``state_dict`` keys do not change. Inside an enclosing ``session.autocast()`` (same dtype) it
+    enters nothing: ~1.5 us of Python per call (bench/autocast_forward.py, docs/sessions.md).
+
+    Attributes:
+        module: the module whose forward this is.
+        inner: the instance ``forward`` it replaced, or ``None`` for the class's ``forward``.
+        device_type, dtype: the autocast's.
+    """
+
+    def __init__(self, module: nn.Module, inner: Any, device_type: str, dtype: torch.dtype) -> None:
+        self.module = module
+        self.inner = inner
+        self.device_type = device_type
+        self.dtype = dtype
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.is_autocast_enabled(self.device_type) and torch.get_autocast_dtype(self.device_type) == self.dtype:
+            output = self._forward(*args, **kwargs)  # inside session.autocast() already: nothing to enter
+        else:
+            with torch.autocast(self.device_type, dtype=self.dtype):
+                output = self._forward(*args, **kwargs)
+        return _cast(output, torch.get_default_dtype(), only=_LOW_DTYPES)
+
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.inner is not None:
+            return self.inner(*args, **kwargs)
+        return type(self.module).forward(self.module, *args, **kwargs)
+
+    @property
+    def __wrapped__(self) -> Any:
+        # inspect.signature(model.forward) follows this: the model's own arguments (Hugging Face
+        # code reads them to pick the batch's columns)
+        return self.inner if self.inner is not None else type(self.module).forward.__get__(self.module)
+
+    def __repr__(self) -> str:
+        return f"AutocastForward({type(self.module).__name__}.forward, {self.device_type}, {self.dtype})"
+
+
+def _cast(obj: Any, dtype: torch.dtype, only: tuple[torch.dtype, ...] | None = None) -> Any:
+    """``obj`` with its floating-point tensors (those of a dtype in ``only``, when given) cast to
+    ``dtype``, every container kept as its own type: a Hugging Face ``ModelOutput`` stays one
+    (``model(**batch).loss`` still works), and so do namedtuples, dataclasses and dict/list subclasses."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
+        wanted = obj.is_floating_point() if only is None else obj.dtype in only
+        return obj.to(dtype) if wanted else obj
     if isinstance(obj, MutableMapping):
-        items = {k: _cast(v, dtype) for k, v in obj.items()}
+        items = {k: _cast(v, dtype, only) for k, v in obj.items()}
         return items if type(obj) is dict else _same_mapping(obj, items)
     if isinstance(obj, (list, tuple)):
-        values = [_cast(v, dtype) for v in obj]
+        values = [_cast(v, dtype, only) for v in obj]
         if type(obj) in (list, tuple):
             return type(obj)(values)
         if hasattr(obj, "_fields"):  # a namedtuple takes its fields as arguments
@@ -240,7 +326,7 @@ def _cast(obj: Any, dtype: torch.dtype) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         new = copy.copy(obj)
         for field in dataclasses.fields(obj):  # object.__setattr__: frozen dataclasses too
-            object.__setattr__(new, field.name, _cast(getattr(obj, field.name), dtype))
+            object.__setattr__(new, field.name, _cast(getattr(obj, field.name), dtype, only))
         return new
     return obj
 

@@ -35,6 +35,8 @@ from gpukit.launch import LaunchSpec
 from gpukit.monitor import MfuFigures
 from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
+from gpukit.session._auto import SessionAuto, loader_steps, say_on
+from gpukit.session._auto_decide import Decision, check_auto
 from gpukit.session._batching import plan_batches
 from gpukit.session._checks import check_optimizer, check_session_options, choice_banner, not_launched_error
 from gpukit.session._first import main_process_first
@@ -109,6 +111,10 @@ class Session:
             gpukit's table lacks (CPUs included); default: the data sheet's (docs/monitoring.md).
         flops_per_step: floating-point operations of one micro-batch's forward and backward on one
             process, when the model knows them; default: counted by torch on the second step.
+        auto: the settings a GPU rewards, each printed once with its reason (``session.auto_settings``):
+            bf16, tf32, fused_optimizer, channels_last, attention at setup; compile and cuda_graphs
+            after the first steps are measured. False: none (docs/sessions.md, "Automatic settings").
+        refuse: setting names to keep off, e.g. ``refuse=("compile", "channels_last")``.
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -125,7 +131,7 @@ class Session:
         fit: bool | str | int | None = None, *, seed_per_rank: bool = False,
         global_batch_size: int | None = None, micro_batch_size: int | None = None,
         step_at_loader_end: bool = True, log_with: Any = None, peak_tflops: float | None = None,
-        flops_per_step: int | None = None,
+        flops_per_step: int | None = None, auto: bool = True, refuse: Iterable[str] = (),
     ) -> None:
         # what a worker started by launch() needs to build the same session: every argument
         self._config = {name: value for name, value in locals().items() if name != "self"}
@@ -135,13 +141,16 @@ class Session:
         if accelerator == "auto" and worker.cpu:
             accelerator = self._config["accelerator"] = "cpu"  # `gpukit run --cpu`: gloo even where GPUs exist
         self._compile = check_compile(compile)
+        auto_on, refused = check_auto(auto, refuse)
         self.strategy: Strategy = select_strategy(devices, strategy, accelerator, sync_batchnorm=sync_batchnorm)
         configure_strategy(self.strategy, activation_checkpointing, verbose=verbose)
         if timeout_s is not None:  # before setup_environment creates the process group
             self.strategy.timeout_s = parse_timeout_s(timeout_s)
         self.accelerator: Accelerator = self.strategy.accelerator
         # the strategy owns the precision; every component reads it there (Session(fit=) may change it)
-        self.strategy.precision = get_precision(precision, self.accelerator, self.strategy.root_device)
+        self.strategy.precision = get_precision(
+            SessionAuto.precision_name(precision, auto_on, refused, self.accelerator, self.strategy.root_device),
+            self.accelerator, self.strategy.root_device)
         self._fit = SessionFit.create(fit, self._config, self.strategy, verbose=verbose)
         self.seed = seed
         # data-parallel coordinates (not rank / world size): the ranks of one tensor group share a batch
@@ -178,6 +187,8 @@ class Session:
             oom, watch_every, strategy=self.strategy, accelerator=self.accelerator, steps=self._steps,
         )
         self._runstate = RunState(strategy=self.strategy, steps=self._steps, memory=self._memory, verbose=verbose)
+        self._auto = SessionAuto(auto_on, refused, self.strategy, precision, compile, loader_steps(self._loaders),
+                                 say_on() if verbose and self.is_main else None)
         if self.strategy.launched and verbose and self.is_main:
             print(choice_banner(self.strategy, self.precision, self._config), file=sys.stderr)
 
@@ -211,6 +222,12 @@ class Session:
         return self.strategy.rank == 0
 
     @property
+    def auto_settings(self) -> list[Decision]:
+        """Each automatic setting (``Session(auto=...)``): on or off and why; compile and cuda_graphs
+        join after the first steps are measured."""
+        return list(self._auto.decisions)
+
+    @property
     def fit_choice(self) -> FitChoice | None:
         """What ``Session(fit=...)`` chose at ``setup`` (precision, checkpointing, micro-batch, peak)."""
         return self._fit and self._fit.choice
@@ -242,7 +259,9 @@ class Session:
 
         Returns:
             ``(model, optimizer)``, or the model alone when no optimizer is given. The model
-            may be wrapped (DataParallel/DDP); ``gpukit.unwrap_model`` gives the inner one.
+            may be wrapped (DataParallel/DDP); ``gpukit.unwrap_model`` gives the inner one. Under a
+            "-mixed" precision its forward runs under autocast (no ``session.autocast()`` needed)
+            and returns 16-bit floating outputs in fp32.
 
         Raises:
             ConfigurationError: the optimizer holds parameters that are not the model's.
@@ -257,9 +276,12 @@ class Session:
         model = self.strategy.materialise_meta(model)  # built on the meta device: allocated, initialised
         model = self.strategy.prepare_module(model)
         model = self.precision.convert_module(model)
+        model = self._auto.before_wrap(model, optimizer, compiled=compiling is not None)  # Session(auto=...)
         model = self.strategy.setup_module(model)
+        model = self.strategy.run_at_precision(model)  # "-mixed": the forward autocasts without session.autocast()
         model = compile_module(self.strategy, model, compiling)  # ... and goes back on what the strategy built
         self._memory.track_model(model)  # inference guard; run_step's default model
+        self._auto.after_setup(model)  # compiled after the first steps when that pays
         self._seeding.after_setup()  # seed_per_rank: seed + rank from here on
         if optimizer is None:
             return model
@@ -319,7 +341,8 @@ class Session:
 
     # -- the training step ------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """Context for the forward pass and loss at the session's precision."""
+        """Context for maths outside the set-up model at the session's precision (a loss head, a model
+        not set up); the model ``setup`` returned autocasts by itself, and nesting costs nothing."""
         return self.precision.autocast()
 
     def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
@@ -347,6 +370,7 @@ class Session:
         self._mfu.before_step()  # the second step ends the FLOP count (a no-op once counted)
         stepped = self._steps.step(optimizer, clip_grad_norm)
         self._memory.after_step()  # leak check every n steps when watch_memory is on
+        self._auto.after_step()  # measures a window of early steps once, then decides compile / CUDA graphs
         if clip_grad_norm is not None and self._steps.in_window == 0 and self._services.logging:
             self._services.log_default({"grad_norm": self._steps.grad_norm}, self._steps.micro_step - 1)
         return stepped

@@ -16,7 +16,7 @@ says how it divides the work and gives its data-parallel rank and size.
 from __future__ import annotations
 
 from gpukit.strategies._checkpointing import apply_activation_checkpointing, configure_strategy
-from gpukit.strategies._compile import check_compile, compile_module, compile_request
+from gpukit.strategies._compile import CompileRequest, check_compile, compile_module, compile_request
 from gpukit.strategies._env import DistEnv
 from gpukit.strategies._select import ACCELERATORS, STRATEGIES, select_strategy
 from gpukit.strategies._syncbn import HostSyncBatchNorm, convert_sync_batchnorm
@@ -29,6 +29,7 @@ from gpukit.strategies.single import SingleDeviceStrategy
 
 __all__ = [
     "ACCELERATORS",
+    "CompileRequest",
     "DDPStrategy",
     "DataParallelStrategy",
     "DistEnv",

@@ -117,6 +117,18 @@ class Strategy:
     def _describe_checkpointing(self) -> str:
         return f", activation checkpointing on {len(self.checkpointed)} block(s)" if self.checkpointed else ""
 
+    def run_at_precision(self, module: nn.Module) -> nn.Module:
+        """Make the set-up ``module`` compute at the precision by itself: under a "-mixed" precision
+        its forward runs under autocast (``Precision.wrap_forward``), so a loop without
+        ``session.autocast()`` is mixed too. In place; returns ``module``."""
+        self.precision.wrap_forward(self.precision_target(module))
+        return module
+
+    def precision_target(self, module: nn.Module) -> nn.Module:
+        """The module whose forward ``run_at_precision`` wraps: the set-up module itself here (the
+        DataParallel wrapper, whose replica threads then autocast too; the split model; the FSDP root)."""
+        return module
+
     def compile_targets(self, module: nn.Module) -> list[nn.Module]:
         """The parts of the set-up ``module`` to compile in place (see ``_compile.py``): all of it here."""
         return [module]

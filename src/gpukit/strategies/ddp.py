@@ -163,6 +163,11 @@ class DDPStrategy(Strategy):
         device_ids = [self.root_device] if self.root_device.index is not None else None
         return DistributedDataParallel(module, device_ids=device_ids)
 
+    def precision_target(self, module: nn.Module) -> nn.Module:
+        """The model inside the DDP wrapper: DDP's own forward (bucket hooks, the compiled wrapper's
+        DDPOptimizer) stays as torch has it; the user's model runs under autocast inside it."""
+        return module.module if isinstance(module, DistributedDataParallel) else module
+
     def no_backward_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[Any]:
         if isinstance(module, DistributedDataParallel):
             return module.no_sync()
