@@ -255,6 +255,11 @@ class SessionMemory:
             self._backoff = _memory.OomBackoff(int(micro_batch_size), device=self._device)
 
     def _run_with_backoff(self, step_fn: Callable[[Any], torch.Tensor], batch: Any, model: nn.Module) -> torch.Tensor:
+        if self._strategy.layout.tensor > 1:
+            raise ConfigurationError(
+                "oom='backoff' splits a batch and averages the gradients by hand, which it cannot do yet for "
+                "layers split by tensor_parallel; use oom='raise' (or None) with tensor_parallel."
+            )
         if self._backoff is None:
             self._backoff = _memory.OomBackoff(None, device=self._device)
         params = self._step_params.get(model)

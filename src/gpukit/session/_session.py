@@ -103,6 +103,9 @@ class Session:
             and micro-batch left open (``session.fit_choice``; see docs/memory.md).
         log_with: experiment trackers for ``session.log``: "csv", "mlflow", "wandb", a list, or
             tracker objects (``gpukit.monitor.CSVTracker`` ...); rank 0 only (docs/run-records.md).
+        tensor_parallel, tensor_plan: split each layer over groups of that many processes (which see
+            the same batch), with the plan found by structure or the given ``{name: ParallelStyle}``;
+            ``strategy`` "ddp"/"fsdp" replicates/shards the groups (docs/sessions.md, "Tensor parallelism").
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -118,7 +121,8 @@ class Session:
         activation_checkpointing: Any = None, compile: bool | dict[str, Any] | None = None,
         fit: bool | str | int | None = None, *, seed_per_rank: bool = False,
         global_batch_size: int | None = None, micro_batch_size: int | None = None,
-        step_at_loader_end: bool = True, log_with: Any = None,
+        step_at_loader_end: bool = True, log_with: Any = None, tensor_parallel: int = 1,
+        tensor_plan: dict[str, Any] | None = None,
     ) -> None:
         # what a worker started by launch() needs to build the same session: every argument
         self._config = {name: value for name, value in locals().items() if name != "self"}
@@ -128,7 +132,8 @@ class Session:
         if accelerator == "auto" and worker.cpu:
             accelerator = self._config["accelerator"] = "cpu"  # `gpukit run --cpu`: gloo even where GPUs exist
         self._compile = check_compile(compile)
-        self.strategy: Strategy = select_strategy(devices, strategy, accelerator, sync_batchnorm=sync_batchnorm)
+        self.strategy: Strategy = select_strategy(devices, strategy, accelerator, sync_batchnorm=sync_batchnorm,
+                                                   tensor_parallel=tensor_parallel, tensor_plan=tensor_plan)
         configure_strategy(self.strategy, activation_checkpointing, verbose=verbose)
         if timeout_s is not None:  # before setup_environment creates the process group
             self.strategy.timeout_s = parse_timeout_s(timeout_s)
