@@ -46,9 +46,7 @@ def tensor_only(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 
 @pytest.fixture(scope="module", params=["fsdp", "ddp"])
 def two_d(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict]]:
-    # FSDP2 (fully_shard, and replicate, which is built on it) on CPU processes needs torch >= 2.7
-    if request.node.get_closest_marker("requires_cpu_fsdp") is None:
-        raise AssertionError("mark the test requires_cpu_fsdp")
+    # the test is marked requires_cpu_fsdp: FSDP2 (fully_shard, and replicate, built on it) on CPU needs torch >= 2.7
     return request.param, _launch(tmp_path_factory.mktemp(f"{request.param}2x2"), 4, request.param, ["block"])
 
 
