@@ -84,7 +84,7 @@ def test_user_plan_is_checked() -> None:
         check_plan(model, {"mlp": ColwiseParallel()}, 2)
     with pytest.raises(ConfigurationError, match="values are torch ParallelStyles"):
         check_plan(model, {"head": "colwise"}, 2)
-    with pytest.raises(ConfigurationError, match=r"'head' with ColwiseParallel \(out_features = 16\).*not divisible by 3"):
+    with pytest.raises(ConfigurationError, match=r"'head' with ColwiseParallel \(out_features = 16\).*by 3"):
         check_plan(model, {"head": ColwiseParallel()}, 3)
 
 
@@ -95,6 +95,7 @@ def test_selection_and_layouts() -> None:
     two_d = select_strategy(4, "fsdp", "cpu", tensor_parallel=2)
     assert (two_d.layout.shards, two_d.layout.tensor, two_d.layout.data_parallel_rank(3)) == (2, 2, 1)
     assert select_strategy(4, "ddp", "cpu", tensor_parallel=2).layout.replicas == 2
+    assert select_strategy(2, "tp", "cpu").layout == tp.layout  # the registry's name: one group of every process
     with pytest.raises(ConfigurationError, match="does not divide the 4 processes"):
         select_strategy(4, "ddp", "cpu", tensor_parallel=3)
     with pytest.raises(ConfigurationError, match="strategy 'single' cannot carry it"):

@@ -107,7 +107,8 @@ def gather_for_metrics(strategy: Strategy, loaders: LoaderTracker, value: Any, p
         strategy: the session's (its collectives).
         loaders: where the batch in hand came from (its padding repeats and order).
         value: a tensor (dim 0: samples), a nested dict/list/tuple of them, a list of per-sample
-            objects (strings...), or any other picklable object (returned once per rank).
+            objects (strings...), or any other picklable object (returned once per data-parallel rank:
+            the ranks of a tensor group hold the same samples, which come back once).
         pad_index: pad dims after the first to the largest rank's with this value, so rows of
             different lengths (token sequences) can be joined; ``None``: they must agree.
 

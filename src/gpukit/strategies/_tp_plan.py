@@ -227,7 +227,8 @@ def _embeddings_and_heads(model: nn.Module, embeddings: list[tuple[str, nn.Embed
         plan.styles[name] = colwise(output_layouts=Replicate())
     heads = {id(m.weight) for n, m in model.named_modules() if n in plan.styles and type(m) is nn.Linear}
     for name, emb in embeddings:
-        if id(emb.weight) in heads or sum(p is emb.weight for _, p in model.named_parameters(remove_duplicate=False)) > 1:
+        uses = sum(p is emb.weight for _, p in model.named_parameters(remove_duplicate=False))
+        if id(emb.weight) in heads or uses > 1:
             plan.left_whole.append(f"{name} (weight tied to another layer)")
             continue
         _divides(f"the embedding {name!r} (num_embeddings = {emb.num_embeddings})", emb.num_embeddings, degree,

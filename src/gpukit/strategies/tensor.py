@@ -218,8 +218,8 @@ def with_tensor_parallel(strategy: Strategy, degree: int, plan: dict[str, Any] |
                                  "Session(tensor_parallel=2, tensor_plan={...}).")
     if isinstance(strategy, TensorParallelStrategy):
         return strategy
-    _refuse_shared_gpu(isinstance(strategy, DDPStrategy) and strategy.backend != strategy.accelerator.distributed_backend,
-                       strategy.num_processes)
+    shares_gpu = isinstance(strategy, DDPStrategy) and strategy.backend != strategy.accelerator.distributed_backend
+    _refuse_shared_gpu(shares_gpu, strategy.num_processes)
     if type(strategy) is FSDPStrategy:
         return TensorParallelStrategy(
             strategy.accelerator, strategy.root_device, strategy.env, strategy.num_processes, degree=degree,
