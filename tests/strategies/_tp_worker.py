@@ -5,7 +5,8 @@ For each model family it builds the model right after ``torch.manual_seed(FAMILY
 one-process reference does the same), trains it with ``Session(tensor_parallel=2)`` (SGD with momentum,
 clipping that bites), and records: the batches each rank loaded, the first step's output (full), the
 collectives of one forward and backward (torch's CommDebugMode), the final full parameters, the strategy's
-layout. Writes <out>/rank<R>.pt.
+layout; the small transformer is saved with ``session.save_checkpoint`` to <out>/ckpt. Writes
+<out>/rank<R>.pt.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def full(value: torch.Tensor) -> torch.Tensor:
     return (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu().clone()
 
 
-def train(session: gpukit.Session, family: str) -> dict:
+def train(session: gpukit.Session, family: str, checkpoint: Path | None = None) -> dict:
     from torch.distributed.tensor.debug import CommDebugMode
 
     model = make_model(family)
@@ -119,6 +120,8 @@ def train(session: gpukit.Session, family: str) -> dict:
         session.step(optimizer, clip_grad_norm=CLIP)
         record["norms"].append(float(session.grad_norm))
     record["state"] = {n: full(p) for n, p in gpukit.unwrap_model(model).named_parameters()}
+    if checkpoint is not None:  # a sharded (DCP) checkpoint of the split model, loaded elsewhere by the test
+        session.save_checkpoint(checkpoint, STEPS, model=model, optimizer=optimizer)
     record["in_hand"] = idx.tolist()  # the batch the loop stopped at
     record["gathered"] = session.gather_for_metrics(idx.to(session.device)).cpu()
     return record
@@ -130,7 +133,7 @@ def main(out_dir: Path, strategy: str, families: list[str]) -> None:
     record: dict = {"layout": (layout.replicas, layout.shards, layout.tensor), "name": session.strategy.name,
                     "dp_rank": session.strategy.data_parallel_rank}
     for family in families:
-        record[family] = train(session, family)
+        record[family] = train(session, family, out_dir / "ckpt" if family == "block" else None)
     session.barrier()
     torch.save(record, out_dir / f"rank{session.rank}.pt")
     session.close()

@@ -30,24 +30,29 @@ FAMILIES = ["mlp", "block"] + (["llama"] if importlib.util.find_spec("transforme
 TOLERANCE = 1e-5
 
 
-def _launch(out: Path, nproc: int, strategy: str, families: list[str]) -> list[dict]:
+def _launch(out: Path, nproc: int, strategy: str, families: list[str]) -> tuple[Path, list[dict]]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     cmd = [sys.executable, "-m", "gpukit", "run", "--cpu", "--nproc", str(nproc), str(Path(worker.__file__)),
            str(out), strategy, ",".join(families)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
+    return out, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
 
 
 @pytest.fixture(scope="module")
-def tensor_only(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def tensor_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     return _launch(tmp_path_factory.mktemp("tp2"), 2, "auto", FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def tensor_only(tensor_run: tuple[Path, list[dict]]) -> list[dict]:
+    return tensor_run[1]
 
 
 @pytest.fixture(scope="module", params=["fsdp", "ddp"])
 def two_d(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict]]:
     # the test is marked requires_cpu_fsdp: FSDP2 (fully_shard, and replicate, built on it) on CPU needs torch >= 2.7
-    return request.param, _launch(tmp_path_factory.mktemp(f"{request.param}2x2"), 4, request.param, ["block"])
+    return request.param, _launch(tmp_path_factory.mktemp(f"{request.param}2x2"), 4, request.param, ["block"])[1]
 
 
 def _reference(family: str, steps: list[list[int]]) -> dict:
@@ -123,3 +128,21 @@ def test_two_d_equals_one_process(two_d: tuple[str, list[dict]]) -> None:
     for rec in two_d:
         assert rec["block"]["gathered"].tolist() == [12, 13, 14, 15]
     assert [rec["block"]["in_hand"] for rec in two_d] == [[12, 14], [12, 14], [13, 15], [13, 15]]
+
+
+def test_checkpoint_saved_under_tensor_parallel_loads_in_one_process(tensor_run: tuple[Path, list[dict]]) -> None:
+    """A sharded (DCP) checkpoint of tensor x2 resumes into a plain model and optimizer in one process."""
+    import gpukit
+
+    out, records = tensor_run
+    session = gpukit.Session(accelerator="cpu", verbose=False)
+    model = worker.make_model("block")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = session.setup(model, optimizer)
+    with pytest.warns(UserWarning, match="saved by 2 process"):
+        assert session.resume(out / "ckpt", model=model, optimizer=optimizer) == worker.STEPS
+    for name, value in records[0]["block"]["state"].items():
+        assert torch.equal(model.get_parameter(name).detach(), value), name
+    assert all(isinstance(state["momentum_buffer"], torch.Tensor) and state["momentum_buffer"].abs().sum() > 0
+               for state in optimizer.state.values()) and len(optimizer.state) == len(records[0]["block"]["state"])
+    session.close()
