@@ -1,6 +1,7 @@
 """Worker for test_tensor_parallel_multiprocess.py, started by `gpukit run --cpu --nproc N` (gloo, CPU).
 
-argv: <out dir> <strategy: "auto" (tensor groups only / replicated) or "fsdp"> <family,family,...>.
+argv: <out dir> <strategy: "auto" (tensor groups only / replicated) or "fsdp"> <family,family,...>
+<micro-batches per optimizer step>.
 For each model family it builds the model right after ``torch.manual_seed(FAMILY_SEED)`` (the test's
 one-process reference does the same), trains it with ``Session(tensor_parallel=2)`` (SGD with momentum,
 clipping that bites), and records: the batches each rank loaded, the first step's output (full), the
@@ -107,18 +108,18 @@ def train(session: gpukit.Session, family: str, checkpoint: Path | None = None) 
     loader = session.setup_dataloader(make_data(), batch_size=BATCH, shuffle=False)
     record: dict = {"indices": [], "norms": []}
     for step, (ids, targets, idx) in enumerate(loader):
-        if step == STEPS:
+        if step == STEPS * session.accumulate_grad_batches:
             break
         record["indices"].append(idx.tolist())
         comm = CommDebugMode()
-        with comm:
+        with comm, session.accumulate(model):
             loss, logits = loss_of(model, ids, targets)
             session.backward(loss)
         if step == 0:
             record["logits"] = full(logits)
             record["comms"] = {str(k).rsplit(".", 1)[-1]: v for k, v in comm.get_comm_counts().items()}
-        session.step(optimizer, clip_grad_norm=CLIP)
-        record["norms"].append(float(session.grad_norm))
+        if session.step(optimizer, clip_grad_norm=CLIP):
+            record["norms"].append(float(session.grad_norm))
     record["state"] = {n: full(p) for n, p in gpukit.unwrap_model(model).named_parameters()}
     if checkpoint is not None:  # a sharded (DCP) checkpoint of the split model, loaded elsewhere by the test
         session.save_checkpoint(checkpoint, STEPS, model=model, optimizer=optimizer)
@@ -127,8 +128,9 @@ def train(session: gpukit.Session, family: str, checkpoint: Path | None = None) 
     return record
 
 
-def main(out_dir: Path, strategy: str, families: list[str]) -> None:
-    session = gpukit.Session(accelerator="cpu", strategy=strategy, tensor_parallel=2, seed=0, verbose=False)
+def main(out_dir: Path, strategy: str, families: list[str], accumulate: int) -> None:
+    session = gpukit.Session(accelerator="cpu", strategy=strategy, tensor_parallel=2, seed=0, verbose=False,
+                             accumulate_grad_batches=accumulate)
     layout = session.strategy.layout
     record: dict = {"layout": (layout.replicas, layout.shards, layout.tensor), "name": session.strategy.name,
                     "dp_rank": session.strategy.data_parallel_rank}
@@ -140,4 +142,4 @@ def main(out_dir: Path, strategy: str, families: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(","))
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(","), int(sys.argv[4]))
