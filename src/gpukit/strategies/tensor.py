@@ -130,6 +130,7 @@ class TensorParallelStrategy(FSDPStrategy):
         super().__init__(accelerator, device, env, num_processes, **fsdp)
         self.tp = _TensorParallel(check_degree(degree, self.world_size), plan)
         self.sharded = bool(sharded)
+        self._meta_names: dict[int, str] = {}
 
     @classmethod
     def for_process(cls, accelerator: Accelerator, device: torch.device, env: DistEnv | None, num_processes: int,
@@ -150,11 +151,13 @@ class TensorParallelStrategy(FSDPStrategy):
 
     def materialise_meta(self, module: nn.Module) -> nn.Module:
         """A meta-device model is allocated whole first and split afterwards."""
+        # the optimizer was built from the meta parameters, which allocating replaces
+        self._meta_names = {id(p): n for n, p in unwrap_model(module).named_parameters()}
         return Strategy.materialise_meta(self, module)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         module = unwrap_model(module).to(self.root_device)
-        names = {id(p): n for n, p in module.named_parameters()}
+        names = {**{id(p): n for n, p in module.named_parameters()}, **self._meta_names}
         module = self.tp.split(module, self.root_device.type, self.world_size)
         if self.sharded:
             module = super().setup_module(module)
