@@ -6,7 +6,8 @@ For each model family it builds the model right after ``torch.manual_seed(FAMILY
 one-process reference does the same), trains it with ``Session(tensor_parallel=2)`` (SGD with momentum,
 clipping that bites), and records: the batches each rank loaded, the first step's output (full), the
 collectives of one forward and backward (torch's CommDebugMode), the final full parameters, the strategy's
-layout; the small transformer is saved with ``session.save_checkpoint`` to <out>/ckpt. Writes
+layout; the small transformer is saved with ``session.save_checkpoint`` to <out>/ckpt, and a one-process
+checkpoint in <out>/single (when there) is resumed into the split MLP stack. Writes
 <out>/rank<R>.pt.
 """
 
@@ -136,6 +137,12 @@ def main(out_dir: Path, strategy: str, families: list[str], accumulate: int) -> 
                     "dp_rank": session.strategy.data_parallel_rank}
     for family in families:
         record[family] = train(session, family, out_dir / "ckpt" if family == "block" else None)
+    if (out_dir / "single").exists():  # a checkpoint one process saved: resumed into the split MLP stack
+        model = make_model("mlp")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model, optimizer = session.setup(model, optimizer)
+        record["resumed_step"] = session.resume(out_dir / "single", model=model, optimizer=optimizer)
+        record["resumed"] = {n: full(p) for n, p in gpukit.unwrap_model(model).named_parameters()}
     session.barrier()
     torch.save(record, out_dir / f"rank{session.rank}.pt")
     session.close()

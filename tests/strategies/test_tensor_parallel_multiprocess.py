@@ -7,7 +7,8 @@
 Each trains (the 2 x 2 runs with 2 micro-batches per step) an MLP stack, a small transformer (embedding, custom attention, MLP, output head) and, when
 transformers is installed, a Hugging Face Llama block, for a few steps (SGD with momentum, clipping that
 bites); the first step's logits, the gradient norms and the final parameters must equal one process training
-on the union of the data-parallel ranks' batches, within 1e-5.
+on the union of the data-parallel ranks' batches, within 1e-5. Checkpoints cross layouts: tensor x2 -> one
+process, one process -> tensor x2, and tensor x2 -> one safetensors file (`gpukit ckpt convert`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,30 @@ def _launch(out: Path, nproc: int, strategy: str, families: list[str], accumulat
 
 @pytest.fixture(scope="module")
 def tensor_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
-    return _launch(tmp_path_factory.mktemp("tp2"), 2, "auto", FAMILIES)
+    out = tmp_path_factory.mktemp("tp2")
+    _save_one_process_checkpoint(out / "single")
+    return _launch(out, 2, "auto", FAMILIES)
+
+
+def _one_process_state() -> dict[str, torch.Tensor]:
+    """The MLP stack with other values than its initialisation (so a resume that did nothing is seen)."""
+    model = worker.make_model("mlp")
+    with torch.no_grad():
+        for index, param in enumerate(model.parameters()):
+            param.add_(index + 1.0)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _save_one_process_checkpoint(directory: Path) -> None:
+    import gpukit
+
+    session = gpukit.Session(accelerator="cpu", verbose=False)
+    model = worker.make_model("mlp")
+    model.load_state_dict(_one_process_state())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = session.setup(model, optimizer)
+    session.save_checkpoint(directory, 5, model=model, optimizer=optimizer)
+    session.close()
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +175,28 @@ def test_checkpoint_saved_under_tensor_parallel_loads_in_one_process(tensor_run:
     assert all(isinstance(state["momentum_buffer"], torch.Tensor) and state["momentum_buffer"].abs().sum() > 0
                for state in optimizer.state.values()) and len(optimizer.state) == len(records[0]["block"]["state"])
     session.close()
+
+
+def test_one_process_checkpoint_resumes_under_tensor_parallel(tensor_only: list[dict]) -> None:
+    """The other way: a one-process checkpoint resumes into the split model (each rank takes its shards)."""
+    expected = _one_process_state()
+    for rec in tensor_only:
+        assert rec["resumed_step"] == 5
+        assert rec["resumed"].keys() == expected.keys()
+        for name, value in expected.items():
+            assert torch.equal(rec["resumed"][name], value), name
+
+
+def test_tensor_parallel_checkpoint_converts_to_one_file(tensor_run: tuple[Path, list[dict]], tmp_path: Path) -> None:
+    """`gpukit ckpt convert` merges the split model's shards into one safetensors file of full tensors."""
+    from safetensors.torch import load_file
+
+    out, records = tensor_run
+    target = tmp_path / "model.safetensors"
+    proc = subprocess.run([sys.executable, "-m", "gpukit", "ckpt", "convert", str(out / "ckpt"), str(target),
+                           "--select", "model"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    merged = load_file(str(target))
+    assert merged.keys() == records[0]["block"]["state"].keys()
+    for name, value in records[0]["block"]["state"].items():
+        assert torch.equal(merged[name], value), name
