@@ -116,9 +116,12 @@ def train(session: gpukit.Session, family: str, checkpoint: Path | None = None) 
         with comm, session.accumulate(model):
             loss, logits = loss_of(model, ids, targets)
             session.backward(loss)
+        counts = {str(k).rsplit(".", 1)[-1]: v for k, v in comm.get_comm_counts().items()}
         if step == 0:
             record["logits"] = full(logits)
-            record["comms"] = {str(k).rsplit(".", 1)[-1]: v for k, v in comm.get_comm_counts().items()}
+            record["comms"] = counts
+        if step == session.accumulate_grad_batches - 1:  # the micro-batch whose backward synchronises
+            record["comms_at_sync"] = counts
         if session.step(optimizer, clip_grad_norm=CLIP):
             record["norms"].append(float(session.grad_norm))
     record["state"] = {n: full(p) for n, p in gpukit.unwrap_model(model).named_parameters()}

@@ -4,8 +4,8 @@
 - world 4, ``Session(tensor_parallel=2, strategy="fsdp")`` / ``"ddp"``: 2 shards (or replicas) x 2 tensor on a
   ("dp", "tp") mesh.
 
-Each trains (the 2 x 2 runs with 2 micro-batches per step) an MLP stack, a small transformer (embedding, custom attention, MLP, output head) and, when
-transformers is installed, a Hugging Face Llama block, for a few steps (SGD with momentum, clipping that
+Each trains (the 2 x 2 runs with 2 micro-batches per step) an MLP stack, a small transformer (embedding,
+custom attention, MLP, output head) and, when transformers is installed, a Hugging Face Llama block, for a few steps (SGD with momentum, clipping that
 bites); the first step's logits, the gradient norms and the final parameters must equal one process training
 on the union of the data-parallel ranks' batches, within 1e-5. Checkpoints cross layouts: tensor x2 -> one
 process, one process -> tensor x2, and tensor x2 -> one safetensors file (`gpukit ckpt convert`).
@@ -153,6 +153,15 @@ def test_two_d_equals_one_process(two_d: tuple[str, list[dict]]) -> None:
     assert [rec["layout"] for rec in two_d] == [expected] * 4
     assert [rec["dp_rank"] for rec in two_d] == [0, 0, 1, 1]  # tensor innermost
     _check(two_d, "block", ACCUMULATE)
+    # the tensor collectives are those of tensor x2 alone, at every micro-batch; the data-parallel ones: FSDP
+    # gathers parameters (forward, and again in backward after resharding; the window's last forward finds them
+    # still gathered), and the gradients travel over "dp" once per optimizer step, in one bucket
+    tensor = {"all_reduce": 8, "all_gather_into_tensor": 1}
+    first, at_sync = ({**tensor, "_allgather_base_": 2}, {**tensor, "_allgather_base_": 1, "_reduce_scatter_base_": 1}
+                      ) if strategy == "fsdp" else (tensor, {**tensor, "allreduce_": 1})
+    for rec in two_d:
+        assert rec["block"]["comms"] == first
+        assert rec["block"]["comms_at_sync"] == at_sync
     # the last batch of both data-parallel ranks, each sample once (not once per tensor rank)
     for rec in two_d:
         assert sorted(rec["block"]["gathered"].tolist()) == [12, 13, 14, 15]
