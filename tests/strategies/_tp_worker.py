@@ -1,7 +1,7 @@
 """Worker for test_tensor_parallel_multiprocess.py, started by `gpukit run --cpu --nproc N` (gloo, CPU).
 
 argv: <out dir> <strategy: "auto" (tensor groups only / replicated) or "fsdp"> <family,family,...>
-<micro-batches per optimizer step>.
+<micro-batches per optimizer step> <activation checkpointing: "blocks" (each Block) or "none">.
 For each model family it builds the model right after ``torch.manual_seed(FAMILY_SEED)`` (the test's
 one-process reference does the same), trains it with ``Session(tensor_parallel=2)`` (SGD with momentum,
 clipping that bites), and records: the batches each rank loaded, the first step's output (full), the
@@ -132,14 +132,16 @@ def train(session: gpukit.Session, family: str, checkpoint: Path | None = None) 
     return record
 
 
-def main(out_dir: Path, strategy: str, families: list[str], accumulate: int) -> None:
+def main(out_dir: Path, strategy: str, families: list[str], accumulate: int, checkpointing: bool) -> None:
     session = gpukit.Session(accelerator="cpu", strategy=strategy, tensor_parallel=2, seed=0, verbose=False,
-                             accumulate_grad_batches=accumulate)
+                             accumulate_grad_batches=accumulate,
+                             activation_checkpointing={Block} if checkpointing else None)
     layout = session.strategy.layout
     record: dict = {"layout": (layout.replicas, layout.shards, layout.tensor), "name": session.strategy.name,
                     "dp_rank": session.strategy.data_parallel_rank}
     for family in families:
         record[family] = train(session, family, out_dir / "ckpt" if family == "block" else None)
+        record[family]["checkpointed"] = list(session.strategy.checkpointed)
     if (out_dir / "single").exists():  # a checkpoint one process saved: resumed into the split MLP stack
         model = make_model("mlp")
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -152,4 +154,4 @@ def main(out_dir: Path, strategy: str, families: list[str], accumulate: int) -> 
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(","), int(sys.argv[4]))
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(","), int(sys.argv[4]), sys.argv[5] == "blocks")

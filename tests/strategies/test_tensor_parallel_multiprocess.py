@@ -4,7 +4,7 @@
 - world 4, ``Session(tensor_parallel=2, strategy="fsdp")`` / ``"ddp"``: 2 shards (or replicas) x 2 tensor on a
   ("dp", "tp") mesh.
 
-Each trains (the 2 x 2 runs with 2 micro-batches per step) an MLP stack, a small transformer (embedding,
+Each trains (the 2 x 2 runs with 2 micro-batches per step and activation checkpointing) an MLP stack, a small transformer (embedding,
 custom attention, MLP, output head) and, when transformers is installed, a Hugging Face Llama block, for a few steps (SGD with momentum, clipping that
 bites); the first step's logits, the gradient norms and the final parameters must equal one process training
 on the union of the data-parallel ranks' batches, within 1e-5. Checkpoints cross layouts: tensor x2 -> one
@@ -32,11 +32,11 @@ TOLERANCE = 1e-5
 ACCUMULATE = 2  # the 2 x 2 runs accumulate: gradients synchronised over "dp" once per optimizer step
 
 
-def _launch(out: Path, nproc: int, strategy: str, families: list[str], accumulate: int = 1
-            ) -> tuple[Path, list[dict]]:
+def _launch(out: Path, nproc: int, strategy: str, families: list[str], accumulate: int = 1,
+            checkpointing: bool = False) -> tuple[Path, list[dict]]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     cmd = [sys.executable, "-m", "gpukit", "run", "--cpu", "--nproc", str(nproc), str(Path(worker.__file__)),
-           str(out), strategy, ",".join(families), str(accumulate)]
+           str(out), strategy, ",".join(families), str(accumulate), "blocks" if checkpointing else "none"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
@@ -78,7 +78,8 @@ def tensor_only(tensor_run: tuple[Path, list[dict]]) -> list[dict]:
 @pytest.fixture(scope="module", params=["fsdp", "ddp"])
 def two_d(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict]]:
     # the test is marked requires_cpu_fsdp: FSDP2 (fully_shard, and replicate, built on it) on CPU needs torch >= 2.7
-    return request.param, _launch(tmp_path_factory.mktemp(f"{request.param}2x2"), 4, request.param, ["block"], ACCUMULATE)[1]
+    return request.param, _launch(tmp_path_factory.mktemp(f"{request.param}2x2"), 4, request.param, ["block"], ACCUMULATE,
+                                  checkpointing=True)[1]
 
 
 def _reference(family: str, steps: list[list[int]], accumulate: int) -> dict:
@@ -151,12 +152,15 @@ def test_two_d_equals_one_process(two_d: tuple[str, list[dict]]) -> None:
     strategy, two_d = two_d
     expected = (1, 2, 2) if strategy == "fsdp" else (2, 1, 2)
     assert [rec["layout"] for rec in two_d] == [expected] * 4
+    assert all(rec["block"]["checkpointed"] == ["block"] for rec in two_d)  # recomputed in backward, split
     assert [rec["dp_rank"] for rec in two_d] == [0, 0, 1, 1]  # tensor innermost
     _check(two_d, "block", ACCUMULATE)
-    # the tensor collectives are those of tensor x2 alone, at every micro-batch; the data-parallel ones: FSDP
+    # the tensor collectives are those of tensor x2 alone at every micro-batch, plus the attention output's
+    # all-reduce again when backward recomputes the checkpointed block (torch's checkpoint stops recomputing
+    # once it has what backward needs: before the MLP's output all-reduce); the data-parallel ones: FSDP
     # gathers parameters (forward, and again in backward after resharding; the window's last forward finds them
     # still gathered), and the gradients travel over "dp" once per optimizer step, in one bucket
-    tensor = {"all_reduce": 8, "all_gather_into_tensor": 1}
+    tensor = {"all_reduce": 8 + 1, "all_gather_into_tensor": 1}
     first, at_sync = ({**tensor, "_allgather_base_": 2}, {**tensor, "_allgather_base_": 1, "_reduce_scatter_base_": 1}
                       ) if strategy == "fsdp" else (tensor, {**tensor, "allreduce_": 1})
     for rec in two_d:
