@@ -104,3 +104,13 @@ def test_selection_and_layouts() -> None:
         select_strategy(2, "ddp", "cpu", tensor_parallel=0)
     with pytest.raises(ConfigurationError, match="tensor_plan= was given with tensor_parallel=1"):
         select_strategy(2, "ddp", "cpu", tensor_plan={"head": ColwiseParallel()})
+
+
+def test_session_batches_count_data_parallel_ranks() -> None:
+    """2 x 2 (not launched yet): the global batch is split over the 2 data-parallel ranks, not the 4 processes."""
+    import gpukit
+
+    session = gpukit.Session(accelerator="cpu", devices=4, strategy="fsdp", tensor_parallel=2, verbose=False,
+                             micro_batch_size=4, global_batch_size=16)
+    assert (session.world_size, session.strategy.data_parallel_size) == (4, 2)
+    assert session.accumulate_grad_batches == 2 and session.global_batch_size == 16
