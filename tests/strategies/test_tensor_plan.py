@@ -114,3 +114,10 @@ def test_session_batches_count_data_parallel_ranks() -> None:
                              micro_batch_size=4, global_batch_size=16)
     assert (session.world_size, session.strategy.data_parallel_size) == (4, 2)
     assert session.accumulate_grad_batches == 2 and session.global_batch_size == 16
+
+
+def test_oom_backoff_is_refused_with_tensor_parallel() -> None:
+    import gpukit
+
+    with pytest.raises(ConfigurationError, match="oom='backoff'.*tensor_parallel"):
+        gpukit.Session(accelerator="cpu", devices=2, tensor_parallel=2, oom="backoff", verbose=False)
