@@ -121,3 +121,19 @@ def test_oom_backoff_is_refused_with_tensor_parallel() -> None:
 
     with pytest.raises(ConfigurationError, match="oom='backoff'.*tensor_parallel"):
         gpukit.Session(accelerator="cpu", devices=2, tensor_parallel=2, oom="backoff", verbose=False)
+
+
+def test_attention_that_is_not_understood_is_left_whole() -> None:
+    """A module with a head count whose linears are not q/k/v then an output is not split as an MLP either
+    (its ``a``/``b`` pair would be one): its forward reshapes by the head count, which such a split breaks."""
+
+    class Odd(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.num_heads = 4
+            self.a, self.b, self.c = nn.Linear(16, 32), nn.Linear(32, 16), nn.Linear(16, 8)
+
+    model = nn.ModuleDict({"attn": Odd(), "mlp": nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))})
+    plan = auto_plan(model, 2)
+    assert list(plan.styles) == ["mlp.0", "mlp.2"]
+    assert plan.left_whole == ["attn (attention-like, but its linears are not q/k/v then an output)"]

@@ -103,8 +103,8 @@ def _count(module: nn.Module, names: tuple[str, ...]) -> tuple[str, int] | None:
     return None
 
 
-def _attention(prefix: str, module: nn.Module, degree: int, plan: TensorPlan) -> set[str]:
-    """Split ``module``'s q/k/v column-wise and its output row-wise; returns the names it took.
+def _attention(prefix: str, module: nn.Module, degree: int, plan: TensorPlan) -> None:
+    """Split ``module``'s q/k/v column-wise and its output row-wise (or note why it is left whole).
 
     The output projection is the last linear registered (q, k, v, o in every attention written so far):
     shapes alone cannot tell q from o when ``heads * head_dim == hidden``.
@@ -112,19 +112,19 @@ def _attention(prefix: str, module: nn.Module, degree: int, plan: TensorPlan) ->
     linears = _linears(module)
     where = prefix or "<root>"
     if len(linears) < 2:
-        return set()
+        return
     (out_name, out), ins = linears[-1], linears[:-1]
     if (ins[0][1].out_features != out.in_features
             or any(c.in_features != out.out_features for _, c in ins)):
         plan.left_whole.append(f"{where} (attention-like, but its linears are not q/k/v then an output)")
-        return set()
+        return
     query = _count(module, HEAD_ATTRIBUTES)
     dim = getattr(module, "head_dim", None)
     if query is None and isinstance(dim, int) and dim > 0:
         query = ("out.in_features // head_dim", out.in_features // dim)
     if query is None:
         plan.left_whole.append(f"{where} (attention-like, but no head count: set num_heads)")
-        return set()
+        return
     _divides(f"the attention heads of {where!r} ({query[0]} = {query[1]})", query[1], degree,
              "each rank keeps whole heads: the head count must be a multiple of the degree")
     kv = _count(module, KV_HEAD_ATTRIBUTES)
@@ -139,16 +139,15 @@ def _attention(prefix: str, module: nn.Module, degree: int, plan: TensorPlan) ->
     for name, _ in ins:
         plan.styles[_join(prefix, name)] = colwise()
     plan.styles[_join(prefix, out_name)] = rowwise()
-    return {n for n, _ in ins} | {out_name}
 
 
-def _mlp(prefix: str, module: nn.Module, degree: int, plan: TensorPlan, taken: set[str]) -> None:
+def _mlp(prefix: str, module: nn.Module, degree: int, plan: TensorPlan) -> None:
     """Linears ``H -> I`` (column-wise) registered before a linear ``I -> H`` (row-wise) among ``module``'s
     children, unless another child holds a parameter of width ``I`` (a norm over the hidden units, or the
     blocks between a model's input and output layers: then what runs between is not element-wise)."""
     colwise, rowwise = _styles()
     children = list(module.named_children())
-    linears = [(n, c) for n, c in _linears(module) if n not in taken]
+    linears = _linears(module)
     for at, (down_name, down) in enumerate(linears):
         ups = [(n, c) for n, c in linears[:at] if c.out_features == down.in_features
                and c.in_features == down.out_features and _join(prefix, n) not in plan.styles]
@@ -193,10 +192,11 @@ def auto_plan(model: nn.Module, degree: int) -> TensorPlan:
         if isinstance(module, nn.Embedding):
             embeddings[id(module)] = (prefix, module)
             continue
-        taken: set[str] = set()
         if any(hasattr(module, attr) for attr in _ATTENTION_MARKERS):
-            taken = _attention(prefix, module, degree, plan)
-        _mlp(prefix, module, degree, plan, taken)
+            # attention or nothing: split as an MLP, its heads would be reshaped with the wrong width
+            _attention(prefix, module, degree, plan)
+        else:
+            _mlp(prefix, module, degree, plan)
     blocks = dict(plan.styles)
     _embeddings_and_heads(model, list(embeddings.values()), degree, plan)
     if not blocks:  # embeddings alone: the blocks, where the memory is, would all stay whole

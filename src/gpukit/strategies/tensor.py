@@ -4,9 +4,11 @@
 *same* batch (``parallelize_module`` with column-/row-wise styles, the plan found by structure in
 :mod:`gpukit.strategies._tp_plan`, or the user's ``tensor_plan=``). With more processes than the degree,
 the groups are data parallel over the mesh's ``"dp"`` dimension: ``strategy="ddp"`` (the default)
-replicates each tensor group's shards and all-reduces gradients over ``"dp"`` only (torch's
-``DistributedDataParallel(device_mesh=mesh["dp"])``), ``strategy="fsdp"`` shards them further with
-FSDP2 ``fully_shard(mesh=mesh["dp"])`` after ``parallelize_module(mesh["tp"])`` (torchtitan's order).
+replicates each tensor group's shards and all-reduces gradients over ``"dp"`` only (FSDP2's
+``replicate(mesh=mesh["dp"])``: torch's ``DistributedDataParallel(device_mesh=...)`` keeps DTensor
+parameters only by swapping them for local tensors around each forward, which leaves
+``module.parameters()`` empty), ``strategy="fsdp"`` shards them further with FSDP2
+``fully_shard(mesh=mesh["dp"])`` after ``parallelize_module(mesh["tp"])`` (torchtitan's order).
 
 Ranks are laid out as :class:`~gpukit.layout.Layout` orders them, tensor innermost: ranks ``0..t-1`` are
 the first tensor group. Gradients are never averaged across a tensor group: its ranks hold different
@@ -52,8 +54,7 @@ def check_degree(degree: Any, world_size: int | None = None) -> int:
 
 
 class _TensorParallel:
-    """What both tensor-parallel strategies share: the mesh, the checked plan, splitting, the parameter
-    names before the split (the optimizer is re-pointed by name), the norm of split gradients."""
+    """The tensor half of the strategy: the degree, the ``("dp", "tp")`` mesh, the checked plan, splitting."""
 
     def __init__(self, degree: int, plan: dict[str, Any] | None) -> None:
         self.degree = degree
@@ -101,6 +102,15 @@ def _replication(tensor: torch.Tensor, world_size: int) -> int:
     mesh = tensor.device_mesh
     copies = math.prod(mesh.size(i) for i, p in enumerate(tensor.placements) if p.is_replicate())
     return copies * (world_size // mesh.size())
+
+
+def _settled(grad: Any) -> Any:
+    """``grad`` with pending (partial) sums reduced: a partial shard's norm is not a part of the total's."""
+    from torch.distributed.tensor import Replicate
+
+    if not any(p.is_partial() for p in grad.placements):
+        return grad
+    return grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in grad.placements])
 
 
 class TensorParallelStrategy(FSDPStrategy):
@@ -181,6 +191,9 @@ class TensorParallelStrategy(FSDPStrategy):
 
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         # local shards (torch's foreach clipping refuses DTensor and plain gradients side by side)
+        for param in params:
+            if isinstance(param.grad, DTensor):
+                param.grad = _settled(param.grad)
         grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
         total_sq = torch.zeros((), dtype=torch.float32, device=self.root_device)
         for param, grad in zip(params, grads):
