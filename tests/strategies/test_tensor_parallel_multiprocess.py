@@ -4,9 +4,10 @@
 - world 4, ``Session(tensor_parallel=2, strategy="fsdp")`` / ``"ddp"``: 2 shards (or replicas) x 2 tensor on a
   ("dp", "tp") mesh.
 
-Each trains (the 2 x 2 runs with 2 micro-batches per step and activation checkpointing) an MLP stack, a small transformer (embedding,
-custom attention, MLP, output head) and, when transformers is installed, a Hugging Face Llama block, for a few steps (SGD with momentum, clipping that
-bites); the first step's logits, the gradient norms and the final parameters must equal one process training
+Each trains (the 2 x 2 runs with 2 micro-batches per step and activation checkpointing) an MLP stack, a
+small transformer (embedding, custom attention, MLP, output head) and, when transformers is installed, a
+Hugging Face Llama block, for a few steps (SGD with momentum, clipping that bites); the first step's logits,
+the gradient norms and the final parameters must equal one process training
 on the union of the data-parallel ranks' batches, within 1e-5. Checkpoints cross layouts: tensor x2 -> one
 process, one process -> tensor x2, and tensor x2 -> one safetensors file (`gpukit ckpt convert`).
 """
@@ -78,8 +79,8 @@ def tensor_only(tensor_run: tuple[Path, list[dict]]) -> list[dict]:
 @pytest.fixture(scope="module", params=["fsdp", "ddp"])
 def two_d(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict]]:
     # the test is marked requires_cpu_fsdp: FSDP2 (fully_shard, and replicate, built on it) on CPU needs torch >= 2.7
-    return request.param, _launch(tmp_path_factory.mktemp(f"{request.param}2x2"), 4, request.param, ["block"], ACCUMULATE,
-                                  checkpointing=True)[1]
+    out = tmp_path_factory.mktemp(f"{request.param}2x2")
+    return request.param, _launch(out, 4, request.param, ["block"], ACCUMULATE, checkpointing=True)[1]
 
 
 def _reference(family: str, steps: list[list[int]], accumulate: int) -> dict:
