@@ -168,6 +168,9 @@ register_strategy(StrategyEntry("fsdp", "gpukit.strategies.fsdp:FSDPStrategy", "
                                 "FSDP2: parameters, gradients and optimizer state sharded",
                                 lambda layout: ("strategy=gpukit.strategies.FSDPStrategy(cpu_offload=True)"
                                                 if layout.offload else "strategy='fsdp'")))
+register_strategy(StrategyEntry("tp", "gpukit.strategies.tensor:TensorParallelStrategy", "per-process",
+                                summary="tensor parallel: each layer split over the processes (torch DTensor); "
+                                        "Session(tensor_parallel=N) for N-process groups under ddp or fsdp"))
 register_strategy(StrategyEntry("pipeline", "gpukit.strategies.pipeline:PipelineStrategy", "stages",
                                 {"pipeline": lambda n: Layout(stages=n, one_process=True)},
                                 "the model's layers split over devices in one process",

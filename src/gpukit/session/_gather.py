@@ -107,7 +107,8 @@ def gather_for_metrics(strategy: Strategy, loaders: LoaderTracker, value: Any, p
         strategy: the session's (its collectives).
         loaders: where the batch in hand came from (its padding repeats and order).
         value: a tensor (dim 0: samples), a nested dict/list/tuple of them, a list of per-sample
-            objects (strings...), or any other picklable object (returned once per rank).
+            objects (strings...), or any other picklable object (returned once per data-parallel rank:
+            the ranks of a tensor group hold the same samples, which come back once).
         pad_index: pad dims after the first to the largest rank's with this value, so rows of
             different lengths (token sequences) can be joined; ``None``: they must agree.
 
@@ -118,6 +119,7 @@ def gather_for_metrics(strategy: Strategy, loaders: LoaderTracker, value: Any, p
     if strategy.data_parallel_size == 1:
         return value
     in_hand = loaders.samples_in_batch()  # (samples in the batch in hand, of them not repeats)
+    keep = _data_parallel_ranks(strategy)
     tree = _tensor_tree(value)
     if tree is None and isinstance(value, dict):
         # tensors beside per-sample objects (a list of strings): each entry joined on its own
@@ -127,16 +129,24 @@ def gather_for_metrics(strategy: Strategy, loaders: LoaderTracker, value: Any, p
             raise DistributedError(f"session.gather_for_metrics got dicts with different keys on each rank ({listing}).")
         return type(value)({k: gather_for_metrics(strategy, loaders, v, pad_index) for k, v in value.items()})
     if tree is None:
-        return _gather_objects(strategy, value, in_hand)
+        return _gather_objects(strategy, value, in_hand, keep)
     spec, leaves = tree
     meta = strategy.all_gather_object((spec, [(tuple(t.shape), str(t.dtype)) for t in leaves], in_hand))
+    meta = [meta[r] for r in keep]
     if any(m[0] != spec for m in meta):
         kinds = "; ".join(f"rank {r}: {_spec_text(m[0])}" for r, m in enumerate(meta))
         raise DistributedError(f"session.gather_for_metrics got a different structure on each rank ({kinds}).")
     ordered = all(m[2] is not None for m in meta)
-    gathered = [_gather_leaf(strategy, t, i, [m[1][i] for m in meta], [m[2] for m in meta], ordered, pad_index)
-                for i, t in enumerate(leaves)]
+    gathered = [_gather_leaf(strategy, t, i, [m[1][i] for m in meta], [m[2] for m in meta], ordered, pad_index,
+                             keep) for i, t in enumerate(leaves)]
     return _rebuild(spec, value, gathered)
+
+
+def _data_parallel_ranks(strategy: Strategy) -> list[int]:
+    """One rank per data-parallel group, in data-parallel order: the ranks of a tensor group hold the
+    same samples, which must come back once (tensor rank 0's)."""
+    layout = strategy.layout
+    return [r for r in range(strategy.world_size) if layout.tensor_rank(r) == 0]
 
 
 def _spec_text(spec: Any) -> str:
@@ -146,7 +156,7 @@ def _spec_text(spec: Any) -> str:
 
 
 def _gather_leaf(strategy: Strategy, tensor: torch.Tensor, index: int, shapes: list[tuple[tuple[int, ...], str]],
-                 in_hand: list[Any], ordered: bool, pad_index: Any) -> torch.Tensor:
+                 in_hand: list[Any], ordered: bool, pad_index: Any, keep: list[int]) -> torch.Tensor:
     dims = {len(s) for s, _ in shapes}
     dtypes = {d for _, d in shapes}
     where = f"session.gather_for_metrics (tensor #{index} of the value)"
@@ -154,7 +164,7 @@ def _gather_leaf(strategy: Strategy, tensor: torch.Tensor, index: int, shapes: l
     if len(dims) > 1 or len(dtypes) > 1:
         raise DistributedError(f"{where}: the ranks' tensors differ in number of dims or dtype ({listing}).")
     if dims == {0}:
-        return strategy.all_gather(tensor)  # one value per rank (a per-batch statistic): kept as is
+        return strategy.all_gather(tensor)[keep]  # one value per data-parallel rank (a per-batch statistic)
     trailing = {s[1:] for s, _ in shapes}
     if len(trailing) > 1 and pad_index is None:
         raise DistributedError(
@@ -168,7 +178,7 @@ def _gather_leaf(strategy: Strategy, tensor: torch.Tensor, index: int, shapes: l
         padding += [0, largest[d] - tensor.shape[d]]
     fill = pad_index if pad_index is not None else 0
     padded = F.pad(tensor, padding, value=fill) if any(padding) else tensor
-    stacked = strategy.all_gather(padded.contiguous())  # [world, rows, ...]
+    stacked = strategy.all_gather(padded.contiguous())[keep]  # [data-parallel ranks, rows, ...]
     rows = []
     for rank, (shape, _) in enumerate(shapes):
         batch = in_hand[rank]
@@ -188,9 +198,10 @@ def _gather_leaf(strategy: Strategy, tensor: torch.Tensor, index: int, shapes: l
     return interleaved[valid]
 
 
-def _gather_objects(strategy: Strategy, value: Any, in_hand: Any) -> Any:
-    """A list/tuple of per-sample objects joined like tensor rows; anything else: one per rank."""
+def _gather_objects(strategy: Strategy, value: Any, in_hand: Any, keep: list[int]) -> Any:
+    """A list/tuple of per-sample objects joined like tensor rows; anything else: one per data-parallel rank."""
     meta = strategy.all_gather_object((value, in_hand))
+    meta = [meta[r] for r in keep]
     values = [m[0] for m in meta]
     if not all(isinstance(v, (list, tuple)) for v in values):
         return values

@@ -94,6 +94,11 @@ class SessionMemory:
         self, oom: str | None, watch_every: int | None, *, strategy: Strategy, accelerator: Accelerator,
         steps: TrainingSteps,
     ) -> None:
+        if oom == "backoff" and strategy.layout.tensor > 1:
+            raise ConfigurationError(
+                "oom='backoff' splits a batch and averages the gradients by hand, which it cannot do yet for "
+                "layers split by tensor_parallel; use oom='raise' (or None) with tensor_parallel."
+            )
         self._oom = oom
         self._watch_every = watch_every
         self._strategy = strategy

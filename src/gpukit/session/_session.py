@@ -115,6 +115,9 @@ class Session:
             bf16, tf32, fused_optimizer, channels_last, attention at setup; compile and cuda_graphs
             after the first steps are measured. False: none (docs/sessions.md, "Automatic settings").
         refuse: setting names to keep off, e.g. ``refuse=("compile", "channels_last")``.
+        tensor_parallel, tensor_plan: split each layer over groups of that many processes (which see
+            the same batch), with the plan found by structure or the given ``{name: ParallelStyle}``;
+            ``strategy`` "ddp"/"fsdp" replicates/shards the groups (docs/sessions.md, "Tensor parallelism").
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -132,6 +135,7 @@ class Session:
         global_batch_size: int | None = None, micro_batch_size: int | None = None,
         step_at_loader_end: bool = True, log_with: Any = None, peak_tflops: float | None = None,
         flops_per_step: int | None = None, auto: bool = True, refuse: Iterable[str] = (),
+        tensor_parallel: int = 1, tensor_plan: dict[str, Any] | None = None,
     ) -> None:
         # what a worker started by launch() needs to build the same session: every argument
         self._config = {name: value for name, value in locals().items() if name != "self"}
@@ -142,7 +146,8 @@ class Session:
             accelerator = self._config["accelerator"] = "cpu"  # `gpukit run --cpu`: gloo even where GPUs exist
         self._compile = check_compile(compile)
         auto_on, refused = check_auto(auto, refuse)
-        self.strategy: Strategy = select_strategy(devices, strategy, accelerator, sync_batchnorm=sync_batchnorm)
+        self.strategy: Strategy = select_strategy(devices, strategy, accelerator, sync_batchnorm=sync_batchnorm,
+                                                   tensor_parallel=tensor_parallel, tensor_plan=tensor_plan)
         configure_strategy(self.strategy, activation_checkpointing, verbose=verbose)
         if timeout_s is not None:  # before setup_environment creates the process group
             self.strategy.timeout_s = parse_timeout_s(timeout_s)

@@ -6,6 +6,8 @@
 - ``"pipeline"``: the model's layers split over several devices in one process
   (:func:`gpukit.parallel.split`).
 - ``"fsdp"``: FSDP2 ``fully_shard``, parameters/gradients/optimizer state sharded over processes.
+- ``"tp"`` / ``tensor_parallel=N``: each layer split over groups of N processes (DTensor), the groups
+  replicated ("ddp") or sharded ("fsdp") on a 2-D ``("dp", "tp")`` mesh (:mod:`gpukit.strategies.tensor`).
 - ``activation_checkpointing=`` (any strategy): blocks recompute their activations in backward.
 - ``"auto"``: ddp when several processes are launched or asked for, else single.
 
@@ -26,6 +28,7 @@ from gpukit.strategies.dp import DataParallelStrategy, ModelWithLoss
 from gpukit.strategies.fsdp import FSDPStrategy
 from gpukit.strategies.pipeline import PipelineStrategy
 from gpukit.strategies.single import SingleDeviceStrategy
+from gpukit.strategies.tensor import TensorParallelStrategy
 
 __all__ = [
     "ACCELERATORS",
@@ -46,6 +49,7 @@ __all__ = [
     "configure_strategy",
     "SingleDeviceStrategy",
     "Strategy",
+    "TensorParallelStrategy",
     "convert_sync_batchnorm",
     "select_strategy",
 ]

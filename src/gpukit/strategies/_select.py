@@ -51,14 +51,27 @@ def select_strategy(
     *,
     sync_batchnorm: bool = False,
     environ: Mapping[str, str] | None = None,
+    tensor_parallel: int = 1,
+    tensor_plan: dict[str, Any] | None = None,
 ) -> Strategy:
-    """The strategy for these settings in this process.
+    """The strategy for these settings in this process (``tensor_parallel > 1``: its layers split over
+    groups of that many processes, see ``strategies/tensor.py``).
 
     Raises:
         ConfigurationError: an unknown string or a contradictory combination.
         DeviceError: more devices than visible, or a device type that is not available.
         DistributedError: a malformed launch environment.
     """
+    strategy = _placed(devices, strategy, accelerator, sync_batchnorm, environ)
+    if tensor_parallel == 1 and tensor_plan is None:
+        return strategy
+    from gpukit.strategies.tensor import with_tensor_parallel
+
+    return with_tensor_parallel(strategy, tensor_parallel, tensor_plan)
+
+
+def _placed(devices: Any, strategy: str | Strategy, accelerator: str | Accelerator, sync_batchnorm: bool,
+            environ: Mapping[str, str] | None) -> Strategy:
     template: FSDPStrategy | None = None
     if isinstance(strategy, FSDPStrategy) and not strategy.bound:
         template, strategy = strategy, "fsdp"  # settings given, placement still to choose

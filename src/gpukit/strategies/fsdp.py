@@ -172,9 +172,13 @@ class FSDPStrategy(DDPStrategy):
                                     output_dtype=torch.float32, cast_forward_inputs=mp.cast_forward_inputs)
         return {**policies, "mp_policy": root}
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
+    def _data_parallel_mesh(self) -> Any:
+        """The mesh ``fully_shard`` shards over: every process (a 2-D job's ``"dp"`` dimension: ``tensor.py``)."""
         from torch.distributed.device_mesh import init_device_mesh
 
+        return init_device_mesh(self.root_device.type, (self.world_size,))
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
         api = fsdp_api()
 
         policies = self._policies()  # refuses what cannot work before anything moves
@@ -185,7 +189,7 @@ class FSDPStrategy(DDPStrategy):
         if not on_meta:
             module = module.to(self.root_device)
         self._param_names = {id(p): n for n, p in module.named_parameters()}
-        mesh = init_device_mesh(self.root_device.type, (self.world_size,))
+        mesh = self._data_parallel_mesh()
         always = fsdp_own_unit_layers(self.precision.name)  # one dtype per unit
         units = units_to_shard(module, self.auto_wrap, self.min_unit_params, always=always)
         self.checkpoint_activations(module)  # inside each unit: its hooks gather before the recompute

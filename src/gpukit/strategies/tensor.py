@@ -1,0 +1,258 @@
+"""Tensor parallelism through torch's DTensor, alone or on a 2-D ``("dp", "tp")`` mesh.
+
+``Session(tensor_parallel=2)`` splits each layer of the model over groups of 2 processes that see the
+*same* batch (``parallelize_module`` with column-/row-wise styles, the plan found by structure in
+:mod:`gpukit.strategies._tp_plan`, or the user's ``tensor_plan=``). With more processes than the degree,
+the groups are data parallel over the mesh's ``"dp"`` dimension: ``strategy="ddp"`` (the default)
+replicates each tensor group's shards and all-reduces gradients over ``"dp"`` only (FSDP2's
+``replicate(mesh=mesh["dp"])``: torch's ``DistributedDataParallel(device_mesh=...)`` keeps DTensor
+parameters only by swapping them for local tensors around each forward, which leaves
+``module.parameters()`` empty), ``strategy="fsdp"`` shards them further with FSDP2
+``fully_shard(mesh=mesh["dp"])`` after ``parallelize_module(mesh["tp"])`` (torchtitan's order).
+
+Ranks are laid out as :class:`~gpukit.layout.Layout` orders them, tensor innermost: ranks ``0..t-1`` are
+the first tensor group. Gradients are never averaged across a tensor group: its ranks hold different
+shards (split layers) or the same gradient (layers left whole).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpukit.accelerators import Accelerator
+from gpukit.errors import ConfigurationError
+from gpukit.layout import Layout
+from gpukit.placement import unwrap_model
+from gpukit.strategies._env import DistEnv
+from gpukit.strategies._tp_plan import TensorPlan, auto_plan, check_plan
+from gpukit.strategies.base import Strategy
+from gpukit.strategies.ddp import DDPStrategy
+from gpukit.strategies.fsdp import FSDPStrategy
+
+__all__ = ["TensorParallelStrategy", "with_tensor_parallel", "check_degree"]
+
+
+def check_degree(degree: Any, world_size: int | None = None) -> int:
+    """``tensor_parallel=`` as a whole number >= 1 that divides the world size (when known).
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+        raise ConfigurationError(f"tensor_parallel={degree!r}: give a whole number >= 1 (1: layers are not split).")
+    if world_size is not None and world_size % degree:
+        raise ConfigurationError(
+            f"tensor_parallel={degree} does not divide the {world_size} processes: the job is "
+            f"(data-parallel groups) x {degree}. Launch a multiple of {degree} processes, or change the degree."
+        )
+    return degree
+
+
+class _TensorParallel:
+    """The tensor half of the strategy: the degree, the ``("dp", "tp")`` mesh, the checked plan, splitting."""
+
+    def __init__(self, degree: int, plan: dict[str, Any] | None) -> None:
+        self.degree = degree
+        self.user_plan = plan
+        self.plan: TensorPlan | None = None
+        self.mesh: Any = None
+
+    def device_mesh(self, device_type: str, world_size: int) -> Any:
+        """The ``("dp", "tp")`` mesh (built once, after the process group exists)."""
+        if self.mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            check_degree(self.degree, world_size)
+            self.mesh = init_device_mesh(device_type, (world_size // self.degree, self.degree),
+                                         mesh_dim_names=("dp", "tp"))
+        return self.mesh
+
+    def split(self, module: nn.Module, device_type: str, world_size: int) -> nn.Module:
+        """Check the plan on the whole model, then split it over the mesh's ``"tp"`` dimension.
+
+        Raises:
+            ConfigurationError: a layer that cannot be split (before anything is sharded).
+        """
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        plan = (check_plan(module, self.user_plan, self.degree) if self.user_plan is not None
+                else auto_plan(module, self.degree))
+        mesh = self.device_mesh(device_type, world_size)
+        parallelize_module(module, mesh["tp"], plan.styles)
+        for prefix, attr, value in plan.heads:  # attention reshapes by its local head count
+            setattr(module.get_submodule(prefix), attr, value)
+        self.plan = plan
+        return module
+
+    def describe(self) -> str:
+        return f"tensor x{self.degree} ({self.plan.describe() if self.plan else 'layers split at setup'})"
+
+
+def _replication(tensor: torch.Tensor, world_size: int) -> int:
+    """On how many ranks of the job ``tensor``'s local values are the same ones (1: each rank its own)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(tensor, DTensor):
+        return world_size
+    mesh = tensor.device_mesh
+    copies = math.prod(mesh.size(i) for i, p in enumerate(tensor.placements) if p.is_replicate())
+    return copies * (world_size // mesh.size())
+
+
+def _settled(grad: Any) -> Any:
+    """``grad`` with pending (partial) sums reduced: a partial shard's norm is not a part of the total's."""
+    from torch.distributed.tensor import Replicate
+
+    if not any(p.is_partial() for p in grad.placements):
+        return grad
+    return grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in grad.placements])
+
+
+class TensorParallelStrategy(FSDPStrategy):
+    """Layers split over tensor groups of ``degree`` processes; several groups are data parallel over
+    the mesh's ``"dp"`` dimension: replicated (``sharded=False``, DDP-like: FSDP2's ``replicate``) or
+    sharded (``sharded=True``: FSDP2 ``fully_shard``).
+
+    ``Session(tensor_parallel=2)`` builds it (``strategy="ddp"``: replicated, ``"fsdp"`` or an
+    ``FSDPStrategy(...)`` object: sharded, with that object's settings).
+
+    Args:
+        accelerator, device, env, num_processes: filled in by the session.
+        degree: processes per tensor group (``tensor_parallel=``).
+        plan: module name -> ``ParallelStyle`` (``tensor_plan=``); ``None``: found by structure.
+        sharded: shard over the data-parallel groups (FSDP) instead of replicating.
+        **fsdp: :class:`FSDPStrategy` settings (``auto_wrap``, ``cpu_offload``...; sharded only).
+
+    Raises:
+        ConfigurationError: a degree that does not divide the launched processes.
+    """
+
+    name = "tp"
+
+    def __init__(self, accelerator: Accelerator | None = None, device: torch.device | None = None,
+                 env: DistEnv | None = None, num_processes: int = 1, *, degree: int = 2,
+                 plan: dict[str, Any] | None = None, sharded: bool = False, **fsdp: Any) -> None:
+        super().__init__(accelerator, device, env, num_processes, **fsdp)
+        self.tp = _TensorParallel(check_degree(degree, self.world_size), plan)
+        self.sharded = bool(sharded)
+        self._meta_names: dict[int, str] = {}
+
+    @classmethod
+    def for_process(cls, accelerator: Accelerator, device: torch.device, env: DistEnv | None, num_processes: int,
+                    *, sync_batchnorm: bool = False, shares_gpu: bool = False) -> TensorParallelStrategy:
+        """``strategy="tp"``: every process in one tensor group (see :meth:`DDPStrategy.for_process`)."""
+        _refuse_shared_gpu(shares_gpu, num_processes)
+        return cls(accelerator, device, env, num_processes, degree=env.world_size if env else num_processes)
+
+    @property
+    def layout(self) -> Layout:
+        groups = self.world_size // self.tp.degree
+        if self.sharded:
+            return Layout(shards=groups, tensor=self.tp.degree, offload=self.cpu_offload)
+        return Layout(replicas=groups, tensor=self.tp.degree)
+
+    def _data_parallel_mesh(self) -> Any:
+        return self.tp.device_mesh(self.root_device.type, self.world_size)["dp"]
+
+    def materialise_meta(self, module: nn.Module) -> nn.Module:
+        """A meta-device model is allocated whole first and split afterwards."""
+        # the optimizer was built from the meta parameters, which allocating replaces
+        self._meta_names = {id(p): n for n, p in unwrap_model(module).named_parameters()}
+        return Strategy.materialise_meta(self, module)
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        module = unwrap_model(module).to(self.root_device)
+        names = {**{id(p): n for n, p in module.named_parameters()}, **self._meta_names}
+        module = self.tp.split(module, self.root_device.type, self.world_size)
+        if self.sharded:
+            module = super().setup_module(module)
+        else:
+            self.checkpoint_activations(module)
+            if self.layout.data_parallel_size > 1:
+                from torch.distributed._composable.replicate_with_fsdp import replicate
+
+                # DDP over "dp" for DTensor parameters (torch's DDP keeps them only by swapping
+                # them for local tensors each forward, which empties module.parameters())
+                replicate(module, mesh=self._data_parallel_mesh(),
+                          mp_policy=self._root_policies(self._policies())["mp_policy"])
+            if self.announce:
+                print(f"gpukit: {self.describe()}", file=sys.stderr)
+        self._param_names = names  # the optimizer holds the parameters from before the split
+        return module
+
+    def clip_gradients(self, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+        """Clip by the norm of the whole gradient: each shard counted once, copies of it not again."""
+        from torch.distributed.tensor import DTensor
+
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        # local shards (torch's foreach clipping refuses DTensor and plain gradients side by side)
+        for param in params:
+            if isinstance(param.grad, DTensor):
+                param.grad = _settled(param.grad)
+        grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
+        total_sq = torch.zeros((), dtype=torch.float32, device=self.root_device)
+        for param, grad in zip(params, grads):
+            # the gradient's placement, not the parameter's: torch gives a row-wise embedding a replicated gradient
+            total_sq += grad.detach().float().pow(2).sum() / _replication(param.grad, self.world_size)
+        total = self.all_reduce(total_sq, op="sum").sqrt()
+        scale = (max_norm / (total + 1e-6)).clamp(max=1.0)  # torch's clip_grads_with_norm_ formula
+        for grad in grads:
+            grad.mul_(scale.to(grad.device, grad.dtype))
+        return total
+
+    def describe(self) -> str:
+        groups = self.layout.data_parallel_size
+        over = f"{'sharded' if self.sharded else 'replicated'} x{groups}, " if groups > 1 else ""
+        checkpointing = self._describe_checkpointing()
+        return (f"tp rank {self.rank}/{self.world_size} on {self.root_device} with {self.backend}: "
+                f"{over}{self.tp.describe()}{checkpointing}")
+
+
+def _refuse_shared_gpu(shares_gpu: bool, processes: int) -> None:
+    if shares_gpu:
+        raise ConfigurationError(
+            f"tensor_parallel needs a GPU per process, but the {processes} processes on this node share the one "
+            f"GPU they see. Give each process a GPU: gpukit run --gpus {processes} ..."
+        )
+
+
+def with_tensor_parallel(strategy: Strategy, degree: int, plan: dict[str, Any] | None) -> Strategy:
+    """``strategy`` (DDP or FSDP, placed for this process) with its layers split over groups of ``degree``.
+
+    Raises:
+        ConfigurationError: a strategy that cannot be combined with tensor parallelism, or a degree that does
+            not divide the processes.
+    """
+    check_degree(degree)
+    if degree == 1:
+        raise ConfigurationError("tensor_plan= was given with tensor_parallel=1: give the degree too, e.g. "
+                                 "Session(tensor_parallel=2, tensor_plan={...}).")
+    if isinstance(strategy, TensorParallelStrategy):
+        return strategy
+    shares_gpu = isinstance(strategy, DDPStrategy) and strategy.backend != strategy.accelerator.distributed_backend
+    _refuse_shared_gpu(shares_gpu, strategy.num_processes)
+    if type(strategy) is FSDPStrategy:
+        return TensorParallelStrategy(
+            strategy.accelerator, strategy.root_device, strategy.env, strategy.num_processes, degree=degree,
+            plan=plan, sharded=True, auto_wrap=strategy.auto_wrap, min_unit_params=strategy.min_unit_params,
+            cpu_offload=strategy.cpu_offload, reshard_after_forward=strategy.reshard_after_forward,
+            timeout_s=strategy.timeout_s, activation_checkpointing=strategy.activation_checkpointing,
+        )
+    if type(strategy) is DDPStrategy:
+        if strategy.sync_batchnorm:
+            raise ConfigurationError(
+                "sync_batchnorm=True with tensor_parallel is not supported (BatchNorm over split activations); "
+                "drop one of them."
+            )
+        return TensorParallelStrategy(strategy.accelerator, strategy.root_device, strategy.env,
+                                      strategy.num_processes, degree=degree, plan=plan, timeout_s=strategy.timeout_s)
+    raise ConfigurationError(
+        f"tensor_parallel={degree} splits layers over processes; strategy {strategy.name!r} cannot carry it. "
+        "Use strategy='ddp' (or 'auto': tensor groups replicated) or 'fsdp' (tensor groups sharded), with "
+        f"a multiple of {degree} processes."
+    )
