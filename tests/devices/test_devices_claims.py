@@ -29,6 +29,7 @@ def test_claim_dir_default_and_override(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.delenv("GPUKIT_CLAIM_DIR")
     monkeypatch.setattr(_claim_dir, "SYSTEM_CLAIM_DIR", tmp_path / "system")
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "no-home"))
     # no shared folder made by `gpukit claims setup`: this user's own
     assert default_claim_dir() == Path(tempfile.gettempdir()) / f"gpukit-claims-{os.geteuid()}"
     (tmp_path / "system").mkdir()

@@ -12,7 +12,11 @@ The rules of DESIGN.md ("shared places are hostile"), in one place:
   sticky folder);
 * every read is bounded;
 * a folder is trusted when it is owned by root or by this user and, when others may write in it,
-  sticky (like ``/tmp``): then nobody else can delete or rename what this user put there.
+  sticky (like ``/tmp``): then nobody else can delete or rename what this user put there;
+* a path is walked component by component from ``/`` (:func:`walk_folder`): a symlink is followed
+  only when root or this user made it (the kernel's ``protected_symlinks`` rule, everywhere in
+  the path, not only in sticky folders), so nobody can redirect a file gpukit writes -- or a
+  folder root makes -- through a link they planted as a parent.
 
 No torch, no gpukit imports: :mod:`gpukit.devices` (claims, the queue) and the tuning cache use it.
 """
@@ -31,7 +35,7 @@ from pathlib import Path
 
 __all__ = [
     "UnsafeEntry", "Folder", "open_folder", "folder_info", "open_entry", "create_entry", "read_bounded",
-    "write_note", "try_flock", "same_file", "kind_of", "user_name", "exclusive_lock", "OPEN_FLAGS",
+    "write_note", "try_flock", "same_file", "kind_of", "user_name", "exclusive_lock", "OPEN_FLAGS", "walk_folder",
 ]
 
 OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -119,6 +123,84 @@ def open_folder(path: str | os.PathLike[str]) -> int:
             except OSError:
                 raise exc from None
             raise UnsafeEntry(str(path), kind_of(info.st_mode), info.st_uid) from None
+        raise
+
+
+_MAX_LINKS = 40  # as the kernel's own limit on symlinks in one path
+
+
+def walk_folder(path: str | os.PathLike[str], *, make_mode: int | None = None, strict: bool = False) -> int:
+    """A descriptor of the directory ``path``, reached component by component from ``/``.
+
+    A symlink on the way is followed only when root or this user owns it. ``make_mode``: make
+    missing folders (this user's, with that mode, whatever the umask). ``strict`` (for folders
+    root makes for everyone): every folder on the way must also be owned by root or this user and
+    not writable by others unless sticky, or its owner could move what is made inside it.
+
+    Raises:
+        UnsafeEntry: another user's symlink, a component that is not a directory, or (``strict``)
+            another user's folder on the way; ``owner_uid`` says whose.
+        OSError: a component is missing (without ``make_mode``) or cannot be opened or made.
+    """
+    me = os.geteuid()
+    text = os.fspath(path)
+    if not os.path.isabs(text):
+        text = os.path.join(os.getcwd(), text)
+    parts = [p for p in text.split("/") if p not in ("", ".")]
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    links = 0
+    walked: list[str] = []  # where fd is (for messages)
+    try:
+        while parts:
+            name = parts.pop(0)
+            if name == "..":
+                parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                walked = walked[:-1]
+                continue
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                if make_mode is None:
+                    raise
+                try:
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass  # made meanwhile: judged below like any existing entry
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode) and info.st_uid == me:
+                    child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS, dir_fd=fd)
+                    os.fchmod(child, make_mode)
+                    os.close(child)
+                    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            shown = "/" + "/".join([*walked, name])
+            if stat.S_ISLNK(info.st_mode):
+                if info.st_uid not in (0, me):
+                    raise UnsafeEntry(shown, "a symlink", info.st_uid)
+                links += 1
+                if links > _MAX_LINKS:
+                    raise OSError(errno.ELOOP, f"too many symlinks in {text}")
+                target = os.readlink(name, dir_fd=fd)
+                parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    walked = []
+                continue
+            if not stat.S_ISDIR(info.st_mode):
+                raise UnsafeEntry(shown, kind_of(info.st_mode), info.st_uid)
+            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+            walked.append(name)
+            if strict:
+                judged = folder_info(fd)
+                if not judged.trusted:
+                    raise UnsafeEntry(shown, f"a folder root cannot trust ({judged.problem})", judged.owner_uid)
+        return fd
+    except BaseException:
+        os.close(fd)
         raise
 
 

@@ -6,10 +6,12 @@
 * :func:`survey` finds what ``gpukit ls`` and ``gpukit doctor`` report: claims held by a process
   whose account runs nothing on that GPU (stale or planted), lock entries another user planted
   (a symlink, a FIFO, an unreadable file), ignored queue tickets, leftover files.
-* :func:`clean_folder` (``gpukit claims clean``) removes leftovers and, as root, frees the GPUs of
-  stale or planted claims older than a threshold by putting a fresh root-owned lock file in place
-  of the held one (the holder keeps a lock on a file nobody else opens). A lock is never replaced
-  while its holder's account runs something on that GPU.
+* :func:`clean_folder` (``gpukit claims clean``) removes leftovers -- everything in the folder that
+  is not a file gpukit keeps there, so a flood of junk goes too -- and names every claim whose
+  holder runs nothing on its GPU. A claim whose holder is alive is freed only with ``force``
+  (``--force``): as root (or in this user's own folder), a fresh lock file is put in place of the
+  held one (the holder keeps a lock on a file nobody else opens). A lock is never replaced while
+  its holder's account runs something on that GPU.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpukit._util.safe_files import (
-    UnsafeEntry, create_entry, folder_info, kind_of, open_entry, open_folder, try_flock, user_name,
+    OPEN_FLAGS, UnsafeEntry, create_entry, folder_info, kind_of, open_entry, try_flock, user_name, walk_folder,
 )
 from gpukit.devices._claim_dir import SYSTEM_CLAIM_DIR, ClaimFolder
-from gpukit.devices._claim_files import claim_owners, flock_holders, lock_name
+from gpukit.devices._claim_files import claim_owners, flock_holders, holder_text, lock_name
 from gpukit.devices._queue import read_queue
 from gpukit.devices._snapshot import GpuSnapshot, selectable_units
 from gpukit.errors import DeviceError
@@ -127,9 +129,15 @@ def survey(folder: ClaimFolder, gpus: list[GpuSnapshot], owners: dict[str, dict[
                                     {"uuid": unit.uuid, "user": owner.get("user")}))
     for unit, owner in stale_claims(folder, gpus, owners=owners):
         problems.append(Problem(
-            f"{unit.label} is claimed by {owner['user']}'s pid {owner['pid']} for {_age(owner['age_s'])}, but "
-            f"{owner['user']} runs nothing on it: a stale or planted claim", clean, "warn",
+            f"{unit.label} is claimed by {_who(owner)} for {_age(owner['age_s'])}, but {owner['user']} runs "
+            "nothing on it: a stale or planted claim (or a job still preparing its data)",
+            f"ask {owner['user']}, or end pid {owner['pid']}, or free it: {clean} --force", "warn",
             {"uuid": unit.uuid, "pid": owner["pid"], "user": owner["user"], "age_s": round(owner["age_s"])}))
+    for unit in units:
+        owner = owners.get(unit.uuid or "")
+        if owner and owner.get("hidden"):
+            problems.append(Problem(f"{unit.label} is {holder_text(owner)}", f"{clean} (as root it names the "
+                                    "holder)", "warn", {"uuid": unit.uuid, "took_it": owner.get("took_it")}))
     if ignored is None:
         try:
             _tickets, ignored = read_queue(folder, len(units))
@@ -145,6 +153,11 @@ def survey(folder: ClaimFolder, gpus: list[GpuSnapshot], owners: dict[str, dict[
         problems.append(Problem(f"{len(left)} leftover file(s) of {', '.join(users)} in {folder.path}: {shown}",
                                 fix, "info", {"files": [name for name, _, _ in left]}))
     return problems
+
+
+def _who(owner: dict[str, Any]) -> str:
+    took = f" (inherited from pid {owner['took_it']}, which has exited)" if owner.get("inherited") else ""
+    return f"{owner['user']}'s pid {owner['pid']}{took}"
 
 
 def _replace_lock(folder: ClaimFolder, name: str) -> None:
@@ -222,15 +235,27 @@ def setup_folder(path: os.PathLike[str] | str = SYSTEM_CLAIM_DIR, gpus: list[Gpu
         raise DeviceError(f"gpukit claims setup --dir {str(target)!r}: give an absolute path.")
     actions: list[str] = []
     try:
-        if os.path.lexists(target) and (os.path.islink(target) or not os.path.isdir(target)):
-            info = os.lstat(target)
-            raise DeviceError(f"{target} is {kind_of(info.st_mode)} made by {user_name(info.st_uid)}, not a folder; "
-                              "remove it and run `sudo gpukit claims setup` again.")
-        if not os.path.lexists(target):
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-            os.mkdir(target, 0o700)
-            actions.append(f"made {target}")
-        fd = open_folder(target)
+        # every component from / on: no symlink or folder another user controls (a planted parent
+        # would have root make a world-writable folder wherever that user points it)
+        parent = walk_folder(target.parent, make_mode=0o755, strict=True)
+        try:
+            try:
+                info = os.stat(target.name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                os.mkdir(target.name, 0o700, dir_fd=parent)
+                actions.append(f"made {target}")
+                info = os.stat(target.name, dir_fd=parent, follow_symlinks=False)
+            if not stat.S_ISDIR(info.st_mode):
+                raise DeviceError(f"{target} is {kind_of(info.st_mode)} made by {user_name(info.st_uid)}, not a "
+                                  "folder; remove it and run `sudo gpukit claims setup` again.")
+            fd = os.open(target.name, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS, dir_fd=parent)
+        finally:
+            os.close(parent)
+    except UnsafeEntry as exc:
+        raise DeviceError(
+            f"gpukit claims setup --dir {target}: {exc.name} is {exc.kind} of {user_name(exc.owner_uid)}'s, who could "
+            "then redirect or replace the shared folder root makes; choose a path whose folders only root controls "
+            "(the default /var/lib/gpukit/claims), or remove it.") from None
     except OSError as exc:
         raise DeviceError(f"gpukit claims setup: cannot make {target}: {exc.strerror or exc}.") from None
     folder = ClaimFolder(target, fd, folder_info(fd), "shared")
@@ -242,9 +267,30 @@ def setup_folder(path: os.PathLike[str] | str = SYSTEM_CLAIM_DIR, gpus: list[Gpu
         if stat.S_IMODE(before.st_mode) != 0o1777:
             os.fchmod(fd, 0o1777)
             actions.append(f"set {target} to mode 1777 (was {stat.S_IMODE(before.st_mode):04o})")
+        if before.st_uid != 0 or stat.S_IMODE(before.st_mode) & 0o7777 != 0o1777:
+            # taken over: whatever another account put here while the folder was not a safe shared one
+            # (a live ticket at the head of the queue, notes, junk) goes
+            actions += _remove_others(folder)
         for unit in _units(gpus if gpus is not None else _list()):
             _fix_lock(folder, unit.uuid or "", actions)
     return actions
+
+
+def _remove_others(folder: ClaimFolder) -> list[str]:
+    """Remove every entry of the folder that root did not make; what was removed, one line per owner."""
+    removed: dict[int, int] = {}
+    with os.scandir(folder.fd) as entries:
+        names = [e.name for e in entries]
+    for name in names:
+        try:
+            info = os.stat(name, dir_fd=folder.fd, follow_symlinks=False)
+            if info.st_uid == 0:
+                continue
+            _remove_entry(folder, name)
+        except OSError:
+            continue
+        removed[info.st_uid] = removed.get(info.st_uid, 0) + 1
+    return [f"removed {n} file(s) {user_name(uid)} made before the folder was shared" for uid, n in removed.items()]
 
 
 def _list() -> list[GpuSnapshot]:
@@ -254,22 +300,37 @@ def _list() -> list[GpuSnapshot]:
 
 
 def clean_folder(folder: ClaimFolder, gpus: list[GpuSnapshot], *, older_than_s: float = STALE_AFTER_S,
-                 dry_run: bool = False) -> list[str]:
+                 dry_run: bool = False, force: bool = False) -> list[str]:
     """Remove leftovers (dead tickets, notes of processes that hold nothing, stale temp files,
-    symlinks/FIFOs/folders planted with claim names) and, as root (or in this user's own folder),
-    free GPUs of stale or planted claims held ``older_than_s`` or more. Another account's files
-    are touched only by root. Returns what it did (with ``dry_run``: would do)."""
+    symlinks/FIFOs/folders planted with claim names, anything else that is not a file gpukit keeps
+    there) and name the claims held ``older_than_s`` or more whose holder's account runs nothing on
+    that GPU; with ``force``, as root (or in this user's own folder), free those GPUs. Without
+    ``force`` no claim whose holder is alive (or cannot be seen) is ever freed. Another account's
+    files are touched only by root. Returns what it did (with ``dry_run``: would do), leftovers
+    summed up per owner and reason.
+
+    Raises:
+        DeviceError: ``force`` by an account that may not free others' claims here.
+    """
     me = os.geteuid()
     mine_all = me == 0 or folder.info.owner_uid == me
+    if force and not mine_all:
+        raise DeviceError(f"gpukit claims clean --force frees other users' claims: run it as root (sudo), or as the "
+                          f"owner of {folder.path}.")
     actions: list[str] = []
     for unit, owner in stale_claims(folder, gpus, older_than_s):
-        if not mine_all:
+        where = (f"{unit.label}: claimed by {_who(owner)} for {_age(owner['age_s'])} with nothing of "
+                 f"{owner['user']}'s running on it")
+        if not force:
+            actions.append(f"kept {where}; its holder is alive, so only --force frees it (ask {owner['user']} "
+                           f"or end pid {owner['pid']} first if you can)")
             continue
-        what = (f"freed {unit.label}: claimed by {owner['user']}'s pid {owner['pid']} for {_age(owner['age_s'])} "
-                f"with nothing of {owner['user']}'s running on it")
         if not dry_run:
             _fix_lock(folder, unit.uuid or "", [], force_held=True)
-        actions.append(what)
+        actions.append(f"freed {where}")
+    if force:
+        actions += _free_hidden(folder, gpus, dry_run)
+    counts: dict[tuple[str, int], int] = {}
     for name, reason, uid in leftovers(folder, None if mine_all else me):
         if not dry_run:
             try:
@@ -277,7 +338,12 @@ def clean_folder(folder: ClaimFolder, gpus: list[GpuSnapshot], *, older_than_s: 
             except OSError as exc:
                 actions.append(f"could not remove {name}: {exc.strerror or exc}")
                 continue
-        actions.append(f"removed {name} ({reason}, by {user_name(uid)})")
+        counts[(reason, uid)] = counts.get((reason, uid), 0) + 1
+        if counts[(reason, uid)] <= _SHOWN:
+            actions.append(f"removed {name} ({reason}, by {user_name(uid)})")
+    for (reason, uid), n in counts.items():
+        if n > _SHOWN:
+            actions.append(f"removed {n - _SHOWN} more ({reason}, by {user_name(uid)})")
     if folder.info.owner_uid == me:  # lock files others made (or none): the owner's own, unless held
         for unit in _units(gpus):
             fixes: list[str] = []
@@ -291,13 +357,36 @@ def clean_folder(folder: ClaimFolder, gpus: list[GpuSnapshot], *, older_than_s: 
     return actions
 
 
+_SHOWN = 5  # leftovers named one by one per owner and reason; the rest are counted
+
+
+def _free_hidden(folder: ClaimFolder, gpus: list[GpuSnapshot], dry_run: bool) -> list[str]:
+    """With --force: free claims whose holder cannot be found (the pid that took it has exited and no
+    process visible here holds it open: another pid namespace)."""
+    owners = claim_owners([u.uuid or "" for u in _units(gpus)], folder=folder)
+    out = []
+    for unit in _units(gpus):
+        owner = owners.get(unit.uuid or "")
+        if owner and owner.get("hidden") and not any(p.pid for p in unit.processes):
+            if not dry_run:
+                _fix_lock(folder, unit.uuid or "", [], force_held=True)
+            out.append(f"freed {unit.label}: {holder_text(owner)}")
+    return out
+
+
 def leftovers(folder: ClaimFolder, only_uid: int | None = None) -> list[tuple[str, str, int]]:
-    """``(name, why, owner uid)`` of each file ``clean_folder`` removes (of ``only_uid``'s, when given)."""
+    """``(name, why, owner uid)`` of each file ``clean_folder`` removes (of ``only_uid``'s, when given).
+
+    In a shared folder (or any root-owned one, looked at by root) that includes every entry that is
+    not a file gpukit keeps there (a flood of junk); in a user's own folder only gpukit's own
+    leftovers, so a claim folder set to a busy folder by mistake loses nothing else.
+    """
     kernel = flock_holders()
     now = time.time()
     out = []
+    sweep = folder.shared or (folder.info.owner_uid == 0 and os.geteuid() == 0)
     with os.scandir(folder.fd) as entries:
-        names = [e.name for _, e in zip(range(1_000_000), entries)]
+        names = [e.name for _, e in zip(range(_MAX_NAMES), entries)]
     for name in names:
         try:
             info = os.stat(name, dir_fd=folder.fd, follow_symlinks=False)
@@ -305,19 +394,30 @@ def leftovers(folder: ClaimFolder, only_uid: int | None = None) -> list[tuple[st
             continue
         if only_uid is not None and info.st_uid != only_uid:
             continue
-        reason = _leftover(folder, name, info, kernel, now)
+        reason = _leftover(folder, name, info, kernel, now, sweep)
         if reason is not None:
             out.append((name, reason, info.st_uid))
     return out
 
 
+_MAX_NAMES = 1_000_000  # one run of `claims clean` looks at this many entries (say it again for more)
+_TICKET = re.compile(r"^ticket\.[A-Za-z0-9._-]{1,200}$")
+_TEMP = re.compile(r"^\.tmp\.[A-Za-z0-9._-]{1,200}$")
+_LOCK = re.compile(r"^[A-Za-z0-9._-]{1,200}\.lock$")
+
+
 def _leftover(folder: ClaimFolder, name: str, info: os.stat_result, kernel: dict[tuple[int, int], int] | None,
-              now: float) -> str | None:
-    """Why ``name`` should go, or ``None`` to keep it."""
+              now: float, sweep: bool = False) -> str | None:
+    """Why ``name`` should go, or ``None`` to keep it. ``sweep``: anything gpukit does not keep goes."""
     regular = stat.S_ISREG(info.st_mode)
     claim_like = name.endswith((".lock", ".owner")) or name.startswith(("ticket.", ".tmp."))
     if claim_like and not regular:
         return f"{kind_of(info.st_mode)} where gpukit keeps files"
+    gpukits = any(pattern.match(name) for pattern in (_TICKET, _TEMP, _LOCK, _NOTE))
+    if sweep and not gpukits:
+        return "not a file gpukit keeps here"
+    if sweep and _LOCK.match(name) and info.st_uid != folder.info.owner_uid:
+        return "a lock file the folder's owner did not make"
     if name.startswith(".tmp.") and now - info.st_mtime > _TEMP_AGE_S:
         return "an unfinished temporary file"
     if name.startswith("ticket."):

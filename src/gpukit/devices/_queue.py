@@ -348,8 +348,11 @@ def busy_units(folder: ClaimFolder, gpus: list[GpuSnapshot], mine: Ticket | None
         # that had just claimed count as neither, and a younger one took the GPU an older one needed)
         tickets, _ignored = read_queue(folder, len(units))
     except OverflowError as exc:
-        raise DeviceError(f"GPU claims: {exc}, more than any queue needs (another user flooding it?); an "
-                          "administrator can empty it with `sudo gpukit claims clean`.") from None
+        fix = ("an administrator can empty it with `sudo gpukit claims clean`, which removes everything that "
+               "is not gpukit's" if folder.shared or folder.info.owner_uid == 0 else
+               "remove what does not belong there (`gpukit claims clean` removes gpukit's own leftovers), or set "
+               "GPUKIT_CLAIM_DIR to a folder of its own")
+        raise DeviceError(f"GPU claims: {exc}, more than any queue needs (another user flooding it?); {fix}.") from None
     holders = claim_owners([u.uuid or "" for u in units], folder=folder)
     busy = {uuid: holder_text(owner) for uuid, owner in holders.items()}
     older = [t for t in tickets if mine is None or t.key < mine.key]
