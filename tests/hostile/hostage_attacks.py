@@ -53,6 +53,32 @@ def ticket_planted_before_setup(world: World) -> Result:
     return [("claim_gpus", judge(outcome, check=lambda o: len(o.value) == 1, expect="correct"))]
 
 
+def hand_made_ticket_and_a_claim_that_does_not_wait(world: World) -> Result:
+    """Bob holds a hand-made live ticket for all 4 GPUs claiming a 60 s poll, and never claims: alice's
+    claim without --wait honours it for the stall bound (shortened here), then takes a GPU -- it was
+    refused for ever before."""
+    import gpukit.devices._queue as queue
+
+    setup_shared(world)
+    keeper = start_as(world.bob, _hold_ticket, str(world.claims), env=dict(world.env))
+    if not _wait_for_ticket(world, world.bob.uid):
+        keeper.kill()
+        keeper.wait(10)
+        return [("claim_gpus", "wrong")]
+    saved = queue.STALL_MIN_S, queue.STALL_MAX_S
+    queue.STALL_MIN_S = queue.STALL_MAX_S = 1.0  # inherited by alice's forked process
+    try:
+        started = time.monotonic()
+        outcome = as_alice(world, _claim, count=1)
+        waited = time.monotonic() - started
+    finally:
+        queue.STALL_MIN_S, queue.STALL_MAX_S = saved
+        keeper.kill()
+        keeper.wait(10)
+    return [("claim_gpus", judge(outcome, check=lambda o: len(o.value) == 1 and 1.0 <= waited < 20,
+                                 expect="correct"))]
+
+
 def _hold_ticket(folder: str) -> None:
     import fcntl
 
@@ -60,7 +86,7 @@ def _hold_ticket(folder: str) -> None:
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.write(fd, json.dumps({"v": 1, "count": 4, "poll_s": 60}).encode())
-    os.rename(path, os.path.join(folder, "ticket.bob-first"))
+    os.rename(path, os.path.join(folder, f"ticket.bob-{os.getpid()}"))
     signal.pause()
 
 
@@ -186,5 +212,6 @@ def _cli_capture(*argv: str) -> tuple[int, str]:
     return code, buffer.getvalue()
 
 
-PROBES = {fn.__name__: fn for fn in (waiter_holding_what_it_waits_for, ticket_planted_before_setup, flood_of_junk,
+PROBES = {fn.__name__: fn for fn in (waiter_holding_what_it_waits_for, ticket_planted_before_setup,
+                                      hand_made_ticket_and_a_claim_that_does_not_wait, flood_of_junk,
                                       lock_kept_by_an_orphaned_child, setup_through_a_planted_parent)}
