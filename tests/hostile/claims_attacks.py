@@ -53,10 +53,18 @@ def bob_premakes_a_0755_folder(world: World) -> Result:
 
 
 def bob_premakes_alices_own_folder(world: World) -> Result:
-    """No shared folder: bob makes the per-user folder alice would use, in the sticky temp dir."""
+    """No shared folder: bob makes <tmp>/gpukit-claims-<alice's uid> first. Alice's claims go under her
+    own home (issue 41 item 6), so it does not matter; without a home of hers they fall back to that
+    temp folder, and the claim is refused naming bob."""
     folder = str(world.tmp / f"gpukit-claims-{world.alice.uid}")
     as_bob(world, _make_folder, folder, 0o777)
-    return [("claim_gpus", judge(as_alice(world, _claim, count=1), names="gpukit-bob", expect="refused cleanly"))]
+    home = world.env["HOME"]
+    out = [("claim_gpus", judge(as_alice(world, _claim, count=1), check=lambda o: len(o.value) == 1
+                                and os.path.isdir(os.path.join(home, ".cache", "gpukit")), expect="correct"))]
+    world.env["HOME"] = "/nonexistent"
+    out.append(("claim_gpus without a home", judge(as_alice(world, _claim, count=1), names="gpukit-bob",
+                                                   expect="refused cleanly")))
+    return out
 
 
 def symlinks_at_alices_note_names(world: World) -> Result:
@@ -242,9 +250,10 @@ def escapes_in_notes_and_commands(world: World) -> Result:
 def bob_cannot_reach_alices_private_folder(world: World) -> Result:
     """No shared folder: alice's claims go to her own 0700 folder; bob can neither read nor plant there."""
     outcome = as_alice(world, _claim, count=1)
-    folder = str(world.tmp / f"gpukit-claims-{world.alice.uid}")
+    folder = os.path.join(world.env["HOME"], ".cache", "gpukit")  # her own (issue 41 item 6)
+    folder = os.path.join(folder, os.listdir(folder)[0]) if os.path.isdir(folder) else folder
     planted = as_bob(world, _plant_links, folder, str(world.secret), ["x.lock"])
-    ok = planted.kind == "ok" and planted.value == 0 and os.path.isdir(folder)
+    ok = planted.kind == "ok" and planted.value == 0 and os.path.isdir(folder) and os.stat(folder).st_mode & 0o777 == 0o700
     return [("claim_gpus", judge(outcome, check=lambda o: len(o.value) == 1 and ok))]
 
 PROBES: dict[str, Callable[[World], Result]] = {**{fn.__name__: fn for fn in (
