@@ -34,7 +34,8 @@ from typing import Any
 NAMES = ("gpukit-alice", "gpukit-bob")
 
 PRELOAD = (
-    "gpukit.devices._claims", "gpukit.devices._queue", "gpukit.devices._claims_admin", "gpukit.devices._fake",
+    "gpukit.devices._claims", "gpukit.devices._queue", "gpukit.devices._claims_admin", "gpukit.devices._claims_clean",
+    "gpukit.devices._fake",
     "gpukit.cli._main", "gpukit.cli.ls", "gpukit.cli.select", "gpukit.cli.doctor", "gpukit.cli.claims",
     "gpukit.cli._gpu_table", "gpukit.doctor", "gpukit.doctor._claims", "rich.console", "rich.table", "rich.text",
     "rich.live", "rich.box", "rich.status", "rich.markup", "rich.segment", "rich.cells", "rich._loop",

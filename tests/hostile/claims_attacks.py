@@ -142,7 +142,8 @@ def _touch_all(folder: str, names: list[str]) -> None:
 def _as_root_clean(world: World, older_than_s: float, force: bool = False) -> list[str]:
     from gpukit.devices import _nvml, list_gpus
     from gpukit.devices._claim_dir import open_claim_folder
-    from gpukit.devices._claims_admin import clean_folder, setup_folder
+    from gpukit.devices._claims_admin import setup_folder
+    from gpukit.devices._claims_clean import clean_folder
 
     os.environ["GPUKIT_FAKE_GPUS"] = str(world.spec)
     _nvml.shutdown()
@@ -191,7 +192,7 @@ def planted_claim_is_reported_and_cleaned(world: World) -> Result:
     setup_shared(world)
     holder = Holder(world.bob, {"gpus": [0]}, env=dict(world.env))
     holder.wait_claimed()
-    import gpukit.devices._claims_admin as admin
+    import gpukit.devices._claims_clean as admin
 
     saved, admin.STALE_AFTER_S = admin.STALE_AFTER_S, 0.0  # inherited by alice's processes (forked)
     try:

@@ -184,7 +184,7 @@ def _claim_and_orphan(report_fd: int) -> int:
 def _root_clean(world: World, *, force: bool) -> list[str]:
     from gpukit.devices import _nvml, list_gpus
     from gpukit.devices._claim_dir import open_claim_folder
-    from gpukit.devices._claims_admin import clean_folder
+    from gpukit.devices._claims_clean import clean_folder
 
     os.environ["GPUKIT_FAKE_GPUS"] = str(world.spec)
     _nvml.shutdown()
