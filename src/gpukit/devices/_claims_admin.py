@@ -16,11 +16,11 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpukit._util.safe_files import OPEN_FLAGS, UnsafeEntry, folder_info, kind_of, user_name, walk_folder
+from gpukit._util.safe_files import OPEN_FLAGS, UnsafeEntry, create_entry, folder_info, kind_of, user_name, walk_folder
 from gpukit.devices._claim_dir import SYSTEM_CLAIM_DIR, ClaimFolder
 from gpukit.devices._claim_files import claim_owners, holder_text
 from gpukit.devices._claims_clean import (
-    age_text, claim_units, fix_lock, holder_of, leftovers, remove_entry, stale_claims,
+    MARKER, age_text, claim_units, fix_lock, holder_of, leftovers, remove_entry, stale_claims,
 )
 from gpukit.devices._queue import read_queue
 from gpukit.devices._snapshot import GpuSnapshot
@@ -163,9 +163,24 @@ def setup_folder(path: os.PathLike[str] | str = SYSTEM_CLAIM_DIR, gpus: list[Gpu
             # taken over: whatever another account put here while the folder was not a safe shared one
             # (a live ticket at the head of the queue, notes, junk) goes
             actions += _remove_others(folder)
+        _mark(folder, actions)
         for unit in claim_units(gpus if gpus is not None else _list()):
             fix_lock(folder, unit.uuid or "", actions)
     return actions
+
+
+def _mark(folder: ClaimFolder, actions: list[str]) -> None:
+    """Leave root's :data:`MARKER` (only in a folder setup made does `claims clean` sweep away what is
+    not gpukit's); one another user planted under its name goes first."""
+    try:
+        info = os.stat(MARKER, dir_fd=folder.fd, follow_symlinks=False)
+        if stat.S_ISREG(info.st_mode) and info.st_uid == 0:
+            return
+        remove_entry(folder, MARKER)
+        actions.append(f"removed {MARKER} ({kind_of(info.st_mode)} of {user_name(info.st_uid)}'s)")
+    except FileNotFoundError:
+        pass
+    os.close(create_entry(folder.fd, MARKER, 0o644))
 
 
 def _remove_others(folder: ClaimFolder) -> list[str]:

@@ -25,8 +25,8 @@ from gpukit.devices._claim_files import claim_owners, flock_holders, holder_text
 from gpukit.devices._snapshot import GpuSnapshot, selectable_units
 from gpukit.errors import DeviceError
 
-__all__ = ["STALE_AFTER_S", "age_text", "claim_units", "clean_folder", "fix_lock", "holder_of", "leftovers",
-           "remove_entry", "stale_claims"]
+__all__ = ["MARKER", "STALE_AFTER_S", "age_text", "claim_units", "clean_folder", "fix_lock", "holder_of", "leftovers",
+           "is_claim_folder", "remove_entry", "stale_claims"]
 
 #: A claim whose holder's account has run nothing on its GPU for this long is reported as stale.
 STALE_AFTER_S = 600.0
@@ -211,14 +211,14 @@ def _free_hidden(folder: ClaimFolder, gpus: list[GpuSnapshot], dry_run: bool) ->
 def leftovers(folder: ClaimFolder, only_uid: int | None = None) -> list[tuple[str, str, int]]:
     """``(name, why, owner uid)`` of each file ``clean_folder`` removes (of ``only_uid``'s, when given).
 
-    In a shared folder (or any root-owned one, looked at by root) that includes every entry that is
-    not a file gpukit keeps there (a flood of junk); in a user's own folder only gpukit's own
-    leftovers, so a claim folder set to a busy folder by mistake loses nothing else.
+    In a shared folder that ``claims setup`` made (:func:`is_claim_folder`) that includes every
+    entry that is not a file gpukit keeps there (a flood of junk); elsewhere only gpukit's own
+    leftovers, so a claim folder set to a busy folder by mistake (``/tmp``, a home) loses nothing else.
     """
     kernel = flock_holders()
     now = time.time()
     out = []
-    sweep = folder.shared or (folder.info.owner_uid == 0 and os.geteuid() == 0)
+    sweep = is_claim_folder(folder)
     with os.scandir(folder.fd) as entries:
         names = [e.name for _, e in zip(range(_MAX_NAMES), entries)]
     for name in names:
@@ -234,6 +234,22 @@ def leftovers(folder: ClaimFolder, only_uid: int | None = None) -> list[tuple[st
     return out
 
 
+#: The root-owned file ``claims setup`` leaves in the folders it makes (only there is junk swept away).
+MARKER = ".gpukit-claim-folder"
+
+
+def is_claim_folder(folder: ClaimFolder) -> bool:
+    """Whether ``folder`` is a shared claim folder ``claims setup`` made (root-owned, sticky, with
+    root's :data:`MARKER` in it), whose every other entry gpukit may remove."""
+    if not folder.shared:
+        return False
+    try:
+        info = os.stat(MARKER, dir_fd=folder.fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_uid == 0
+
+
 _MAX_NAMES = 1_000_000  # one run of `claims clean` looks at this many entries (say it again for more)
 _TICKET = re.compile(r"^ticket\.[A-Za-z0-9._-]{1,200}$")
 _TEMP = re.compile(r"^\.tmp\.[A-Za-z0-9._-]{1,200}$")
@@ -247,7 +263,7 @@ def _leftover(folder: ClaimFolder, name: str, info: os.stat_result, kernel: dict
     claim_like = name.endswith((".lock", ".owner")) or name.startswith(("ticket.", ".tmp."))
     if claim_like and not regular:
         return f"{kind_of(info.st_mode)} where gpukit keeps files"
-    gpukits = any(pattern.match(name) for pattern in (_TICKET, _TEMP, _LOCK, _NOTE))
+    gpukits = name == MARKER or any(pattern.match(name) for pattern in (_TICKET, _TEMP, _LOCK, _NOTE))
     if sweep and not gpukits:
         return "not a file gpukit keeps here"
     if sweep and _LOCK.match(name) and info.st_uid != folder.info.owner_uid:

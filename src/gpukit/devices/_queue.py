@@ -348,10 +348,17 @@ def busy_units(folder: ClaimFolder, gpus: list[GpuSnapshot], mine: Ticket | None
         # that had just claimed count as neither, and a younger one took the GPU an older one needed)
         tickets, _ignored = read_queue(folder, len(units))
     except OverflowError as exc:
-        fix = ("an administrator can empty it with `sudo gpukit claims clean`, which removes everything that "
-               "is not gpukit's" if folder.shared or folder.info.owner_uid == 0 else
-               "remove what does not belong there (`gpukit claims clean` removes gpukit's own leftovers), or set "
-               "GPUKIT_CLAIM_DIR to a folder of its own")
+        from gpukit.devices._claims_clean import is_claim_folder
+
+        if is_claim_folder(folder):
+            fix = ("an administrator can empty it with `sudo gpukit claims clean`, which removes everything that "
+                   "is not gpukit's")
+        elif folder.shared:
+            fix = ("an administrator can empty it with `sudo gpukit claims setup` (which marks it as gpukit's "
+                   "shared folder), then `sudo gpukit claims clean`, which removes everything that is not gpukit's")
+        else:
+            fix = ("remove what does not belong there (`gpukit claims clean` removes gpukit's own leftovers), or set "
+                   "GPUKIT_CLAIM_DIR to a folder of its own")
         raise DeviceError(f"GPU claims: {exc}, more than any queue needs (another user flooding it?); {fix}.") from None
     holders = claim_owners([u.uuid or "" for u in units], folder=folder)
     busy = {uuid: holder_text(owner) for uuid, owner in holders.items()}
