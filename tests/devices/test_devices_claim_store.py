@@ -303,3 +303,22 @@ def test_a_kernel_that_lets_anyone_hard_link_is_reported_for_a_shared_folder(use
         pass
     main(["doctor"])
     assert "protected_hardlinks" not in capsys.readouterr().out
+
+
+@root_only
+def test_a_claim_folder_reached_through_another_users_symlink_is_refused(use_spec, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    """Issue 41 item 5: root never follows another user's symlink anywhere in the path (a planted
+    parent would have root make a world-writable folder wherever that user points it)."""
+    use_spec(TWO)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "x").symlink_to(elsewhere)
+    os.lchown(tmp_path / "x", OTHER_UID, -1)
+    monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(tmp_path / "x" / "claims"))
+    with pytest.raises(DeviceError, match=r"x on the way is a symlink of uid 54321's"):
+        claim_gpus(1)
+    assert not (elsewhere / "claims").exists()
+    os.lchown(tmp_path / "x", 0, -1)  # root's own symlink is followed
+    with claim_gpus(1) as claim:
+        assert (elsewhere / "claims").is_dir() and len(claim.gpus) == 1

@@ -20,6 +20,7 @@ a non-sticky shared folder is refused with an error that names the owner and the
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpukit._util.envvars import CLAIM_DIR_ENV
-from gpukit._util.safe_files import Folder, UnsafeEntry, folder_info, open_folder, walk_folder
+from gpukit._util.safe_files import OPEN_FLAGS, Folder, UnsafeEntry, folder_info, kind_of, walk_folder
 from gpukit._util.text import printable
 from gpukit.errors import ConfigurationError, DeviceError
 
@@ -181,31 +182,51 @@ def open_claim_folder(claim_dir: str | os.PathLike[str] | None = None, *, create
 
 
 def _open_or_make(path: Path, source: str, create: bool) -> int:
+    """Open the claim folder (made when missing and ``create``), reaching it from ``/`` through no
+    symlink another user made (:func:`walk_folder`; run as root, through no folder another user
+    controls either); the folder itself must not be a symlink."""
+    make = create and source != "shared"
+    root = os.geteuid() == 0
     try:
-        return open_folder(path)
+        parent = walk_folder(path.parent, make_mode=(0o700 if source == "per-user" else 0o755) if make else None,
+                             strict=root or source == "per-user")
     except UnsafeEntry as exc:
-        raise _error(path, source, f"it is {exc.kind} (made by {_user(exc.owner_uid)}), not a directory",
-                     _fix(source)) from None
+        raise _error(path, source, f"{printable(exc.name, max_chars=200)} on the way is {exc.kind} of "
+                     f"{_user(exc.owner_uid)}'s, which gpukit does not go through", _fix(source)) from None
     except FileNotFoundError:
-        if not create or source == "shared":
-            raise
+        raise
     except OSError as exc:
         raise _error(path, source, f"cannot open it ({exc.strerror or exc})", _fix(source)) from None
-    mode = 0o1777 if os.geteuid() == 0 and source != "per-user" else 0o700
     try:
-        if source != "per-user":
-            path.parent.mkdir(parents=True, exist_ok=True)
-        elif path.parent != Path(tempfile.gettempdir()):  # ~/.cache/gpukit: made (0700) through no one else's link
-            os.close(walk_folder(path.parent, make_mode=0o700, strict=True))
-        os.mkdir(path, 0o700)
-    except FileExistsError:  # made meanwhile: judged like any existing folder
-        pass
+        try:
+            return _open_child(parent, path, source)
+        except FileNotFoundError:
+            if not make:
+                raise
+        try:
+            os.mkdir(path.name, 0o700, dir_fd=parent)
+        except FileExistsError:  # made meanwhile: judged like any existing folder
+            pass
+        except OSError as exc:
+            raise _error(path, source, f"cannot create it ({exc.strerror or exc})", _fix(source)) from None
+        fd = _open_child(parent, path, source)
+        if os.fstat(fd).st_uid == os.geteuid():
+            # after mkdir: the umask cannot narrow a shared folder's 1777
+            os.fchmod(fd, 0o1777 if root and source != "per-user" else 0o700)
+        return fd
+    finally:
+        os.close(parent)
+
+
+def _open_child(parent: int, path: Path, source: str) -> int:
+    try:
+        return os.open(path.name, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS, dir_fd=parent)
     except OSError as exc:
-        raise _error(path, source, f"cannot create it ({exc.strerror or exc})", _fix(source)) from None
-    fd = _open_or_make(path, source, create=False)
-    if os.fstat(fd).st_uid == os.geteuid():
-        os.fchmod(fd, mode)  # after mkdir: the umask cannot narrow a shared folder's 1777
-    return fd
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        info = os.stat(path.name, dir_fd=parent, follow_symlinks=False)
+        raise _error(path, source, f"it is {kind_of(info.st_mode)} (made by {_user(info.st_uid)}), not a directory",
+                     _fix(source)) from None
 
 
 def _user(uid: int | None) -> str:
