@@ -221,6 +221,8 @@ def leftovers(folder: ClaimFolder, only_uid: int | None = None) -> list[tuple[st
     sweep = is_claim_folder(folder)
     with os.scandir(folder.fd) as entries:
         names = [e.name for _, e in zip(range(_MAX_NAMES), entries)]
+    found: list[tuple[str, os.stat_result]] = []
+    temps: dict[int, int] = {}
     for name in names:
         try:
             info = os.stat(name, dir_fd=folder.fd, follow_symlinks=False)
@@ -228,10 +230,21 @@ def leftovers(folder: ClaimFolder, only_uid: int | None = None) -> list[tuple[st
             continue
         if only_uid is not None and info.st_uid != only_uid:
             continue
+        found.append((name, info))
+        if name.startswith(".tmp."):
+            temps[info.st_uid] = temps.get(info.st_uid, 0) + 1
+    for name, info in found:
+        if sweep and name.startswith(".tmp.") and temps[info.st_uid] > _TEMPS_PER_USER:
+            # fresh-looking temporary files by the thousand (their mtime kept young by hand) are a flood too
+            out.append((name, "more unfinished temporary files than gpukit ever keeps", info.st_uid))
+            continue
         reason = _leftover(folder, name, info, kernel, now, sweep)
         if reason is not None:
             out.append((name, reason, info.st_uid))
     return out
+
+
+_TEMPS_PER_USER = 256  # a process has one temporary file at a time, for microseconds
 
 
 #: The root-owned file ``claims setup`` leaves in the folders it makes (only there is junk swept away).
