@@ -191,8 +191,12 @@ def _open_or_make(path: Path, source: str, create: bool) -> int:
         parent = walk_folder(path.parent, make_mode=(0o700 if source == "per-user" else 0o755) if make else None,
                              strict=root or source == "per-user")
     except UnsafeEntry as exc:
-        raise _error(path, source, f"{printable(exc.name, max_chars=200)} on the way is {exc.kind} of "
-                     f"{_user(exc.owner_uid)}'s, which gpukit does not go through", _fix(source)) from None
+        where = printable(exc.name, max_chars=200)
+        if exc.kind == "a symlink" or exc.kind.startswith("a folder root cannot trust"):
+            problem = f"{where} on the way is {exc.kind} of {_user(exc.owner_uid)}'s, which gpukit does not go through"
+        else:
+            problem = f"{where} on the way is {exc.kind} (made by {_user(exc.owner_uid)}), not a folder"
+        raise _error(path, source, problem, _fix(source)) from None
     except FileNotFoundError:
         raise
     except OSError as exc:
