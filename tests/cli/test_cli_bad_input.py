@@ -106,7 +106,7 @@ def test_claim_dir_that_is_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
                                   capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "afile").write_text("")
     for claim_dir, problem in ((tmp_path / "afile", "it is a regular file (made by "),
-                               (tmp_path / "afile" / "sub", "cannot open it (Not a directory)")):
+                               (tmp_path / "afile" / "sub", "afile on the way is a regular file (made by ")):
         monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(claim_dir))
         err = one_line_error(capsys, "run", "--gpus", "1", "x.py")
         assert problem in err and f"GPUKIT_CLAIM_DIR '{claim_dir}'" in err and "unset GPUKIT_CLAIM_DIR" in err

@@ -20,6 +20,7 @@ import pwd
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -33,7 +34,8 @@ from typing import Any
 NAMES = ("gpukit-alice", "gpukit-bob")
 
 PRELOAD = (
-    "gpukit.devices._claims", "gpukit.devices._queue", "gpukit.devices._claims_admin", "gpukit.devices._fake",
+    "gpukit.devices._claims", "gpukit.devices._queue", "gpukit.devices._claims_admin", "gpukit.devices._claims_clean",
+    "gpukit.devices._fake",
     "gpukit.cli._main", "gpukit.cli.ls", "gpukit.cli.select", "gpukit.cli.doctor", "gpukit.cli.claims",
     "gpukit.cli._gpu_table", "gpukit.doctor", "gpukit.doctor._claims", "rich.console", "rich.table", "rich.text",
     "rich.live", "rich.box", "rich.status", "rich.markup", "rich.segment", "rich.cells", "rich._loop",
@@ -70,6 +72,9 @@ def unprivileged_users() -> list[User] | str:
     useradd = shutil.which("useradd") or ("/usr/sbin/useradd" if os.path.exists("/usr/sbin/useradd") else None)
     if useradd is None:
         return "no useradd on this machine (Debian: apt-get install passwd)"
+    blocked = environment_blocked()
+    if blocked is not None:
+        return blocked
     users = []
     with open(os.path.join(tempfile.gettempdir(), "gpukit-tests-useradd.lock"), "a") as lock:
         # test processes side by side (pytest -n) would each run useradd: one at a time
@@ -85,6 +90,45 @@ def unprivileged_users() -> list[User] | str:
         except ImportError:
             pass
     return users
+
+
+ENVIRONMENT = ("gpukit", "rich", "click", "psutil")  # what the test users' processes import from disk
+
+
+def unreadable_for_others(path: Path) -> str | None:
+    """Why another (unprivileged, unrelated) user cannot read ``path``: the first folder on the way
+    they may not enter, or the path itself not readable; ``None`` when they can."""
+    path = Path(os.path.realpath(path))
+    for folder in [*reversed(path.parents), path]:
+        try:
+            mode = os.stat(folder).st_mode
+        except OSError as exc:
+            return f"{folder} cannot be looked at ({exc.strerror})"
+        if folder != path and not mode & stat.S_IXOTH:
+            return f"{folder} (mode {stat.S_IMODE(mode):04o}) does not let other users enter it"
+    if not os.stat(path).st_mode & stat.S_IROTH:
+        return f"{path} (mode {stat.S_IMODE(os.stat(path).st_mode):04o}) is not readable by other users"
+    return None
+
+
+def environment_blocked() -> str | None:
+    """Why the test users could not import this environment (the clone or the virtual environment
+    lies in a folder other users cannot enter, e.g. under root's 0700 home or a ``mktemp -d``),
+    else ``None``. Their processes are forked and import what is not loaded yet from disk as
+    themselves: a lazy import would fail half-way (``No module named 'rich._emoji_codes'``) and
+    read as a gpukit traceback, so the multi-user tests skip instead, saying how to run them."""
+    for name in ENVIRONMENT:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        where = Path(module.__file__ or "").parent
+        why = unreadable_for_others(where)
+        if why is not None:
+            return (f"the multi-user tests run as other users, who could not import {name} from {where}: {why}. "
+                    "Put the clone and its environment where other users can read them (e.g. under /srv or /opt), "
+                    "or let them in (chmod o+x on that folder)")
+    return None
 
 
 @dataclass

@@ -50,6 +50,7 @@ def test_the_per_user_folder_is_private_and_said_so(use_spec, monkeypatch, tmp_p
     monkeypatch.setattr(_claim_dir, "SYSTEM_CLAIM_DIR", tmp_path / "system")
     monkeypatch.setattr(_claim_dir, "_NOTICE_GIVEN", False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path / "no-home"))  # no home folder: the temp dir's
     with caplog.at_level(logging.WARNING, logger="gpukit.devices"):
         with claim_gpus(1) as claim:
             assert claim.claim_dir == tmp_path / f"gpukit-claims-{os.geteuid()}"
@@ -58,6 +59,35 @@ def test_the_per_user_folder_is_private_and_said_so(use_spec, monkeypatch, tmp_p
             pass
     notices = [r.getMessage() for r in caplog.records if "only your own jobs" in r.getMessage()]
     assert len(notices) == 1 and "sudo gpukit claims setup" in notices[0]  # once per process
+
+
+def test_the_per_user_default_is_a_place_no_one_else_can_make_first(use_spec, monkeypatch, tmp_path: Path) -> None:
+    """Issue 41 item 6: with a home folder of this user's, claims go under it (per host), not to the
+    predictable <tmp>/gpukit-claims-<uid> another user could make first."""
+    import socket
+
+    use_spec(TWO)
+    monkeypatch.delenv("GPUKIT_CLAIM_DIR")
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(_claim_dir, "SYSTEM_CLAIM_DIR", tmp_path / "system")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    (tmp_path / f"gpukit-claims-{os.geteuid()}").mkdir(mode=0o777)  # made first "by someone": not used
+    with claim_gpus(1) as claim:
+        assert claim.claim_dir.parent == home / ".cache" / "gpukit"
+        assert claim.claim_dir.name.startswith("claims-") and socket.gethostname()[:5] in claim.claim_dir.name
+        assert stat.S_IMODE(os.stat(claim.claim_dir).st_mode) == 0o700
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))  # the user's own runtime folder comes first
+    with claim_gpus(1) as claim:
+        assert claim.claim_dir == runtime / "gpukit-claims"
+    if os.geteuid() == 0:  # a home folder that is not this user's is not used
+        os.chown(home, OTHER_UID, -1)
+        monkeypatch.delenv("XDG_RUNTIME_DIR")
+        assert _claim_dir.default_claim_dir() == tmp_path / f"gpukit-claims-{os.geteuid()}"
 
 
 def test_the_shared_folder_is_used_when_an_administrator_made_it(use_spec, monkeypatch, tmp_path: Path) -> None:
@@ -273,3 +303,22 @@ def test_a_kernel_that_lets_anyone_hard_link_is_reported_for_a_shared_folder(use
         pass
     main(["doctor"])
     assert "protected_hardlinks" not in capsys.readouterr().out
+
+
+@root_only
+def test_a_claim_folder_reached_through_another_users_symlink_is_refused(use_spec, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    """Issue 41 item 5: root never follows another user's symlink anywhere in the path (a planted
+    parent would have root make a world-writable folder wherever that user points it)."""
+    use_spec(TWO)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "x").symlink_to(elsewhere)
+    os.lchown(tmp_path / "x", OTHER_UID, -1)
+    monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(tmp_path / "x" / "claims"))
+    with pytest.raises(DeviceError, match=r"x on the way is a symlink of uid 54321's"):
+        claim_gpus(1)
+    assert not (elsewhere / "claims").exists()
+    os.lchown(tmp_path / "x", 0, -1)  # root's own symlink is followed
+    with claim_gpus(1) as claim:
+        assert (elsewhere / "claims").is_dir() and len(claim.gpus) == 1

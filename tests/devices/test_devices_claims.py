@@ -29,6 +29,7 @@ def test_claim_dir_default_and_override(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.delenv("GPUKIT_CLAIM_DIR")
     monkeypatch.setattr(_claim_dir, "SYSTEM_CLAIM_DIR", tmp_path / "system")
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "no-home"))
     # no shared folder made by `gpukit claims setup`: this user's own
     assert default_claim_dir() == Path(tempfile.gettempdir()) / f"gpukit-claims-{os.geteuid()}"
     (tmp_path / "system").mkdir()
@@ -190,3 +191,31 @@ def test_real_processes_race_for_gpus(use_spec: Callable[[Any], Any], tmp_path: 
         spans.sort()
         for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
             assert start >= end, f"{uuid} held twice at once: {spans}"
+
+
+def test_the_multi_user_tests_skip_saying_why_where_other_users_cannot_read_the_clone(monkeypatch) -> None:
+    """Issue 41 item 24: a clone in a folder other users cannot enter (``mktemp -d``, root's home) made
+    the 5 multi-user probes fail with "No module named 'rich._emoji_codes'" read as a gpukit traceback;
+    now they skip, naming the folder and the fix."""
+    import shutil
+
+    import other_users
+
+    base = other_users.shared_area()  # 0755, under the temp dir: others may enter
+    try:
+        closed = base / "closed"
+        package = closed / "clone" / "src" / "gpukit"
+        package.mkdir(parents=True)
+        for folder in (closed, closed / "clone", closed / "clone" / "src", package):
+            os.chmod(folder, 0o755)
+        assert other_users.unreadable_for_others(package) is None
+        os.chmod(closed, 0o700)  # as mktemp -d makes it
+        why = other_users.unreadable_for_others(package)
+        assert why is not None and str(closed) in why and "0700" in why and "enter" in why
+        fake = type("Module", (), {"__file__": str(package / "__init__.py")})
+        monkeypatch.setattr(other_users.importlib, "import_module", lambda name: fake)
+        reason = other_users.environment_blocked()
+        assert reason is not None and "could not import gpukit" in reason and "chmod o+x" in reason
+        assert other_users.unprivileged_users() == reason or os.geteuid() != 0
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

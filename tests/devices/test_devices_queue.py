@@ -6,16 +6,19 @@ import json
 import os
 import random
 import select
+import shutil
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from other_users import User, shared_area, unprivileged_users
 
 from gpukit.devices import _nvml, claim_gpus, list_gpus
 from gpukit.devices import _queue as queue
 from gpukit.devices._claim_dir import open_claim_folder
+from gpukit.devices._claims_admin import setup_folder
 from gpukit.devices._queue import QueuedTicket, Ticket, read_queue, request_of, reserve
 from gpukit.devices._criteria import Criteria, make_criteria
 from gpukit.errors import GpuSelectionError
@@ -25,9 +28,11 @@ FOUR = {"gpus": [{"name": "Fake A100", "uuid": f"GPU-{i}aaaaaaa-0000-4000-8000-0
 
 
 def _ticket(name: str, count: int, order_key: int, within: set[str] | None = None,
-            criteria: Criteria | None = None, poll_s: float = 1.0) -> QueuedTicket:
-    return QueuedTicket(name, 0, "someone", (order_key, 0, name), count, None if within is None else frozenset(within),
-                        criteria or Criteria(), "free-memory", poll_s, 1, None, since=time.time())
+            criteria: Criteria | None = None, poll_s: float = 1.0, uid: int = 0, since: float | None = None
+            ) -> QueuedTicket:
+    return QueuedTicket(name, uid, "someone", (order_key, 0, name), count, None if within is None else frozenset(within),
+                        criteria or Criteria(), "free-memory", poll_s, 1, None,
+                        since=time.time() if since is None else since)
 
 
 def test_the_head_reserves_what_it_can_use_and_younger_waiters_backfill_the_rest(use_spec) -> None:
@@ -60,6 +65,48 @@ def test_a_ticket_that_does_not_take_its_gpus_is_passed_over(use_spec) -> None:
     assert len(reserve(head, units, free, stalls, now=100.0 + queue.STALL_MIN_S - 1)) == 1  # still its turn
     assert reserve(head, units, free, stalls, now=100.0 + queue.STALL_MIN_S + 1) == {}  # passed over
     assert reserve(head, units, set(), stalls, now=200.0) == {} and "head" not in stalls  # not satisfiable: reset
+
+
+def test_no_ticket_holds_gpus_back_for_longer_than_one_bounded_wait(use_spec) -> None:
+    """Issue 41 item 1: an impossible request, a waiter whose own account holds what it waits for,
+    and a reservation held past the bound reserve nothing; a hand-made ticket asking for a huge
+    poll interval is passed over within STALL_MAX_S."""
+    use_spec(FOUR)
+    units = list_gpus()
+    uuids = [u.uuid for u in units]
+    free = set(uuids[1:])
+    # uid 1000 holds GPU 0 and waits for all 4: the 3 free ones stay free for others
+    assert reserve([_ticket("hostage", 4, 1, uid=1000)], units, free, {}, holders={uuids[0]: 1000}) == {}
+    # the same request while another account holds GPU 0: first come, first served (held back)
+    assert set(reserve([_ticket("fair", 4, 1, uid=1000)], units, free, {}, holders={uuids[0]: 2000})) == free
+    # ... but not past the bound: a ticket short of GPUs for longer than RESERVE_MAX_S holds nothing back
+    old = time.time() - queue.RESERVE_MAX_S - 1
+    assert reserve([_ticket("old", 4, 1, uid=1000, since=old)], units, free, {}, holders={uuids[0]: 2000}) == {}
+    # impossible: 2 GPUs among its own list, of which one does not exist here
+    assert reserve([_ticket("never", 2, 1, within={uuids[1], "GPU-gone"})], units, free, {}) == {}
+    # a full reservation with a huge claimed poll interval: passed over after STALL_MAX_S at most
+    stalls: dict[str, float] = {}
+    slow = [_ticket("slow", 1, 1, poll_s=60.0)]
+    assert len(reserve(slow, units, free, stalls, now=0.0)) == 1
+    bound = max(queue.STALL_MIN_S, queue.STALL_MAX_S)
+    assert reserve(slow, units, free, stalls, now=bound + 0.1) == {}
+
+
+def test_a_claim_that_does_not_wait_passes_a_stalled_ticket_after_one_bounded_wait(use_spec, monkeypatch) -> None:
+    """A live ticket whose GPUs are free but never taken (a hand-made one): a claim without --wait
+    watches it for the stall bound, then takes the GPU (it was refused for ever before)."""
+    use_spec(FOUR)
+    monkeypatch.setattr(queue, "STALL_MIN_S", 0.5)
+    monkeypatch.setattr(queue, "STALL_MAX_S", 0.5)
+    folder = open_claim_folder()
+    try:
+        with Ticket(folder, request_of(4, None, Criteria(), "free-memory", 60.0)):  # never claims
+            started = time.monotonic()
+            with claim_gpus(1) as claim:
+                assert len(claim.gpus) == 1
+            assert time.monotonic() - started >= 0.5  # it honoured the ticket first
+    finally:
+        folder.close()
 
 
 def test_tickets_are_ordered_by_arrival_and_leave_with_their_waiter(use_spec) -> None:
@@ -117,11 +164,17 @@ def test_junk_named_like_tickets_is_ignored_and_said(use_spec, tmp_path: Path) -
 
 
 def test_a_claim_that_does_not_wait_leaves_reserved_gpus_alone(use_spec) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the waiter must be another account (a ticket waiting for its own account's GPUs holds "
+                    "nothing back): chown needs root")
     use_spec(FOUR)
     with claim_gpus(3):
         folder = open_claim_folder()
         try:
-            with Ticket(folder, request_of(2, None, Criteria(), "free-memory", 0.5)):  # someone waits for 2
+            # another account waits for 2 (one free, the others held by this account): it holds the free one back
+            ticket = Ticket(folder, request_of(2, None, Criteria(), "free-memory", 0.5))
+            os.chown(ticket.name, 12345, -1, dir_fd=folder.fd)
+            with ticket:
                 with pytest.raises(GpuSelectionError, match=r"reserved for an older waiter in the queue \(#1: "):
                     claim_gpus(1)
             with claim_gpus(1) as claim:  # the waiter left: the GPU is free for anyone
@@ -171,10 +224,16 @@ class Events:
         return line.decode()
 
 
-def _job(events: Events, name: str, count: int, gate_fd: int, poll_s: float) -> Callable[[], None]:
-    """A job: wait in the queue for ``count`` GPUs, say so, hold them until its gate says go."""
+def _job(events: Events, name: str, count: int, gate_fd: int, poll_s: float,
+         user: User | None = None) -> Callable[[], None]:
+    """A job (of ``user``, else of this account): wait in the queue for ``count`` GPUs, say so, hold
+    them until its gate says go."""
 
     def run() -> None:
+        if user is not None:
+            os.setgroups([])
+            os.setgid(user.gid)
+            os.setuid(user.uid)
         claim = claim_gpus(count, wait=True, timeout_s=120, poll_interval_s=poll_s)
         events.say(f"start {name} {' '.join(g.uuid or '' for g in claim.gpus)}")
         os.read(gate_fd, 1)
@@ -211,25 +270,38 @@ def _reap(pids: list[int]) -> None:
             pass
 
 
-def test_a_job_wanting_4_gpus_is_not_starved_by_a_stream_of_1_gpu_jobs(use_spec) -> None:
-    """4 one-GPU jobs run; a 4-GPU job starts waiting; more 1-GPU jobs keep arriving. As each
-    running job ends, its GPU is held for the 4-GPU job, which starts when the last of the jobs
-    that ran when it arrived has ended (within one job length) -- before any job that came after it."""
-    use_spec(FOUR)
+def test_a_job_wanting_4_gpus_is_not_starved_by_a_stream_of_1_gpu_jobs(monkeypatch) -> None:
+    """4 one-GPU jobs of another user run; a 4-GPU job starts waiting; more 1-GPU jobs keep
+    arriving. As each running job ends, its GPU is held for the 4-GPU job, which starts when the
+    last of the jobs that ran when it arrived has ended (within one job length) -- before any job
+    that came after it. (The early jobs are another account's: a ticket waiting for GPUs its own
+    account holds reserves nothing, issue 41.)"""
+    users = unprivileged_users()
+    if isinstance(users, str):
+        pytest.skip(users)
+    area = shared_area()
+    spec = area / "spec.json"
+    spec.write_text(json.dumps(FOUR))
+    os.chmod(spec, 0o644)
+    monkeypatch.setenv("GPUKIT_FAKE_GPUS", str(spec))
+    monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(area / "claims"))
+    _nvml.shutdown()
+    setup_folder(area / "claims")
+    other = users[0]
     monkey_stall = queue.STALL_MIN_S
     queue.STALL_MIN_S = 120.0  # a busy 2-core machine must not make a slow head look stalled
     events, pids, gates = Events(), [], {}
     try:
         names: dict[int, str] = {}
 
-        def launch(name: str, count: int) -> None:
+        def launch(name: str, count: int, user: User | None = None) -> None:
             gate_r, gate_w = os.pipe()
             gates[name] = gate_w
-            pids.append(_fork(_job(events, name, count, gate_r, 0.05)))
+            pids.append(_fork(_job(events, name, count, gate_r, 0.05, user)))
             names[pids[-1]] = name
 
         for i in range(4):
-            launch(f"early{i}", 1)
+            launch(f"early{i}", 1, other)
         started = {events.next().split()[1] for _ in range(4)}
         assert started == {f"early{i}" for i in range(4)}
         launch("big", 4)
@@ -253,6 +325,7 @@ def test_a_job_wanting_4_gpus_is_not_starved_by_a_stream_of_1_gpu_jobs(use_spec)
     finally:
         queue.STALL_MIN_S = monkey_stall
         _reap(pids)
+        shutil.rmtree(area, ignore_errors=True)
 
 
 def test_40_waiters_with_random_sigkills_no_overlap_none_lost_fifo_kept(use_spec) -> None:

@@ -55,6 +55,7 @@ def test_the_per_user_folder_is_told(make_ctx, use_spec, monkeypatch, tmp_path: 
     use_spec(_SPEC)
     monkeypatch.delenv("GPUKIT_CLAIM_DIR")
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setattr(_claim_dir, "SYSTEM_CLAIM_DIR", tmp_path / "system")
     [finding] = check_claims(make_ctx())
     assert finding.status == "info" and "which only your own jobs use" in finding.message

@@ -16,6 +16,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import hostage_attacks
 import queue_attacks
 from _multiuser_world import (
     OUTCOMES, SAFE, UUIDS, Result, World, _claim, _file_check, _ls_json, _make_folder, _mkfifo, _note_names,
@@ -52,10 +53,18 @@ def bob_premakes_a_0755_folder(world: World) -> Result:
 
 
 def bob_premakes_alices_own_folder(world: World) -> Result:
-    """No shared folder: bob makes the per-user folder alice would use, in the sticky temp dir."""
+    """No shared folder: bob makes <tmp>/gpukit-claims-<alice's uid> first. Alice's claims go under her
+    own home (issue 41 item 6), so it does not matter; without a home of hers they fall back to that
+    temp folder, and the claim is refused naming bob."""
     folder = str(world.tmp / f"gpukit-claims-{world.alice.uid}")
     as_bob(world, _make_folder, folder, 0o777)
-    return [("claim_gpus", judge(as_alice(world, _claim, count=1), names="gpukit-bob", expect="refused cleanly"))]
+    home = world.env["HOME"]
+    out = [("claim_gpus", judge(as_alice(world, _claim, count=1), check=lambda o: len(o.value) == 1
+                                and os.path.isdir(os.path.join(home, ".cache", "gpukit")), expect="correct"))]
+    world.env["HOME"] = "/nonexistent"
+    out.append(("claim_gpus without a home", judge(as_alice(world, _claim, count=1), names="gpukit-bob",
+                                                   expect="refused cleanly")))
+    return out
 
 
 def symlinks_at_alices_note_names(world: World) -> Result:
@@ -130,16 +139,17 @@ def _touch_all(folder: str, names: list[str]) -> None:
         os.close(fd)
 
 
-def _as_root_clean(world: World, older_than_s: float) -> list[str]:
+def _as_root_clean(world: World, older_than_s: float, force: bool = False) -> list[str]:
     from gpukit.devices import _nvml, list_gpus
     from gpukit.devices._claim_dir import open_claim_folder
-    from gpukit.devices._claims_admin import clean_folder, setup_folder
+    from gpukit.devices._claims_admin import setup_folder
+    from gpukit.devices._claims_clean import clean_folder
 
     os.environ["GPUKIT_FAKE_GPUS"] = str(world.spec)
     _nvml.shutdown()
     actions = setup_folder(world.claims)
     with open_claim_folder(world.claims, create=False) as folder:
-        actions += clean_folder(folder, list_gpus(), older_than_s=older_than_s)
+        actions += clean_folder(folder, list_gpus(), older_than_s=older_than_s, force=force)
     return actions
 
 
@@ -176,12 +186,13 @@ def _plant_special(folder: str) -> None:
 
 
 def planted_claim_is_reported_and_cleaned(world: World) -> Result:
-    """Bob holds a claim on GPU 0 and never uses it (a planted claim): alice's ls/doctor name him and
-    its age, root's `gpukit claims clean` frees it, and alice then gets GPU 0."""
+    """Bob holds a claim on GPU 0 and never uses it (a planted claim, or a job still preparing its
+    data): alice's ls/doctor name him and its age; root's `gpukit claims clean --older-than 0` keeps
+    it (its holder is alive), `--force` frees it, and alice then gets GPU 0."""
     setup_shared(world)
     holder = Holder(world.bob, {"gpus": [0]}, env=dict(world.env))
     holder.wait_claimed()
-    import gpukit.devices._claims_admin as admin
+    import gpukit.devices._claims_clean as admin
 
     saved, admin.STALE_AFTER_S = admin.STALE_AFTER_S, 0.0  # inherited by alice's processes (forked)
     try:
@@ -191,10 +202,13 @@ def planted_claim_is_reported_and_cleaned(world: World) -> Result:
                                        check=lambda o: "stale or planted" in o.stdout and "gpukit-bob" in o.stdout))]
     finally:
         admin.STALE_AFTER_S = saved
-    actions = _as_root_clean(world, 0)
-    out.append(("claim_gpus after claims clean", judge(as_alice(world, _claim, gpus=[0]),
-                                                       check=lambda o: o.value == [UUIDS[0]] and any(
-                                                           "freed" in a for a in actions))))
+    kept = _as_root_clean(world, 0)
+    out.append(("claim_gpus after claims clean", judge(as_alice(world, _claim, gpus=[0]), names="gpukit-bob",
+                                                       expect="refused cleanly")))
+    actions = _as_root_clean(world, 0, force=True)
+    out.append(("claim_gpus after claims clean --force", judge(
+        as_alice(world, _claim, gpus=[0]), check=lambda o: o.value == [UUIDS[0]] and any("freed" in a for a in actions)
+        and not any("freed" in a for a in kept))))
     holder.release()
     return out
 
@@ -206,10 +220,10 @@ def clean_keeps_a_gpu_in_use(world: World) -> Result:
     setup_shared(world)
     holder = Holder(world.bob, {"gpus": [0], "share": True}, env=dict(world.env))
     holder.wait_claimed()
-    _as_root_clean(world, 0)
+    _as_root_clean(world, 0, force=True)
     out = [("claim_gpus", _stolen_or(judge(as_alice(world, _claim, gpus=[0]), names="gpukit-bob")))]
     os.unlink(world.claims / f"{UUIDS[0]}.lock")  # an administrator's mistake
-    _as_root_clean(world, 0)
+    _as_root_clean(world, 0, force=True)
     out.append(("claim_gpus after the lock file was removed",
                 _stolen_or(judge(as_alice(world, _claim, gpus=[0]), names="gpukit-bob"))))
     holder.release()
@@ -237,19 +251,20 @@ def escapes_in_notes_and_commands(world: World) -> Result:
 def bob_cannot_reach_alices_private_folder(world: World) -> Result:
     """No shared folder: alice's claims go to her own 0700 folder; bob can neither read nor plant there."""
     outcome = as_alice(world, _claim, count=1)
-    folder = str(world.tmp / f"gpukit-claims-{world.alice.uid}")
+    folder = os.path.join(world.env["HOME"], ".cache", "gpukit")  # her own (issue 41 item 6)
+    folder = os.path.join(folder, os.listdir(folder)[0]) if os.path.isdir(folder) else folder
     planted = as_bob(world, _plant_links, folder, str(world.secret), ["x.lock"])
-    ok = planted.kind == "ok" and planted.value == 0 and os.path.isdir(folder)
+    ok = planted.kind == "ok" and planted.value == 0 and os.path.isdir(folder) and os.stat(folder).st_mode & 0o777 == 0o700
     return [("claim_gpus", judge(outcome, check=lambda o: len(o.value) == 1 and ok))]
 
-PROBES: dict[str, Callable[[World], Result]] = {fn.__name__: fn for fn in (
+PROBES: dict[str, Callable[[World], Result]] = {**{fn.__name__: fn for fn in (
     bob_owns_the_shared_folder, bob_premakes_a_0755_folder, bob_premakes_alices_own_folder,
     symlinks_at_alices_note_names, bob_removes_a_held_lock, bob_plants_lock_files,
     bob_plants_special_files_in_alices_folder, planted_claim_is_reported_and_cleaned, clean_keeps_a_gpu_in_use,
     escapes_in_notes_and_commands, bob_cannot_reach_alices_private_folder,
     queue_attacks.junk_in_the_queue, queue_attacks.stalled_ticket_at_the_head,
     queue_attacks.bob_tampers_with_alices_ticket,
-)}
+)}, **hostage_attacks.PROBES}
 __all__ = ["OUTCOMES", "SAFE", "PROBES", "run_probe"]
 
 

@@ -12,7 +12,11 @@ The rules of DESIGN.md ("shared places are hostile"), in one place:
   sticky folder);
 * every read is bounded;
 * a folder is trusted when it is owned by root or by this user and, when others may write in it,
-  sticky (like ``/tmp``): then nobody else can delete or rename what this user put there.
+  sticky (like ``/tmp``): then nobody else can delete or rename what this user put there;
+* a path is walked component by component from ``/`` (:func:`walk_folder`): a symlink is followed
+  only when root or this user made it (the kernel's ``protected_symlinks`` rule, everywhere in
+  the path, not only in sticky folders), so nobody can redirect a file gpukit writes -- or a
+  folder root makes -- through a link they planted as a parent.
 
 No torch, no gpukit imports: :mod:`gpukit.devices` (claims, the queue) and the tuning cache use it.
 """
@@ -28,10 +32,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 __all__ = [
     "UnsafeEntry", "Folder", "open_folder", "folder_info", "open_entry", "create_entry", "read_bounded",
-    "write_note", "try_flock", "same_file", "kind_of", "user_name", "exclusive_lock", "OPEN_FLAGS",
+    "write_note", "try_flock", "same_file", "kind_of", "user_name", "exclusive_lock", "OPEN_FLAGS", "walk_folder",
+    "open_user_file", "write_user_file",
 ]
 
 OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -120,6 +126,153 @@ def open_folder(path: str | os.PathLike[str]) -> int:
                 raise exc from None
             raise UnsafeEntry(str(path), kind_of(info.st_mode), info.st_uid) from None
         raise
+
+
+_MAX_LINKS = 40  # as the kernel's own limit on symlinks in one path
+
+
+def walk_folder(path: str | os.PathLike[str], *, make_mode: int | None = None, strict: bool = False) -> int:
+    """A descriptor of the directory ``path``, reached component by component from ``/``.
+
+    A relative ``path`` starts at the working directory. A symlink on the way is followed only
+    when root or this user owns it. ``make_mode``: make
+    missing folders (this user's, with that mode, whatever the umask). ``strict`` (for folders
+    root makes for everyone): every folder on the way must also be owned by root or this user and
+    not writable by others unless sticky, or its owner could move what is made inside it.
+
+    Raises:
+        UnsafeEntry: another user's symlink, a component that is not a directory, or (``strict``)
+            another user's folder on the way; ``owner_uid`` says whose.
+        OSError: a component is missing (without ``make_mode``) or cannot be opened or made.
+    """
+    me = os.geteuid()
+    text = os.fspath(path)
+    parts = [p for p in text.split("/") if p not in ("", ".")]
+    # a relative path starts where the user is (the working directory is their choice)
+    fd = os.open("/" if os.path.isabs(text) else ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    links = 0
+    walked: list[str] = [] if os.path.isabs(text) else ["."]  # where fd is (for messages)
+    try:
+        while parts:
+            name = parts.pop(0)
+            if name == "..":
+                parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                walked = walked[:-1]
+                continue
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                if make_mode is None:
+                    raise
+                try:
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass  # made meanwhile: judged below like any existing entry
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode) and info.st_uid == me:
+                    child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS, dir_fd=fd)
+                    os.fchmod(child, make_mode)
+                    os.close(child)
+                    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            shown = "/".join(["", *walked, name] if not walked or walked[0] != "." else [*walked, name])
+            if stat.S_ISLNK(info.st_mode):
+                if info.st_uid not in (0, me):
+                    raise UnsafeEntry(shown, "a symlink", info.st_uid)
+                links += 1
+                if links > _MAX_LINKS:
+                    raise OSError(errno.ELOOP, f"too many symlinks in {text}")
+                target = os.readlink(name, dir_fd=fd)
+                parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    walked = []
+                continue
+            if not stat.S_ISDIR(info.st_mode):
+                raise UnsafeEntry(shown, kind_of(info.st_mode), info.st_uid)
+            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+            walked.append(name)
+            if strict:
+                judged = folder_info(fd)
+                if not judged.trusted:
+                    raise UnsafeEntry(shown, f"a folder root cannot trust ({judged.problem})", judged.owner_uid)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _refused(path: str, info: os.stat_result) -> UnsafeEntry:
+    mine = "" if info.st_uid == os.geteuid() else f" made by {user_name(info.st_uid)}"
+    return UnsafeEntry(path, f"{kind_of(info.st_mode)}{mine}, which gpukit does not write into", info.st_uid)
+
+
+def _user_folder(path: Path) -> int:
+    """The folder of a file gpukit writes for the user, made (0755) where missing, walked from ``/``."""
+    return walk_folder(path.parent if str(path.parent) else Path("."), make_mode=0o755)
+
+
+def open_user_file(path: str | os.PathLike[str], mode: str = "w", *, encoding: str = "utf-8",
+                   newline: str | None = None) -> IO[str]:
+    """Open a file gpukit writes for the user (a tracker's log, a run record) as text.
+
+    Its folder is reached through no symlink another user made (:func:`walk_folder`, missing
+    folders made); the file itself is opened without following a symlink and without blocking, and
+    used only when it is a regular file (a FIFO, socket, device or directory is refused, never
+    waited on). ``mode``: ``"w"`` (truncate), ``"w+"`` (truncate, also read) or ``"a"`` (append).
+
+    Raises:
+        UnsafeEntry: the file or a folder on the way is something gpukit does not write through;
+            its ``strerror`` says what and whose.
+        OSError: it cannot be made or opened.
+    """
+    flags = {"w": os.O_WRONLY | os.O_TRUNC, "w+": os.O_RDWR | os.O_TRUNC, "a": os.O_WRONLY | os.O_APPEND}[mode]
+    target = Path(path)
+    folder = _user_folder(target)
+    try:
+        try:  # O_TRUNC comes after the check: open without it first
+            fd = os.open(target.name, (flags & ~os.O_TRUNC) | os.O_CREAT | OPEN_FLAGS, 0o644, dir_fd=folder)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                raise
+            raise _refused(str(target), os.stat(target.name, dir_fd=folder, follow_symlinks=False)) from None
+    finally:
+        os.close(folder)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refused(str(target), info)
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        if flags & os.O_TRUNC:
+            os.ftruncate(fd, 0)
+        return os.fdopen(fd, mode, encoding=encoding, newline=newline)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_user_file(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace the file ``path`` gpukit writes for the user (a configuration, a report) by ``data``,
+    atomically: written to a fresh file in its folder, then renamed over the old name (which
+    replaces a symlink or FIFO planted there instead of writing through it). The folder is reached
+    as for :func:`open_user_file`.
+
+    Raises:
+        UnsafeEntry: a folder on the way is another user's symlink, or not a folder.
+        OSError: it cannot be written (``path`` names a directory, a read-only folder...).
+    """
+    target = Path(path)
+    folder = _user_folder(target)
+    try:
+        write_note(folder, target.name, data)
+    finally:
+        os.close(folder)
 
 
 def _check_regular(fd: int, name: str) -> os.stat_result:

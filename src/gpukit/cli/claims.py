@@ -48,15 +48,18 @@ def setup(directory: str | None) -> None:
 @click.option("--dir", "directory", type=NonEmptyPath(file_okay=False), default=None, metavar="PATH",
               help="The claim folder (default: the one this user's claims use).")
 @click.option("--older-than", type=FiniteFloatRange(min=0), default=600.0, show_default=True, metavar="SECONDS",
-              help="Free a claim whose holder runs nothing on its GPU only after this long.")
+              help="Name (with --force: free) a claim whose holder runs nothing on its GPU only after this long.")
+@click.option("--force", is_flag=True,
+              help="Also free those claims although their holder is alive (root, or the folder's owner).")
 @click.option("--dry-run", is_flag=True, help="Say what would be done, change nothing.")
-def clean(directory: str | None, older_than: float, dry_run: bool) -> None:
-    """Remove leftovers and free the GPUs of stale or planted claims.
+def clean(directory: str | None, older_than: float, force: bool, dry_run: bool) -> None:
+    """Remove leftovers; name (with --force: free) the GPUs of stale or planted claims.
 
     Removes tickets of waiters that are gone, notes of claims that ended, unfinished temporary
-    files, and symlinks/FIFOs/folders where gpukit keeps files. As root (or in your own folder)
-    it also frees a GPU whose claim is older than --older-than while its holder's account runs
-    nothing on it. Others' files are touched only by root.
+    files, symlinks/FIFOs/folders where gpukit keeps files, and in a shared folder everything
+    else that is not gpukit's (junk). It names each claim older than --older-than whose holder's
+    account runs nothing on its GPU, and the process holding it; a claim whose holder is alive is
+    freed only with --force (as root, or in your own folder). Others' files are touched only by root.
     """
     from gpukit._util.text import printable
     from gpukit.devices import clean_folder, list_gpus, open_claim_folder, silence_notice
@@ -68,7 +71,7 @@ def clean(directory: str | None, older_than: float, dry_run: bool) -> None:
         click.echo("No claim folder yet: nothing to clean.")
         return
     with folder:
-        actions = clean_folder(folder, list_gpus(), older_than_s=older_than, dry_run=dry_run)
+        actions = clean_folder(folder, list_gpus(), older_than_s=older_than, dry_run=dry_run, force=force)
     for line in actions:
         click.echo(("would have " if dry_run else "") + printable(line))
     if not actions:

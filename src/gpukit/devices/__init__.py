@@ -24,7 +24,7 @@ _LAZY: dict[str, str] = {
     "CLAIM_DIR_ENV": "_claim_dir", "SYSTEM_CLAIM_DIR": "_claim_dir", "default_claim_dir": "_claim_dir",
     "open_claim_folder": "_claim_dir",
     "ClaimState": "_claims_admin", "read_claim_state": "_claims_admin", "setup_folder": "_claims_admin",
-    "clean_folder": "_claims_admin", "kernel_problem": "_claims_admin",
+    "clean_folder": "_claims_clean", "kernel_problem": "_claims_admin",
     "use_gpus": "_env", "cuda_initialized": "_env",
     "parse_visible_devices": "_visible", "resolve_visible": "_visible", "VisibleEntry": "_visible",
     "logical_to_physical": "_visible", "describe_mapping": "_visible", "explain_visible": "_visible",
@@ -47,7 +47,8 @@ __getattr__, __dir__ = lazy_exports(
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from gpukit.devices._claim_dir import CLAIM_DIR_ENV, SYSTEM_CLAIM_DIR, default_claim_dir, open_claim_folder
     from gpukit.devices._claim_files import claim_holders, claim_owners
-    from gpukit.devices._claims_admin import ClaimState, clean_folder, kernel_problem, read_claim_state, setup_folder
+    from gpukit.devices._claims_admin import ClaimState, kernel_problem, read_claim_state, setup_folder
+    from gpukit.devices._claims_clean import clean_folder
     from gpukit.devices._claims import GpuClaim, claim_gpus
     from gpukit.devices._env import cuda_initialized, use_gpus
     from gpukit.devices._fake import FakeNvml

@@ -6,9 +6,12 @@ The layout (docs/devices.md, "Shared machines"):
    root mode 1777 (shared, like ``/tmp``), as anyone else 0700 (private).
 2. else the machine's shared folder :data:`SYSTEM_CLAIM_DIR` when an administrator made it once
    with ``sudo gpukit claims setup`` (root-owned, mode 1777, a root-owned lock file per GPU);
-3. else a per-user folder: ``$XDG_RUNTIME_DIR/gpukit-claims`` or ``<temp dir>/gpukit-claims-<uid>``
-   (mode 0700). Claims there keep this user's own jobs apart, not other users' jobs: gpukit says
-   so once per process (:func:`private_notice`).
+3. else a per-user folder (mode 0700) in a place no one else can create first:
+   ``$XDG_RUNTIME_DIR/gpukit-claims`` when that folder is this user's own, else
+   ``~/.cache/gpukit/claims-<host>`` when the home folder is this user's (per host: a home shared
+   over NFS must not mix two machines' queues), else ``<temp dir>/gpukit-claims-<uid>`` (which
+   another user could make first: then the error names them). Claims there keep this user's own
+   jobs apart, not other users' jobs: gpukit says so once per process (:func:`private_notice`).
 
 A folder is used only when it is trusted (:func:`gpukit._util.safe_files.folder_info`): owned by
 root or by this user, and sticky when others may write in it. Another user's folder, a symlink or
@@ -17,13 +20,17 @@ a non-sticky shared folder is refused with an error that names the owner and the
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import socket
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpukit._util.envvars import CLAIM_DIR_ENV
-from gpukit._util.safe_files import Folder, UnsafeEntry, folder_info, open_folder
+from gpukit._util.safe_files import OPEN_FLAGS, Folder, UnsafeEntry, folder_info, kind_of, walk_folder
 from gpukit._util.text import printable
 from gpukit.errors import ConfigurationError, DeviceError
 
@@ -88,15 +95,25 @@ def _check_explicit(path: Path, source: str, given: str) -> None:
             f"its working directory), so claims would not meet; {fix}.")
 
 
+def _own_folder(path: str | None, private: bool) -> bool:
+    """Whether ``path`` is an existing folder of this user's (``private``: closed to others too)."""
+    if not path or not os.path.isabs(path):
+        return False
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not (private and info.st_mode & 0o077)
+
+
 def _per_user() -> Path:
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime):
-        try:
-            info = os.stat(runtime)
-            if info.st_uid == os.geteuid() and not info.st_mode & 0o077:
-                return Path(runtime) / "gpukit-claims"
-        except OSError:
-            pass
+    if _own_folder(runtime, private=True):
+        return Path(runtime or "") / "gpukit-claims"
+    home = os.environ.get("HOME")
+    if _own_folder(home, private=False):
+        host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64] or "host"
+        return Path(home or "") / ".cache" / "gpukit" / f"claims-{host}"
     return Path(tempfile.gettempdir()) / f"gpukit-claims-{os.geteuid()}"
 
 
@@ -165,29 +182,55 @@ def open_claim_folder(claim_dir: str | os.PathLike[str] | None = None, *, create
 
 
 def _open_or_make(path: Path, source: str, create: bool) -> int:
+    """Open the claim folder (made when missing and ``create``), reaching it from ``/`` through no
+    symlink another user made (:func:`walk_folder`; run as root, through no folder another user
+    controls either); the folder itself must not be a symlink."""
+    make = create and source != "shared"
+    root = os.geteuid() == 0
     try:
-        return open_folder(path)
+        parent = walk_folder(path.parent, make_mode=(0o700 if source == "per-user" else 0o755) if make else None,
+                             strict=root or source == "per-user")
     except UnsafeEntry as exc:
-        raise _error(path, source, f"it is {exc.kind} (made by {_user(exc.owner_uid)}), not a directory",
-                     _fix(source)) from None
+        where = printable(exc.name, max_chars=200)
+        if exc.kind == "a symlink" or exc.kind.startswith("a folder root cannot trust"):
+            problem = f"{where} on the way is {exc.kind} of {_user(exc.owner_uid)}'s, which gpukit does not go through"
+        else:
+            problem = f"{where} on the way is {exc.kind} (made by {_user(exc.owner_uid)}), not a folder"
+        raise _error(path, source, problem, _fix(source)) from None
     except FileNotFoundError:
-        if not create or source == "shared":
-            raise
+        raise
     except OSError as exc:
         raise _error(path, source, f"cannot open it ({exc.strerror or exc})", _fix(source)) from None
-    mode = 0o1777 if os.geteuid() == 0 and source != "per-user" else 0o700
     try:
-        if source != "per-user":
-            path.parent.mkdir(parents=True, exist_ok=True)
-        os.mkdir(path, 0o700)
-    except FileExistsError:  # made meanwhile: judged like any existing folder
-        pass
+        try:
+            return _open_child(parent, path, source)
+        except FileNotFoundError:
+            if not make:
+                raise
+        try:
+            os.mkdir(path.name, 0o700, dir_fd=parent)
+        except FileExistsError:  # made meanwhile: judged like any existing folder
+            pass
+        except OSError as exc:
+            raise _error(path, source, f"cannot create it ({exc.strerror or exc})", _fix(source)) from None
+        fd = _open_child(parent, path, source)
+        if os.fstat(fd).st_uid == os.geteuid():
+            # after mkdir: the umask cannot narrow a shared folder's 1777
+            os.fchmod(fd, 0o1777 if root and source != "per-user" else 0o700)
+        return fd
+    finally:
+        os.close(parent)
+
+
+def _open_child(parent: int, path: Path, source: str) -> int:
+    try:
+        return os.open(path.name, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS, dir_fd=parent)
     except OSError as exc:
-        raise _error(path, source, f"cannot create it ({exc.strerror or exc})", _fix(source)) from None
-    fd = _open_or_make(path, source, create=False)
-    if os.fstat(fd).st_uid == os.geteuid():
-        os.fchmod(fd, mode)  # after mkdir: the umask cannot narrow a shared folder's 1777
-    return fd
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        info = os.stat(path.name, dir_fd=parent, follow_symlinks=False)
+        raise _error(path, source, f"it is {kind_of(info.st_mode)} (made by {_user(info.st_uid)}), not a directory",
+                     _fix(source)) from None
 
 
 def _user(uid: int | None) -> str:

@@ -11,7 +11,9 @@ root-owned one per GPU in the shared folder, so no user can remove a lock anothe
 next claimer would get the GPU); in a user's own folder, that user makes them as needed.
 
 Who holds a lock comes from the kernel (``/proc/locks``: the pid that took it), not from a file
-anyone could write. The holder's note ``<uuid>.<pid>.owner`` (host, since, command, and under
+anyone could write. A lock outlives the process that took it when a child it forked keeps the file
+open; then the holder is the process that has it open now (found in ``/proc/<pid>/fd``: root sees
+every process, a user only their own), named with the pid that took it. The holder's note ``<uuid>.<pid>.owner`` (host, since, command, and under
 ``gpukit run`` the run and rank) adds detail for messages; it is believed only when written by the
 holder's own account. Everything read is bounded and checked, and shown only through
 :func:`gpukit._util.text.printable`.
@@ -145,6 +147,42 @@ def flock_holders() -> dict[tuple[int, int], int] | None:
     return out
 
 
+def has_open(pid: int, key: tuple[int, int]) -> bool | None:
+    """Whether process ``pid`` holds the file ``(st_dev, st_ino)`` open (``/proc/<pid>/fd``);
+    ``None`` when this user may not look (another user's process, not root) or it is gone."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if not target.startswith("/") or not target.split(" (deleted)")[0].endswith(".lock"):
+                continue  # not a lock file: skip the stat
+            info = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (info.st_dev, info.st_ino) == key:
+            return True
+    return False
+
+
+def open_by(key: tuple[int, int], limit: int = 8) -> list[int]:
+    """Pids of the processes (this user may look into) that hold the file ``(st_dev, st_ino)`` open,
+    from ``/proc/<pid>/fd``; at most ``limit``."""
+    try:
+        pids = sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+    except OSError:
+        return []
+    found: list[int] = []
+    for pid in pids:
+        if has_open(pid, key):
+            found.append(pid)
+            if len(found) >= limit:
+                break
+    return found
+
+
 def _pid_uid(pid: int) -> int | None:
     try:
         return os.stat(f"/proc/{pid}").st_uid
@@ -247,12 +285,38 @@ def _holders_in(folder: ClaimFolder, uuids: Iterable[str]) -> dict[str, dict[str
         if pid is None:
             held[uuid] = None
             continue
-        uid = _pid_uid(pid)
-        owner: dict[str, Any] = {"pid": pid, "uid": uid, "user": user_name(uid) if uid is not None else None}
-        note = read_note(folder.fd, uuid, pid, uid)
-        owner.update(note or {})
-        owner.setdefault("since", _pid_start(pid))
-        held[uuid] = owner
+        held[uuid] = _holder(folder, uuid, pid, (info.st_dev, info.st_ino))
+    return held
+
+
+def _holder(folder: ClaimFolder, uuid: str, pid: int, key: tuple[int, int]) -> dict[str, Any]:
+    """The holder of ``uuid``'s lock, which the kernel says ``pid`` took."""
+    uid = _pid_uid(pid)
+    if uid is not None and has_open(pid, key) is False:
+        uid = None  # the pid was reused by a process that does not hold the lock: the one that took it is gone
+    owner: dict[str, Any] = {"pid": pid, "uid": uid, "user": user_name(uid) if uid is not None else None}
+    if uid is None:  # the process that took it is gone: a child it forked holds the lock open
+        owner["took_it"] = pid
+        holders = open_by(key)
+        if holders:
+            owner["pid"] = pid = holders[0]
+            uid = _pid_uid(pid)
+            owner.update({"uid": uid, "user": user_name(uid) if uid is not None else None, "inherited": True})
+        else:  # another user's process (only root may look into it): the note says whose claim it was
+            owner["pid"] = None
+            try:
+                noted = os.stat(note_name(uuid, pid), dir_fd=folder.fd, follow_symlinks=False)
+                owner.update({"uid": noted.st_uid, "user": user_name(noted.st_uid)})
+                whose = f" ({owner['user']}'s, by its note)"
+            except OSError:
+                whose = ""
+            owner["hidden"] = (f"pid {pid}{whose} took it and has exited; a process it forked holds it open now, "
+                               "which only root can name (sudo gpukit claims clean names it)")
+            return owner
+    note = read_note(folder.fd, uuid, owner.get("took_it", pid), uid)
+    owner.update(note or {})
+    owner.setdefault("since", _pid_start(pid))
+    return owner
     return held
 
 
@@ -289,7 +353,8 @@ def holder_text(owner: dict[str, Any] | None) -> str:
     if owner.get("blocked"):
         return f"blocked: {owner['blocked']}"
     if owner.get("pid") is None:
-        return "claimed by another process"
+        return f"claimed: {owner['hidden']}" if owner.get("hidden") else "claimed by another process"
     mine = " (this process)" if owner["pid"] == os.getpid() else ""
     user = f" ({owner['user']})" if owner.get("user") and not mine else ""
-    return f"claimed by pid {owner['pid']}{mine}{user}"
+    took = f", inherited from pid {owner['took_it']}, which has exited" if owner.get("inherited") else ""
+    return f"claimed by pid {owner['pid']}{mine}{user}{took}"

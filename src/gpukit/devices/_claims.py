@@ -11,6 +11,7 @@ waiting in turn: :mod:`._queue`; which GPUs qualify: :mod:`._select`.
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable, Iterable, Sequence
 
 from gpukit.devices._claim_dir import CLAIM_DIR_ENV, ClaimFolder, default_claim_dir, notice_once, open_claim_folder
@@ -158,7 +159,9 @@ def claim_gpus(
         wait: wait in the fair queue until enough GPUs qualify and are free, showing on stderr
             what it waits for. While waiting no GPU is held (so waiters cannot deadlock), and a
             GPU that frees up goes to the oldest waiter it helps (:mod:`gpukit.devices._queue`).
-            Without ``wait``, GPUs reserved for waiters are not taken either.
+            Without ``wait``, GPUs reserved for waiters are not taken either; when only a waiter
+            that could take its GPUs now holds them back, the claim watches it for at most the
+            queue's stall bound (10-30 s) and then passes it over.
         timeout_s: give up waiting after this many seconds (``None``: no limit).
         claim_dir: see :func:`~gpukit.devices.default_claim_dir`.
         run: a run id to show in the queue while waiting (``gpukit run`` passes its own).
@@ -196,14 +199,16 @@ def claim_gpus(
 
 def _claim(folder: ClaimFolder, count: int, criteria: Criteria, wanted: Sequence[int | str | GpuSnapshot] | None,
            order: str, wait: bool, timeout_s: float | None, poll_interval_s: float, run: str | None) -> GpuClaim:
-    from gpukit.devices._queue import Ticket, busy_units, request_of
+    from gpukit.devices._queue import STALL_MAX_S, STALL_MIN_S, Ticket, busy_units, request_of, waiter_interval_s
 
     ticket: Ticket | None = None
     stalls: dict[str, float] = {}
     ahead = 0  # live waiters older than this one
+    watching = False  # a claim that does not wait, held up only by a ticket that may be stalled
+    watch_deadline = time.monotonic() + max(STALL_MIN_S, STALL_MAX_S) + 1.0
 
     def attempt() -> tuple[GpuClaim | None, Callable[[float | None], GpuSelectionError]]:
-        nonlocal ticket, ahead
+        nonlocal ticket, ahead, watching
         snapshot = list_gpus()
         if not snapshot:
             raise selection_error(count, snapshot, [], criteria)
@@ -214,7 +219,7 @@ def _claim(folder: ClaimFolder, count: int, criteria: Criteria, wanted: Sequence
         if wait and ticket is None:  # in the queue from the first look on
             within = allowed_units(snapshot, criteria) if targets is None else {u.uuid or "" for u in targets}
             ticket = Ticket(folder, request_of(count, within, criteria, order, poll_interval_s, run))
-        busy, ahead = busy_units(folder, snapshot, ticket, stalls)
+        busy, ahead, reserved = busy_units(folder, snapshot, ticket, stalls)
         evaluations = evaluate(snapshot, criteria, busy)
         if targets is not None:
             evaluations = [(u, why) for u, why in evaluations if u in targets]
@@ -238,15 +243,20 @@ def _claim(folder: ClaimFolder, count: int, criteria: Criteria, wanted: Sequence
         for unit, fd in held:  # all or nothing
             remove_owner(folder, unit.uuid or "")
             os.close(fd)
+        if not wait:  # held up only by GPUs a ticket reserves that it could take now: watch it, boundedly
+            unreserved = {uuid: why for uuid, why in busy.items() if uuid not in reserved}
+            enough = sum(1 for u, why in evaluate(snapshot, criteria, unreserved) if not why
+                         and (targets is None or u in targets)) >= count
+            watching = enough and bool(stalls) and time.monotonic() < watch_deadline
         return None, lambda waited: selection_error(count, snapshot, evaluations, criteria, waited_s=waited)
 
     plural = "GPU" if count == 1 else "GPUs"
     try:
         # far back in the queue, GPUs come later: look less often (at most 5x), so that many
         # waiters do not keep the machine busy; the first few look every poll_interval_s
-        return poll(attempt, wait=wait, timeout_s=timeout_s, poll_interval_s=poll_interval_s,
+        return poll(attempt, wait=lambda: wait or watching, timeout_s=timeout_s, poll_interval_s=poll_interval_s,
                     what=f"{count} {plural}{criteria.describe()}",
-                    interval=lambda: poll_interval_s * (1 + min(ahead, 16) / 4))
+                    interval=lambda: min(poll_interval_s, 0.2) if watching else waiter_interval_s(poll_interval_s, ahead))
     finally:
         if ticket is not None:
             ticket.close()

@@ -6,38 +6,28 @@
 * :func:`survey` finds what ``gpukit ls`` and ``gpukit doctor`` report: claims held by a process
   whose account runs nothing on that GPU (stale or planted), lock entries another user planted
   (a symlink, a FIFO, an unreadable file), ignored queue tickets, leftover files.
-* :func:`clean_folder` (``gpukit claims clean``) removes leftovers and, as root, frees the GPUs of
-  stale or planted claims older than a threshold by putting a fresh root-owned lock file in place
-  of the held one (the holder keeps a lock on a file nobody else opens). A lock is never replaced
-  while its holder's account runs something on that GPU.
+* cleaning (``gpukit claims clean``): :mod:`gpukit.devices._claims_clean`.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import stat
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpukit._util.safe_files import (
-    UnsafeEntry, create_entry, folder_info, kind_of, open_entry, open_folder, try_flock, user_name,
-)
+from gpukit._util.safe_files import OPEN_FLAGS, UnsafeEntry, create_entry, folder_info, kind_of, user_name, walk_folder
 from gpukit.devices._claim_dir import SYSTEM_CLAIM_DIR, ClaimFolder
-from gpukit.devices._claim_files import claim_owners, flock_holders, lock_name
+from gpukit.devices._claim_files import claim_owners, holder_text
+from gpukit.devices._claims_clean import (
+    MARKER, age_text, claim_units, fix_lock, holder_of, leftovers, remove_entry, stale_claims,
+)
 from gpukit.devices._queue import read_queue
-from gpukit.devices._snapshot import GpuSnapshot, selectable_units
+from gpukit.devices._snapshot import GpuSnapshot
 from gpukit.errors import DeviceError
 
-__all__ = ["ClaimState", "Problem", "STALE_AFTER_S", "clean_folder", "kernel_problem", "read_claim_state", "setup_folder",
-           "survey"]
+__all__ = ["ClaimState", "Problem", "kernel_problem", "read_claim_state", "setup_folder", "survey"]
 
-#: A claim whose holder's account has run nothing on its GPU for this long is reported as stale.
-STALE_AFTER_S = 600.0
-_NOTE = re.compile(r"^(?P<stem>[A-Za-z0-9._-]+)\.(?P<pid>[0-9]{1,10})\.owner$")
-_TEMP_AGE_S = 60.0
 #: The kernel setting that stops a user from hard-linking files they cannot write (the queue's order needs it).
 PROTECTED_HARDLINKS = "/proc/sys/fs/protected_hardlinks"
 
@@ -50,38 +40,6 @@ class Problem:
     fix: str | None = None
     severity: str = "warn"  # "info", "warn", or "fail" (a GPU cannot be claimed)
     details: dict[str, Any] = field(default_factory=dict)
-
-
-def _age(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
-
-
-def _units(gpus: list[GpuSnapshot]) -> list[GpuSnapshot]:
-    return [u for u in selectable_units(gpus) if u.uuid is not None]
-
-
-def stale_claims(folder: ClaimFolder, gpus: list[GpuSnapshot], older_than_s: float | None = None,
-                 owners: dict[str, dict[str, Any] | None] | None = None) -> list[tuple[GpuSnapshot, dict[str, Any]]]:
-    """Held claims whose holder's account runs nothing on that GPU, held for ``older_than_s``
-    (default :data:`STALE_AFTER_S`) or more."""
-    older_than_s = STALE_AFTER_S if older_than_s is None else older_than_s
-    owners = claim_owners([u.uuid or "" for u in _units(gpus)], folder=folder) if owners is None else owners
-    out = []
-    now = time.time()
-    for unit in _units(gpus):
-        owner = owners.get(unit.uuid or "")
-        if not owner or owner.get("blocked") or owner.get("pid") is None:
-            continue
-        user = owner.get("user")
-        since = owner.get("since")
-        if user is None or since is None or now - since < older_than_s:
-            continue
-        if any(p.user == user for p in unit.processes) or any(p.pid == owner["pid"] for p in unit.processes):
-            continue
-        out.append((unit, {**owner, "age_s": now - since}))
-    return out
 
 
 def kernel_problem() -> Problem | None:
@@ -117,7 +75,7 @@ def survey(folder: ClaimFolder, gpus: list[GpuSnapshot], owners: dict[str, dict[
     kernel = kernel_problem() if folder.shared else None
     if kernel is not None:
         problems.append(kernel)
-    units = _units(gpus)
+    units = claim_units(gpus)
     owners = claim_owners([u.uuid or "" for u in units], folder=folder) if owners is None else owners
     clean = "sudo gpukit claims clean" if folder.shared or folder.info.owner_uid == 0 else "gpukit claims clean"
     for unit in units:
@@ -127,9 +85,15 @@ def survey(folder: ClaimFolder, gpus: list[GpuSnapshot], owners: dict[str, dict[
                                     {"uuid": unit.uuid, "user": owner.get("user")}))
     for unit, owner in stale_claims(folder, gpus, owners=owners):
         problems.append(Problem(
-            f"{unit.label} is claimed by {owner['user']}'s pid {owner['pid']} for {_age(owner['age_s'])}, but "
-            f"{owner['user']} runs nothing on it: a stale or planted claim", clean, "warn",
+            f"{unit.label} is claimed by {holder_of(owner)} for {age_text(owner['age_s'])}, but {owner['user']} runs "
+            "nothing on it: a stale or planted claim (or a job still preparing its data)",
+            f"ask {owner['user']}, or end pid {owner['pid']}, or free it: {clean} --force", "warn",
             {"uuid": unit.uuid, "pid": owner["pid"], "user": owner["user"], "age_s": round(owner["age_s"])}))
+    for unit in units:
+        owner = owners.get(unit.uuid or "")
+        if owner and owner.get("hidden"):
+            problems.append(Problem(f"{unit.label} is {holder_text(owner)}", f"{clean} (as root it names the "
+                                    "holder)", "warn", {"uuid": unit.uuid, "took_it": owner.get("took_it")}))
     if ignored is None:
         try:
             _tickets, ignored = read_queue(folder, len(units))
@@ -145,65 +109,6 @@ def survey(folder: ClaimFolder, gpus: list[GpuSnapshot], owners: dict[str, dict[
         problems.append(Problem(f"{len(left)} leftover file(s) of {', '.join(users)} in {folder.path}: {shown}",
                                 fix, "info", {"files": [name for name, _, _ in left]}))
     return problems
-
-
-def _replace_lock(folder: ClaimFolder, name: str) -> None:
-    """Put a fresh lock file (0644, this process's) at ``name``, atomically (rename over what is there)."""
-    import secrets
-
-    temp = f".tmp.{secrets.token_hex(16)}"
-    fd = create_entry(folder.fd, temp, 0o644)
-    try:
-        os.rename(temp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
-    except BaseException:
-        try:
-            os.unlink(temp, dir_fd=folder.fd)
-        except OSError:
-            pass
-        raise
-    finally:
-        os.close(fd)
-
-
-def _remove_entry(folder: ClaimFolder, name: str) -> None:
-    info = os.stat(name, dir_fd=folder.fd, follow_symlinks=False)
-    if stat.S_ISDIR(info.st_mode):
-        shutil.rmtree(name, dir_fd=folder.fd)  # fd-based: never follows a symlink inside
-    else:
-        os.unlink(name, dir_fd=folder.fd)
-
-
-def _fix_lock(folder: ClaimFolder, uuid: str, actions: list[str], force_held: bool = False) -> None:
-    """As the folder's owner: make ``uuid``'s lock entry a regular file of the owner's.
-
-    A lock file of anyone else's is replaced whatever its state: gpukit never claims through one,
-    so nobody's claim hangs on it. The owner's own is replaced only with ``force_held`` (a stale
-    or planted claim being freed).
-    """
-    name = lock_name(uuid)
-    try:
-        fd, info = open_entry(folder.fd, name)
-    except FileNotFoundError:
-        os.close(create_entry(folder.fd, name, 0o644))
-        actions.append(f"made {name}")
-        return
-    except UnsafeEntry as exc:
-        _remove_entry(folder, name)
-        actions.append(f"removed {name}: it was {exc.kind} made by {user_name(exc.owner_uid)}")
-        _fix_lock(folder, uuid, actions)
-        return
-    except PermissionError:  # another user's file this account cannot read
-        owner = os.stat(name, dir_fd=folder.fd, follow_symlinks=False).st_uid
-        _replace_lock(folder, name)
-        actions.append(f"replaced {name} (an unreadable file of {user_name(owner)}'s)")
-        return
-    os.close(fd)
-    if info.st_uid == folder.info.owner_uid and not force_held:
-        return
-    _replace_lock(folder, name)
-    actions.append(f"put a fresh lock file in place of {name}" if info.st_uid == folder.info.owner_uid
-                   else f"replaced {name} (it belonged to {user_name(info.st_uid)}) by one of "
-                        f"{user_name(folder.info.owner_uid)}'s")
 
 
 def setup_folder(path: os.PathLike[str] | str = SYSTEM_CLAIM_DIR, gpus: list[GpuSnapshot] | None = None) -> list[str]:
@@ -222,15 +127,27 @@ def setup_folder(path: os.PathLike[str] | str = SYSTEM_CLAIM_DIR, gpus: list[Gpu
         raise DeviceError(f"gpukit claims setup --dir {str(target)!r}: give an absolute path.")
     actions: list[str] = []
     try:
-        if os.path.lexists(target) and (os.path.islink(target) or not os.path.isdir(target)):
-            info = os.lstat(target)
-            raise DeviceError(f"{target} is {kind_of(info.st_mode)} made by {user_name(info.st_uid)}, not a folder; "
-                              "remove it and run `sudo gpukit claims setup` again.")
-        if not os.path.lexists(target):
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-            os.mkdir(target, 0o700)
-            actions.append(f"made {target}")
-        fd = open_folder(target)
+        # every component from / on: no symlink or folder another user controls (a planted parent
+        # would have root make a world-writable folder wherever that user points it)
+        parent = walk_folder(target.parent, make_mode=0o755, strict=True)
+        try:
+            try:
+                info = os.stat(target.name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                os.mkdir(target.name, 0o700, dir_fd=parent)
+                actions.append(f"made {target}")
+                info = os.stat(target.name, dir_fd=parent, follow_symlinks=False)
+            if not stat.S_ISDIR(info.st_mode):
+                raise DeviceError(f"{target} is {kind_of(info.st_mode)} made by {user_name(info.st_uid)}, not a "
+                                  "folder; remove it and run `sudo gpukit claims setup` again.")
+            fd = os.open(target.name, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS, dir_fd=parent)
+        finally:
+            os.close(parent)
+    except UnsafeEntry as exc:
+        raise DeviceError(
+            f"gpukit claims setup --dir {target}: {exc.name} is {exc.kind} of {user_name(exc.owner_uid)}'s, who could "
+            "then redirect or replace the shared folder root makes; choose a path whose folders only root controls "
+            "(the default /var/lib/gpukit/claims), or remove it.") from None
     except OSError as exc:
         raise DeviceError(f"gpukit claims setup: cannot make {target}: {exc.strerror or exc}.") from None
     folder = ClaimFolder(target, fd, folder_info(fd), "shared")
@@ -242,102 +159,51 @@ def setup_folder(path: os.PathLike[str] | str = SYSTEM_CLAIM_DIR, gpus: list[Gpu
         if stat.S_IMODE(before.st_mode) != 0o1777:
             os.fchmod(fd, 0o1777)
             actions.append(f"set {target} to mode 1777 (was {stat.S_IMODE(before.st_mode):04o})")
-        for unit in _units(gpus if gpus is not None else _list()):
-            _fix_lock(folder, unit.uuid or "", actions)
+        if before.st_uid != 0 or stat.S_IMODE(before.st_mode) & 0o7777 != 0o1777:
+            # taken over: whatever another account put here while the folder was not a safe shared one
+            # (a live ticket at the head of the queue, notes, junk) goes
+            actions += _remove_others(folder)
+        _mark(folder, actions)
+        for unit in claim_units(gpus if gpus is not None else _list()):
+            fix_lock(folder, unit.uuid or "", actions)
     return actions
+
+
+def _mark(folder: ClaimFolder, actions: list[str]) -> None:
+    """Leave root's :data:`MARKER` (only in a folder setup made does `claims clean` sweep away what is
+    not gpukit's); one another user planted under its name goes first."""
+    try:
+        info = os.stat(MARKER, dir_fd=folder.fd, follow_symlinks=False)
+        if stat.S_ISREG(info.st_mode) and info.st_uid == 0:
+            return
+        remove_entry(folder, MARKER)
+        actions.append(f"removed {MARKER} ({kind_of(info.st_mode)} of {user_name(info.st_uid)}'s)")
+    except FileNotFoundError:
+        pass
+    os.close(create_entry(folder.fd, MARKER, 0o644))
+
+
+def _remove_others(folder: ClaimFolder) -> list[str]:
+    """Remove every entry of the folder that root did not make; what was removed, one line per owner."""
+    removed: dict[int, int] = {}
+    with os.scandir(folder.fd) as entries:
+        names = [e.name for e in entries]
+    for name in names:
+        try:
+            info = os.stat(name, dir_fd=folder.fd, follow_symlinks=False)
+            if info.st_uid == 0:
+                continue
+            remove_entry(folder, name)
+        except OSError:
+            continue
+        removed[info.st_uid] = removed.get(info.st_uid, 0) + 1
+    return [f"removed {n} file(s) {user_name(uid)} made before the folder was shared" for uid, n in removed.items()]
 
 
 def _list() -> list[GpuSnapshot]:
     from gpukit.devices._snapshot import list_gpus
 
     return list_gpus()
-
-
-def clean_folder(folder: ClaimFolder, gpus: list[GpuSnapshot], *, older_than_s: float = STALE_AFTER_S,
-                 dry_run: bool = False) -> list[str]:
-    """Remove leftovers (dead tickets, notes of processes that hold nothing, stale temp files,
-    symlinks/FIFOs/folders planted with claim names) and, as root (or in this user's own folder),
-    free GPUs of stale or planted claims held ``older_than_s`` or more. Another account's files
-    are touched only by root. Returns what it did (with ``dry_run``: would do)."""
-    me = os.geteuid()
-    mine_all = me == 0 or folder.info.owner_uid == me
-    actions: list[str] = []
-    for unit, owner in stale_claims(folder, gpus, older_than_s):
-        if not mine_all:
-            continue
-        what = (f"freed {unit.label}: claimed by {owner['user']}'s pid {owner['pid']} for {_age(owner['age_s'])} "
-                f"with nothing of {owner['user']}'s running on it")
-        if not dry_run:
-            _fix_lock(folder, unit.uuid or "", [], force_held=True)
-        actions.append(what)
-    for name, reason, uid in leftovers(folder, None if mine_all else me):
-        if not dry_run:
-            try:
-                _remove_entry(folder, name)
-            except OSError as exc:
-                actions.append(f"could not remove {name}: {exc.strerror or exc}")
-                continue
-        actions.append(f"removed {name} ({reason}, by {user_name(uid)})")
-    if folder.info.owner_uid == me:  # lock files others made (or none): the owner's own, unless held
-        for unit in _units(gpus):
-            fixes: list[str] = []
-            if dry_run:
-                continue
-            try:
-                _fix_lock(folder, unit.uuid or "", fixes)
-            except OSError as exc:
-                fixes.append(f"could not fix {lock_name(unit.uuid or '')}: {exc.strerror or exc}")
-            actions += [f for f in fixes if not f.startswith("made ")]
-    return actions
-
-
-def leftovers(folder: ClaimFolder, only_uid: int | None = None) -> list[tuple[str, str, int]]:
-    """``(name, why, owner uid)`` of each file ``clean_folder`` removes (of ``only_uid``'s, when given)."""
-    kernel = flock_holders()
-    now = time.time()
-    out = []
-    with os.scandir(folder.fd) as entries:
-        names = [e.name for _, e in zip(range(1_000_000), entries)]
-    for name in names:
-        try:
-            info = os.stat(name, dir_fd=folder.fd, follow_symlinks=False)
-        except OSError:
-            continue
-        if only_uid is not None and info.st_uid != only_uid:
-            continue
-        reason = _leftover(folder, name, info, kernel, now)
-        if reason is not None:
-            out.append((name, reason, info.st_uid))
-    return out
-
-
-def _leftover(folder: ClaimFolder, name: str, info: os.stat_result, kernel: dict[tuple[int, int], int] | None,
-              now: float) -> str | None:
-    """Why ``name`` should go, or ``None`` to keep it."""
-    regular = stat.S_ISREG(info.st_mode)
-    claim_like = name.endswith((".lock", ".owner")) or name.startswith(("ticket.", ".tmp."))
-    if claim_like and not regular:
-        return f"{kind_of(info.st_mode)} where gpukit keeps files"
-    if name.startswith(".tmp.") and now - info.st_mtime > _TEMP_AGE_S:
-        return "an unfinished temporary file"
-    if name.startswith("ticket."):
-        try:
-            fd, _ = open_entry(folder.fd, name)
-        except OSError:
-            return None
-        try:
-            return "a ticket of a waiter that is gone" if try_flock(fd, exclusive=False) else None
-        finally:
-            os.close(fd)
-    match = _NOTE.match(name)
-    if match:
-        try:
-            lock = os.stat(f"{match['stem']}.lock", dir_fd=folder.fd, follow_symlinks=False)
-        except OSError:
-            return "a note of a claim that is gone"
-        if kernel is not None and kernel.get((lock.st_dev, lock.st_ino)) != int(match["pid"]):
-            return "a note of a claim that is gone"
-    return None
 
 
 @dataclass
@@ -380,7 +246,7 @@ def read_claim_state(gpus: list[GpuSnapshot], claim_dir: str | os.PathLike[str] 
         return state
     with folder:
         state.folder, state.shared, state.notice = str(folder.path), folder.shared, private_notice(folder)
-        units = _units(gpus)
+        units = claim_units(gpus)
         state.owners = claim_owners([u.uuid or "" for u in units], folder=folder)
         try:
             state.queue, ignored = read_queue(folder, len(units))

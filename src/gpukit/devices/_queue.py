@@ -21,15 +21,33 @@ best by its own order). A waiter -- and a claim that does not wait -- may take o
 older ticket reserved. So while someone waits, a freed GPU goes to the oldest waiter it helps;
 a younger waiter backfills only with GPUs no older waiter can use now (not among its GPUs, too
 little free memory, ...) or that are left once every older waiter has reserved all it asked
-for. Requests by count alone are served strictly first come, first served: a job waiting for 4
-GPUs starts as soon as the jobs running when it arrived have ended. A GPU that an older waiter
-cannot use *now* but could later (its memory is freed) may be taken by a younger one meanwhile.
+for. Requests by count alone are served first come, first served: a job waiting for 4 GPUs
+starts as soon as the jobs of other users running when it arrived have ended. A GPU that an
+older waiter cannot use *now* but could later (its memory is freed) may be taken by a younger
+one meanwhile.
+
+**No hostages.** No single user can stop others for longer than one bounded wait, because a
+ticket reserves nothing when
+
+* its request is *impossible*: fewer GPUs exist on this machine that it could ever use (among
+  its GPUs, with enough memory in all) than it asks for;
+* it *waits for itself*: fewer than it asks for are free or held by other accounts -- the rest
+  are claimed by its own account, or run its own account's processes (a user who holds GPU 0 and
+  waits for all 8 would otherwise hold the other 7 back until they give GPU 0 up);
+* it has reserved *past the bound*: a ticket that is still short of GPUs stops holding back the
+  ones it has found :data:`RESERVE_MAX_S` after it joined the queue (the kernel's change time,
+  the same for everyone). It keeps its place and still starts as soon as enough are free at once;
+* it *stalls*: its GPUs have all been free for :func:`stall_after_s` (at most
+  ``STALL_MIN_S`` to :data:`STALL_MAX_S`) without its waiter taking them. A waiter polls at least
+  three times within that time. A claim that does not wait and finds GPUs held back only by such
+  a ticket watches it for that long (no more) before passing it over.
 
 **Tampering.** A ticket is read like any file another user wrote: ``O_NOFOLLOW``, regular files
-only, 16 KiB at most, every field checked; a malformed ticket, one asking for more GPUs than it
-could ever get, or a symlink/FIFO named like a ticket is ignored. A live ticket whose reserved
-GPUs have sufficed for :func:`stall_after_s` without its waiter taking them is passed over, so a
-process that holds a ticket and never claims cannot hold up the queue for long.
+only, 16 KiB at most, every field checked; a malformed ticket, one asking for more GPUs than
+this machine has, or a symlink/FIFO named like a ticket is ignored (and said by ``gpukit ls``).
+A hand-made live ticket is bound by the rules above like any other: its owner can hold GPUs back
+for one bounded wait, not for ever. ``sudo gpukit claims setup`` removes every ticket made
+before it took a folder over.
 """
 
 from __future__ import annotations
@@ -49,7 +67,8 @@ from gpukit.devices._claim_dir import ClaimFolder
 from gpukit.devices._criteria import ORDERS, Criteria, failures, rank
 from gpukit.devices._snapshot import GpuSnapshot
 
-__all__ = ["Ticket", "QueuedTicket", "read_queue", "reserve", "stall_after_s", "MAX_ENTRIES"]
+__all__ = ["MAX_ENTRIES", "RESERVE_MAX_S", "QueuedTicket", "Ticket", "read_queue", "reserve", "stall_after_s",
+           "waiter_interval_s"]
 
 _PREFIX = "ticket."
 _TICKET_MAX_BYTES = 16384
@@ -57,11 +76,23 @@ _MAX_WITHIN = 1024
 #: A claim folder holding more entries than this is refused (flooded); `gpukit claims clean` empties it.
 MAX_ENTRIES = 100_000
 STALL_MIN_S = 10.0
+#: The longest a ticket may leave GPUs it could take untaken, whatever poll interval it claims.
+STALL_MAX_S = 30.0
+#: How long after joining the queue a ticket that is short of GPUs may hold back the ones it found.
+RESERVE_MAX_S = 1800.0
 
 
 def stall_after_s(poll_s: float) -> float:
-    """How long a ticket may leave GPUs it could take untaken before others pass it over."""
-    return max(STALL_MIN_S, 10 * poll_s)
+    """How long a ticket may leave GPUs it could take untaken before others pass it over
+    (``STALL_MIN_S``..``max(STALL_MIN_S, STALL_MAX_S)``; ten of its polls in between)."""
+    return max(STALL_MIN_S, min(10 * poll_s, STALL_MAX_S))
+
+
+def waiter_interval_s(poll_s: float, ahead: int) -> float:
+    """How long a waiter ``ahead`` places back pauses between looks: far back, GPUs come later, so
+    it looks less often (at most 5x ``poll_s``), but always at least 3 times per :func:`stall_after_s`
+    (so that a waiter which could start is never taken for a stalled one)."""
+    return min(poll_s * (1 + min(ahead, 16) / 4), stall_after_s(poll_s) / 3)
 
 
 @dataclass
@@ -82,8 +113,20 @@ class QueuedTicket:
     since: float = field(default=0.0)  # ctime, seconds since the epoch
 
     def accepts(self, unit: GpuSnapshot) -> bool:
-        return (unit.uuid is not None and (self.within is None or unit.uuid in self.within)
-                and not failures(unit, self.criteria, self.user))
+        return self.could_use(unit) and not failures(unit, self.criteria, self.user)
+
+    def could_use(self, unit: GpuSnapshot) -> bool:
+        """Whether ``unit`` could ever serve this ticket: among its GPUs, with enough memory in all."""
+        need = self.criteria.min_free_memory_bytes
+        return (unit.uuid is not None and (self.within is None or unit.uuid in self.within) and unit.usable
+                and (need is None or unit.memory_total_bytes is None or unit.memory_total_bytes >= need))
+
+    def kept_by_itself(self, unit: GpuSnapshot, free: set[str], holders: dict[str, int | None]) -> bool:
+        """Whether this ticket's own account keeps ``unit`` from it: claims it, or runs processes on
+        a free GPU that fails this ticket's criteria."""
+        if unit.uuid not in free:
+            return holders.get(unit.uuid or "") == self.uid
+        return not self.accepts(unit) and any(p.user is not None and p.user == self.user for p in unit.processes)
 
 
 def request_of(count: int, within: set[str] | None, criteria: Criteria, order: str, poll_s: float,
@@ -240,16 +283,26 @@ def _read_one(folder: ClaimFolder, name: str, units: int, me: int, ignored: list
 
 
 def reserve(older: list[QueuedTicket], units: list[GpuSnapshot], free: set[str], stalls: dict[str, float],
-            now: float | None = None) -> dict[str, str]:
-    """UUID -> why it is reserved, for the GPUs ``older`` tickets (oldest first) hold back.
+            now: float | None = None, holders: dict[str, int | None] | None = None,
+            wall_now: float | None = None) -> dict[str, str]:
+    """UUID -> why it is reserved, for the GPUs ``older`` tickets (oldest first) hold back
+    (the rule and its bounds: the module docstring).
 
     ``free``: UUIDs nobody holds now. ``stalls``: the caller's memory, between calls, of since when
-    each ticket could have taken its GPUs (see the module docstring).
+    each ticket could have taken its GPUs (monotonic seconds). ``holders``: UUID -> the uid that
+    claims it (``None``: unknown), for GPUs not free. ``wall_now``: the time to age tickets by.
     """
     now = time.monotonic() if now is None else now
+    wall_now = time.time() if wall_now is None else wall_now
+    holders = {} if holders is None else holders
     available = set(free)
     reserved: dict[str, str] = {}
     for position, ticket in enumerate(older, 1):
+        possible = [u for u in units if ticket.could_use(u)]
+        coming = [u for u in possible if not ticket.kept_by_itself(u, free, holders)]
+        if len(coming) < ticket.count:
+            stalls.pop(ticket.name, None)
+            continue  # impossible, or waiting for what its own account keeps: it holds nothing back
         usable = rank([u for u in units if u.uuid in available and ticket.accepts(u)], ticket.order)
         mine = usable[:ticket.count]
         if len(mine) == ticket.count:
@@ -258,6 +311,8 @@ def reserve(older: list[QueuedTicket], units: list[GpuSnapshot], free: set[str],
                 continue  # could have started long ago and did not: passed over
         else:
             stalls.pop(ticket.name, None)
+            if wall_now - ticket.since > RESERVE_MAX_S:
+                continue  # short of GPUs for longer than the bound: it keeps its place, holds nothing back
         plural = "GPU" if ticket.count == 1 else "GPUs"
         why = (f"reserved for an older waiter in the queue (#{position}: {ticket.user}, {ticket.count} {plural}, "
                f"waiting {_age(ticket.since)})")
@@ -275,10 +330,10 @@ def _age(since: float) -> str:
 
 
 def busy_units(folder: ClaimFolder, gpus: list[GpuSnapshot], mine: Ticket | None = None,
-               stalls: dict[str, float] | None = None) -> tuple[dict[str, str], int]:
+               stalls: dict[str, float] | None = None) -> tuple[dict[str, str], int, set[str]]:
     """UUID -> why another job has it now: claimed (the kernel's lock), or reserved for a waiter
-    older than ``mine`` (``None``: every waiter is older, as for a claim that does not wait); and
-    how many live waiters are older than ``mine``.
+    older than ``mine`` (``None``: every waiter is older, as for a claim that does not wait); how
+    many live waiters are older than ``mine``; and which of the busy UUIDs are only reserved.
 
     Raises:
         DeviceError: the folder is flooded with entries (names the fix).
@@ -293,11 +348,23 @@ def busy_units(folder: ClaimFolder, gpus: list[GpuSnapshot], mine: Ticket | None
         # that had just claimed count as neither, and a younger one took the GPU an older one needed)
         tickets, _ignored = read_queue(folder, len(units))
     except OverflowError as exc:
-        raise DeviceError(f"GPU claims: {exc}, more than any queue needs (another user flooding it?); an "
-                          "administrator can empty it with `sudo gpukit claims clean`.") from None
+        from gpukit.devices._claims_clean import is_claim_folder
+
+        if is_claim_folder(folder):
+            fix = ("an administrator can empty it with `sudo gpukit claims clean`, which removes everything that "
+                   "is not gpukit's")
+        elif folder.shared:
+            fix = ("an administrator can empty it with `sudo gpukit claims setup` (which marks it as gpukit's "
+                   "shared folder), then `sudo gpukit claims clean`, which removes everything that is not gpukit's")
+        else:
+            fix = ("remove what does not belong there (`gpukit claims clean` removes gpukit's own leftovers), or set "
+                   "GPUKIT_CLAIM_DIR to a folder of its own")
+        raise DeviceError(f"GPU claims: {exc}, more than any queue needs (another user flooding it?); {fix}.") from None
     holders = claim_owners([u.uuid or "" for u in units], folder=folder)
     busy = {uuid: holder_text(owner) for uuid, owner in holders.items()}
     older = [t for t in tickets if mine is None or t.key < mine.key]
     free = {u.uuid or "" for u in units if u.uuid not in holders}
-    busy.update(reserve(older, units, free, {} if stalls is None else stalls))
-    return busy, len(older)
+    uids = {uuid: None if owner is None else owner.get("uid") for uuid, owner in holders.items()}
+    reserved = reserve(older, units, free, {} if stalls is None else stalls, holders=uids)
+    busy.update(reserved)
+    return busy, len(older), set(reserved)

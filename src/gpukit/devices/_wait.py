@@ -13,14 +13,16 @@ __all__ = ["poll"]
 T = TypeVar("T")
 
 
-def poll(attempt: Callable[[], tuple[T | None, Callable[[float | None], GpuSelectionError]]], *, wait: bool,
+def poll(attempt: Callable[[], tuple[T | None, Callable[[float | None], GpuSelectionError]]], *,
+         wait: bool | Callable[[], bool],
          timeout_s: float | None, poll_interval_s: float, what: str,
          interval: Callable[[], float] | None = None) -> T:
     """Run ``attempt`` until it returns a result; while waiting, show on stderr what it waits for.
 
     ``attempt`` returns ``(result, make_error)``; ``make_error(waited_s)`` builds the error to
     raise when giving up (``waited_s`` is ``None`` when not waiting at all). ``interval``, when
-    given, says how long to pause before the next attempt (default ``poll_interval_s``).
+    given, says how long to pause before the next attempt (default ``poll_interval_s``). ``wait``
+    may be a function, asked after each failed attempt (whether to keep trying).
     """
     if timeout_s is not None and (isinstance(timeout_s, bool) or timeout_s < 0):
         raise ConfigurationError(f"timeout_s={timeout_s!r}: give seconds >= 0, or None to wait without limit.")
@@ -31,7 +33,7 @@ def poll(attempt: Callable[[], tuple[T | None, Callable[[float | None], GpuSelec
             result, make_error = attempt()
             if result is not None:
                 return result
-            if not wait:
+            if not (wait() if callable(wait) else wait):
                 raise make_error(None)
             now = time.monotonic()
             if deadline is not None and now >= deadline:

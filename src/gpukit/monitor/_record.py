@@ -127,7 +127,9 @@ class Recorder:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self.path = record_path(self.directory, rank)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            from gpukit._util.safe_files import open_user_file  # no planted symlink/FIFO followed
+
+            self._file = open_user_file(self.path, "a")
         except OSError as exc:
             raise ConfigurationError(
                 f"Cannot write the run record in {str(directory)!r}: {exc.strerror or exc}. "

@@ -13,7 +13,12 @@ library users already have:
 * ``WandbTracker`` -- ``wandb`` (``pip install 'gpukit[wandb]'``): offline by default (``<dir>/wandb``,
   uploaded later with ``wandb sync``), online with ``mode="online"`` or ``WANDB_MODE=online``.
 
-``<dir>`` is the run-record directory when recording (``record=``), else ``gpukit_logs/<run name>``.
+``<dir>`` is the run-record directory when recording (``record=``), else ``gpukit_logs/<run name>``;
+a run name must stay inside ``gpukit_logs`` (:func:`check_run_name`: no ``/``, ``..`` or absolute
+name). Every file gpukit writes there goes through :mod:`gpukit._util.safe_files`: the folders are
+reached through no symlink another user made, a symlinked or FIFO ``metrics.csv`` is refused (never
+written through, never waited on), and ``config.json`` is replaced atomically. MLflow's file store
+and W&B's folder are made the same way before their libraries write inside them.
 A missing library is a :class:`~gpukit.errors.ConfigurationError` naming the extra to install.
 """
 
@@ -27,9 +32,41 @@ import re
 from pathlib import Path
 from typing import Any
 
+from gpukit._util.safe_files import UnsafeEntry, open_user_file, walk_folder, write_user_file
+from gpukit._util.text import printable
 from gpukit.errors import ConfigurationError
 
-__all__ = ["TRACKERS", "CSVTracker", "MLflowTracker", "Tracker", "WandbTracker", "make_trackers"]
+__all__ = ["TRACKERS", "CSVTracker", "MLflowTracker", "Tracker", "WandbTracker", "check_run_name", "make_trackers"]
+
+_RUN_NAME_MAX_CHARS = 200
+
+
+def check_run_name(run_name: Any) -> str:
+    """``run_name`` when it names one folder inside the log folder.
+
+    Raises:
+        ConfigurationError: not a string, empty, too long, with a path separator, ``.``/``..``,
+            absolute, or with control characters; says what was given and what is allowed.
+    """
+    allowed = (f"a name of at most {_RUN_NAME_MAX_CHARS} printable characters without '/', '\\' or a leading "
+               "'.', such as 'resnet50-lr0.1'")
+    if not isinstance(run_name, str):
+        raise ConfigurationError(f"run_name={run_name!r} is a {type(run_name).__name__}; give {allowed}.")
+    bad = (not run_name.strip() or len(run_name) > _RUN_NAME_MAX_CHARS or run_name.startswith(".")
+           or any(sep in run_name for sep in ("/", "\\", "\0")) or not run_name.isprintable())
+    if bad:
+        raise ConfigurationError(
+            f"run_name={printable(run_name, max_chars=80)!r} would not name one folder inside the log folder "
+            f"(gpukit_logs/<run name>): give {allowed}. To write somewhere else, pass record=DIR or a tracker "
+            "with its own directory (CSVTracker('path/to/dir')).")
+    return run_name
+
+
+def _writing_error(tracker: str, where: Path, exc: OSError) -> ConfigurationError:
+    return ConfigurationError(
+        f"The {tracker} tracker cannot write in {printable(str(where), max_chars=200)!r}: "
+        f"{exc.strerror or exc}. Give it a folder of your own (log_with=CSVTracker('dir'), record=DIR), or remove "
+        "what is in the way.")
 
 TRACKERS = ("csv", "mlflow", "wandb")
 
@@ -67,8 +104,16 @@ class Tracker:
         """Finish the run (flush, close files)."""
 
     def _where(self, directory: Path) -> Path:
+        """The folder to write in, made where missing, reached through no symlink another user made.
+
+        Raises:
+            ConfigurationError: it cannot be made or is not safe to write in.
+        """
         where = self.directory if self.directory is not None else directory
-        where.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(walk_folder(where, make_mode=0o755))
+        except OSError as exc:
+            raise _writing_error(self.name, where, exc) from None
         return where
 
 
@@ -85,9 +130,13 @@ class CSVTracker(Tracker):
 
     def start(self, run_name: str, config: dict[str, Any], directory: Path) -> None:
         where = self._where(directory)
-        (where / "config.json").write_text(json.dumps({"run_name": run_name, **config}, indent=1, default=str))
         self.path = where / "metrics.csv"
-        self._file = open(self.path, "w", newline="", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        try:
+            write_user_file(where / "config.json",
+                            json.dumps({"run_name": run_name, **config}, indent=1, default=str).encode())
+            self._file = open_user_file(self.path, "w+", newline="")
+        except (UnsafeEntry, OSError) as exc:
+            raise _writing_error(self.name, where, exc) from None
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         new = [name for name in scalars if name not in self._columns]
@@ -99,8 +148,8 @@ class CSVTracker(Tracker):
     def _rewrite_header(self) -> None:
         """A new name: the file again with the wider header (rows before it have the column empty)."""
         self._file.flush()
-        assert self.path is not None
-        rows = list(csv.reader(self.path.read_text(encoding="utf-8").splitlines()))[1:]
+        self._file.seek(0)
+        rows = list(csv.reader(self._file.read().splitlines()))[1:]  # the file opened: not a path again
         self._file.seek(0)
         self._file.truncate()
         writer = csv.writer(self._file)
@@ -140,7 +189,12 @@ class MLflowTracker(Tracker):
 
         uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if uri is None:
-            uri = (self._where(directory) / "mlruns").resolve().as_uri()
+            store = self._where(directory) / "mlruns"
+            try:
+                os.close(walk_folder(store, make_mode=0o755))  # made here: no planted link for mlflow to follow
+            except OSError as exc:
+                raise _writing_error(self.name, store, exc) from None
+            uri = store.resolve().as_uri()
         if uri.startswith("file:") or "://" not in uri:
             # MLflow 3 keeps the file store (no server, no database) behind this opt-in
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")

@@ -19,7 +19,7 @@ from typing import Any
 from gpukit._util.warnings import warn_at_user_code
 from gpukit.errors import ConfigurationError
 from gpukit.monitor._lazy_read import LazyRead
-from gpukit.monitor._trackers import Tracker
+from gpukit.monitor._trackers import Tracker, check_run_name
 
 __all__ = ["TrackerHub"]
 
@@ -55,7 +55,8 @@ class TrackerHub:
         """Start the run with its name and configuration (``session.init_trackers``).
 
         Raises:
-            ConfigurationError: the trackers already started (at a first ``session.log``).
+            ConfigurationError: the trackers already started (at a first ``session.log``), or
+                ``run_name`` would not name one folder inside ``gpukit_logs`` (:func:`check_run_name`).
         """
         if self._started:
             raise ConfigurationError(
@@ -64,6 +65,8 @@ class TrackerHub:
             )
         if config is not None and not isinstance(config, dict):
             raise ConfigurationError(f"init_trackers(config={type(config).__name__}); pass a dict.")
+        if run_name is not None and self._directory is None:  # it names a folder: it must stay in gpukit_logs
+            check_run_name(run_name)
         self._start(run_name, config or {})
 
     def _start(self, run_name: str | None, config: dict[str, Any]) -> None:

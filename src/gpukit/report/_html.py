@@ -7,6 +7,7 @@ import html
 import os
 import statistics
 from pathlib import Path
+from gpukit._util.safe_files import write_user_file
 from gpukit._util.units import format_bytes
 from gpukit.report._charts import charts
 from gpukit.report._lines import MAX_TEXT_CHARS, short
@@ -206,11 +207,10 @@ def write_report(directory: str | os.PathLike[str], out: str | os.PathLike[str] 
 
     text = render_report(read_record(directory))
     target = Path(out) if out is not None else Path(directory) / "report.html"
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)  # a browser reloading it never sees half a file
+        # a fresh file renamed over the name: a browser reloading it never sees half a file, and a
+        # symlink or FIFO planted at the name is replaced, never written through (safe_files)
+        write_user_file(target, text.encode("utf-8"))
     except OSError as exc:
         raise ConfigurationError(f"Cannot write the report to {str(target)!r}: {exc.strerror or exc}. "
                                  "Choose another file with --out.") from None
