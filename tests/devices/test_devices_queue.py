@@ -76,12 +76,20 @@ def test_no_ticket_holds_gpus_back_for_longer_than_one_bounded_wait(use_spec) ->
     uuids = [u.uuid for u in units]
     free = set(uuids[1:])
     # uid 1000 holds GPU 0 and waits for all 4: the 3 free ones stay free for others
-    assert reserve([_ticket("hostage", 4, 1, uid=1000)], units, free, {}, holders={uuids[0]: 1000}) == {}
+    assert reserve([_ticket("hostage", 4, 1, uid=1000)], units, free, {}, holders={uuids[0]: (1000, 77)}) == {}
     # the same request while another account holds GPU 0: first come, first served (held back)
-    assert set(reserve([_ticket("fair", 4, 1, uid=1000)], units, free, {}, holders={uuids[0]: 2000})) == free
+    assert set(reserve([_ticket("fair", 4, 1, uid=1000)], units, free, {}, holders={uuids[0]: (2000, 88)})) == free
     # ... but not past the bound: a ticket short of GPUs for longer than RESERVE_MAX_S holds nothing back
     old = time.time() - queue.RESERVE_MAX_S - 1
-    assert reserve([_ticket("old", 4, 1, uid=1000, since=old)], units, free, {}, holders={uuids[0]: 2000}) == {}
+    assert reserve([_ticket("old", 4, 1, uid=1000, since=old)], units, free, {}, holders={uuids[0]: (2000, 88)}) == {}
+    # the waiter itself holds GPU 0 (it is taking its GPUs, one by one): the rest stay held back for it --
+    # for a moment; a process that holds a GPU and a ticket for ever is passed over like a stalled one
+    taking = _ticket("taking", 4, 1, uid=1000)
+    taking.lock_pid = 77
+    stalls = {}
+    assert set(reserve([taking], units, free, stalls, now=0.0, holders={uuids[0]: (1000, 77)})) == free
+    bound = queue.stall_after_s(taking.poll_s)
+    assert reserve([taking], units, free, stalls, now=bound + 0.1, holders={uuids[0]: (1000, 77)}) == {}
     # impossible: 2 GPUs among its own list, of which one does not exist here
     assert reserve([_ticket("never", 2, 1, within={uuids[1], "GPU-gone"})], units, free, {}) == {}
     # a full reservation with a huge claimed poll interval: passed over after STALL_MAX_S at most
@@ -168,7 +176,10 @@ def test_a_claim_that_does_not_wait_leaves_reserved_gpus_alone(use_spec) -> None
         pytest.skip("the waiter must be another account (a ticket waiting for its own account's GPUs holds "
                     "nothing back): chown needs root")
     use_spec(FOUR)
-    with claim_gpus(3):
+    events, gate_r, gate_w = Events(), *os.pipe()
+    holder = _fork(_job(events, "holder", 3, gate_r, 0.05))  # another process holds 3 GPUs
+    try:
+        assert events.next().startswith("start holder ")
         folder = open_claim_folder()
         try:
             # another account waits for 2 (one free, the others held by this account): it holds the free one back
@@ -181,6 +192,9 @@ def test_a_claim_that_does_not_wait_leaves_reserved_gpus_alone(use_spec) -> None
                 assert len(claim.gpus) == 1
         finally:
             folder.close()
+    finally:
+        os.write(gate_w, b"g")
+        _reap([holder])
 
 
 # -- real processes --------------------------------------------------------------------------------------

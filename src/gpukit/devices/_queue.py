@@ -33,7 +33,10 @@ ticket reserves nothing when
   its GPUs, with enough memory in all) than it asks for;
 * it *waits for itself*: fewer than it asks for are free or held by other accounts -- the rest
   are claimed by its own account, or run its own account's processes (a user who holds GPU 0 and
-  waits for all 8 would otherwise hold the other 7 back until they give GPU 0 up);
+  waits for all 8 would otherwise hold the other 7 back until they give GPU 0 up). GPUs its own
+  waiter holds (the process the kernel says holds the ticket) count as coming: it is taking them,
+  one by one, before it leaves the queue; if that state lasts, the ticket is passed over as a
+  stalled one;
 * it has reserved *past the bound*: a ticket that is still short of GPUs stops holding back the
   ones it has found :data:`RESERVE_MAX_S` after it joined the queue (the kernel's change time,
   the same for everyone). It keeps its place and still starts as soon as enough are free at once;
@@ -111,6 +114,8 @@ class QueuedTicket:
     pid: int | None
     run: str | None
     since: float = field(default=0.0)  # ctime, seconds since the epoch
+    lock_pid: int | None = None  # the process holding the ticket's flock (the kernel's word: its waiter)
+    inode: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the ticket file
 
     def accepts(self, unit: GpuSnapshot) -> bool:
         return self.could_use(unit) and not failures(unit, self.criteria, self.user)
@@ -121,12 +126,18 @@ class QueuedTicket:
         return (unit.uuid is not None and (self.within is None or unit.uuid in self.within) and unit.usable
                 and (need is None or unit.memory_total_bytes is None or unit.memory_total_bytes >= need))
 
-    def kept_by_itself(self, unit: GpuSnapshot, free: set[str], holders: dict[str, int | None]) -> bool:
-        """Whether this ticket's own account keeps ``unit`` from it: claims it, or runs processes on
-        a free GPU that fails this ticket's criteria."""
+    def kept_by_itself(self, unit: GpuSnapshot, free: set[str], holders: dict[str, tuple[int | None, int | None]]
+                       ) -> bool:
+        """Whether this ticket's own account keeps ``unit`` from it: claims it (from another process
+        than its waiter: see :meth:`taking`), or runs processes on a free GPU that fails its criteria."""
         if unit.uuid not in free:
-            return holders.get(unit.uuid or "") == self.uid
+            return holders.get(unit.uuid or "", (None, None))[0] == self.uid and not self.taking(unit, holders)
         return not self.accepts(unit) and any(p.user is not None and p.user == self.user for p in unit.processes)
+
+    def taking(self, unit: GpuSnapshot, holders: dict[str, tuple[int | None, int | None]]) -> bool:
+        """Whether this ticket's waiter itself holds ``unit``: it is taking its GPUs (one by one, for
+        milliseconds, before it leaves the queue)."""
+        return self.lock_pid is not None and holders.get(unit.uuid or "", (None, None))[1] == self.lock_pid
 
 
 def request_of(count: int, within: set[str] | None, criteria: Criteria, order: str, poll_s: float,
@@ -247,6 +258,12 @@ def read_queue(folder: ClaimFolder, units: int) -> tuple[list[QueuedTicket], lis
                 ticket = _read_one(folder, entry.name, units, me, ignored)
                 if ticket is not None:
                     live.append(ticket)
+    if live:
+        from gpukit.devices._claim_files import flock_holders
+
+        kernel = flock_holders() or {}
+        for ticket in live:
+            ticket.lock_pid = kernel.get(ticket.inode)
     live.sort(key=lambda t: t.key)
     return live, ignored
 
@@ -279,18 +296,19 @@ def _read_one(folder: ClaimFolder, name: str, units: int, me: int, ignored: list
         ignored.append(f"{name}: a malformed or impossible ticket of {user}")
         return None
     key = _order_key(info.st_ctime_ns, fields.pop("written_ns"), name)
-    return QueuedTicket(name, info.st_uid, user, key, since=info.st_ctime_ns / 1e9, **fields)
+    return QueuedTicket(name, info.st_uid, user, key, since=info.st_ctime_ns / 1e9, inode=(info.st_dev, info.st_ino),
+                        **fields)
 
 
 def reserve(older: list[QueuedTicket], units: list[GpuSnapshot], free: set[str], stalls: dict[str, float],
-            now: float | None = None, holders: dict[str, int | None] | None = None,
+            now: float | None = None, holders: dict[str, tuple[int | None, int | None]] | None = None,
             wall_now: float | None = None) -> dict[str, str]:
     """UUID -> why it is reserved, for the GPUs ``older`` tickets (oldest first) hold back
     (the rule and its bounds: the module docstring).
 
     ``free``: UUIDs nobody holds now. ``stalls``: the caller's memory, between calls, of since when
-    each ticket could have taken its GPUs (monotonic seconds). ``holders``: UUID -> the uid that
-    claims it (``None``: unknown), for GPUs not free. ``wall_now``: the time to age tickets by.
+    each ticket could have taken its GPUs (monotonic seconds). ``holders``: UUID -> ``(uid, pid)`` of
+    the claim's holder (``None``: unknown), for GPUs not free. ``wall_now``: the time to age tickets by.
     """
     now = time.monotonic() if now is None else now
     wall_now = time.time() if wall_now is None else wall_now
@@ -305,7 +323,9 @@ def reserve(older: list[QueuedTicket], units: list[GpuSnapshot], free: set[str],
             continue  # impossible, or waiting for what its own account keeps: it holds nothing back
         usable = rank([u for u in units if u.uuid in available and ticket.accepts(u)], ticket.order)
         mine = usable[:ticket.count]
-        if len(mine) == ticket.count:
+        # its waiter taking its GPUs is a moment's state: held back as if it could start, and passed
+        # over like a stalled ticket if it lasts (a process that holds GPUs and a ticket for ever)
+        if len(mine) == ticket.count or any(ticket.taking(u, holders) for u in possible):
             first = stalls.setdefault(ticket.name, now)
             if now - first > stall_after_s(ticket.poll_s):
                 continue  # could have started long ago and did not: passed over
@@ -364,7 +384,7 @@ def busy_units(folder: ClaimFolder, gpus: list[GpuSnapshot], mine: Ticket | None
     busy = {uuid: holder_text(owner) for uuid, owner in holders.items()}
     older = [t for t in tickets if mine is None or t.key < mine.key]
     free = {u.uuid or "" for u in units if u.uuid not in holders}
-    uids = {uuid: None if owner is None else owner.get("uid") for uuid, owner in holders.items()}
-    reserved = reserve(older, units, free, {} if stalls is None else stalls, holders=uids)
+    who = {uuid: (None, None) if owner is None else (owner.get("uid"), owner.get("pid")) for uuid, owner in holders.items()}
+    reserved = reserve(older, units, free, {} if stalls is None else stalls, holders=who)
     busy.update(reserved)
     return busy, len(older), set(reserved)
