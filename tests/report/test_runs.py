@@ -64,7 +64,9 @@ def test_each_run_has_its_start_duration_throughput_and_resume_mark(three_runs: 
     assert summary.samples_per_s == pytest.approx(total / sum(f.span_s for f in summary.runs))
     gap_s = record.runs[1].start_t - record.runs[0].end_t
     assert gap_s >= 1.0 and summary.duration_s <= record.span_s - gap_s
-    assert summary.samples_per_s > 1.5 * total / record.span_s  # what the old report showed
+    # what the old report showed (over the whole span, gap included) is lower by at least the gap's share,
+    # whatever the machine's load makes the runs last
+    assert summary.samples_per_s >= total / (record.span_s - gap_s) > total / record.span_s
 
 
 def test_plots_draw_each_run_as_a_segment_after_the_one_before(three_runs: Path) -> None:
