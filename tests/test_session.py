@@ -235,9 +235,14 @@ def test_dataparallel_keeps_bf16_autocast_in_replicas() -> None:
     if not CUDAAccelerator().supports_bf16():
         pytest.skip("GPU without native bf16")
     session = Session(devices=-1, strategy="dp", precision="bf16-mixed", verbose=False)
-    model = session.setup(nn.Linear(4, 2))
+    model = nn.Linear(4, 2)
+    seen: list[torch.dtype] = []  # read inside each replica (its hooks are copied with it)
+    model.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    model = session.setup(model)
     with session.autocast():
-        assert model(session.to_device(torch.randn(8, 4))).dtype == torch.bfloat16
+        assert model(session.to_device(torch.randn(8, 4))).dtype == torch.float32  # outputs back in fp32
+    assert model(session.to_device(torch.randn(8, 4))).dtype == torch.float32  # without session.autocast too
+    assert seen and set(seen) == {torch.bfloat16}  # every replica computed in bf16, not fp16, both times
 
 
 @pytest.mark.requires_gpu
