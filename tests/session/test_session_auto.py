@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import gpukit
+from gpukit.layout import Layout
 from gpukit.accelerators import CPUAccelerator, KernelWindow, SpeedTraits, get_accelerator
 from gpukit.errors import ConfigurationError
 from gpukit.precision import get_precision
@@ -68,7 +69,10 @@ def test_older_gpus_explicit_precisions_and_sharded_strategies() -> None:
     exact = _by_name(decide_setup(dataclasses.replace(H100, precision_asked="32-true", precision="32-true")))
     assert str(exact["tf32"]) == "tf32: off (precision='32-true' asked for: fp32 matmuls kept at full precision)"
     assert not exact["channels_last"].on  # fp32 convolutions without TF32: no tensor cores
-    fsdp = _by_name(decide_setup(dataclasses.replace(H100, strategy="fsdp")))
+    fsdp = _by_name(decide_setup(dataclasses.replace(H100, strategy="fsdp", layout=Layout(shards=2),
+                                                       plain_parameters=False)))
+    one = _by_name(decide_setup(dataclasses.replace(H100, strategy="fsdp", plain_parameters=False)))  # world 1
+    assert not one["fused_optimizer"].on and not one["channels_last"].on
     assert not fsdp["fused_optimizer"].on and not fsdp["channels_last"].on
     mine = _by_name(decide_setup(dataclasses.replace(H100, optimizer_kernel="foreach")))
     assert str(mine["fused_optimizer"]) == "fused_optimizer: off (foreach kernel set on the optimizer: kept)"
@@ -119,7 +123,7 @@ def test_cuda_graphs_only_when_the_step_is_launch_bound() -> None:
     assert str(got["cuda_graphs"]).startswith("cuda_graphs: on (step 3.0 ms, launch-bound share 45%")
     busy = _by_name(decide_measured(H100, dataclasses.replace(bound, busy_share=0.996)))
     assert str(busy["cuda_graphs"]) == "cuda_graphs: off (step 3.0 ms, launch-bound share 0%: graphs would save <1%)"
-    ddp = _by_name(decide_measured(dataclasses.replace(H100, strategy="ddp"), bound))
+    ddp = _by_name(decide_measured(dataclasses.replace(H100, strategy="ddp", layout=Layout(replicas=2)), bound))
     assert not ddp["cuda_graphs"].on and "collectives" in ddp["cuda_graphs"].reason
     not_measured = _by_name(decide_measured(H100, dataclasses.replace(bound, busy_share=None)))
     assert str(not_measured["cuda_graphs"]) == "cuda_graphs: off (launch-bound share not measured)"

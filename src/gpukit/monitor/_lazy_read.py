@@ -12,9 +12,10 @@ close) waits.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpukit.accelerators import Accelerator, get_accelerator
+if TYPE_CHECKING:  # the doctor loads monitor/ (through worker/) without torch: imported where a read starts
+    from gpukit.accelerators import Accelerator
 
 __all__ = ["LazyRead", "is_tensor"]
 
@@ -39,6 +40,8 @@ class LazyRead:
     """
 
     def __init__(self, slots: list[tuple[Any, Any]], accelerator: Accelerator | None = None) -> None:
+        from gpukit.accelerators import get_accelerator
+
         own = accelerator.device().type if accelerator is not None else None
         on_device: dict[Any, tuple[Accelerator, list[tuple[Any, Any]]]] = {}
         host: set[Any] = set()

@@ -43,7 +43,7 @@ class RankFigures:
 
 @dataclass(frozen=True)
 class FlopFigures:
-    """Achieved TFLOP/s and MFU from a rank's ``mfu`` events (one per epoch; see docs/monitoring.md)."""
+    """Achieved TFLOP/s and MFU from a rank's ``mfu`` events (one per epoch; see docs/sessions.md, "MFU and achieved TFLOP/s")."""
 
     steps: int
     seconds: float

@@ -129,7 +129,8 @@ class SessionAuto:
         self._facts = SetupFacts(
             device=traits.name, host=self._accelerator.is_host, capability=traits.capability, tf32=traits.tf32,
             tensor_cores=traits.tensor_cores, cuda_graphs=traits.cuda_graphs, flash_attention=traits.flash_attention,
-            precision_asked=asked, precision=precision, strategy=self._strategy.name,
+            precision_asked=asked, precision=precision, strategy=self._strategy.name, layout=self._strategy.layout,
+            plain_parameters=self._strategy.plain_parameters,
             compile_asked=True if compiled or setting not in (None, False) else (False if setting is False else None),
             compile_mode=options.get("mode"), **model_facts(model), **optimizer_facts(optimizer),
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpukit.errors import ConfigurationError
+from gpukit.layout import Layout
 
 __all__ = [
     "AUTO_SETTINGS", "COMPILE_COST_S", "COMPILE_SAVING", "Decision", "GRAPHS_MIN_IDLE_SHARE", "MeasuredFacts",
@@ -36,9 +37,19 @@ COMPILE_SAVING = 0.2
 GRAPHS_MIN_IDLE_SHARE = 0.25
 #: the optimizers torch has a fused kernel for (``fused=True``)
 FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD")
-#: strategies whose parameters are plain tensors on one device (FSDP's are DTensor shards, a split
-#: model's sit on several devices): where a fused optimizer, channels_last and CUDA graphs are applied
-PLAIN_PARAM_STRATEGIES = ("single", "ddp", "dp")
+
+
+def _plain_params(f: SetupFacts) -> bool:
+    """Parameters that are plain tensors on one device (FSDP's are DTensor shards, at any degree; tensor
+    parallelism's DTensor pieces; a split model's sit on several devices): where a fused optimizer and
+    channels_last go."""
+    layout = f.layout
+    return f.plain_parameters and layout.shards == 1 and layout.tensor == 1 and layout.stages == 1
+
+
+def _compiles(layout: Layout) -> bool:
+    """Whether ``torch.compile`` applies: not a DataParallel's per-step replicas, a split model or DTensor pieces."""
+    return layout.stages == 1 and layout.tensor == 1 and not (layout.one_process and layout.replicas > 1)
 
 
 @dataclass(frozen=True)
@@ -55,7 +66,9 @@ class SetupFacts:
         flash_attention: the device runs the flash attention kernel (Ampere+).
         precision_asked: ``Session(precision=...)`` as given ("auto" or a name).
         precision: the precision it resolved to.
-        strategy: the strategy's name.
+        strategy: the strategy's name (for the reasons).
+        layout: how the strategy divides the work (what the decisions read).
+        plain_parameters: the strategy keeps parameters as plain tensors (``Strategy.plain_parameters``).
         conv2d_layers: ``nn.Conv2d`` layers in the model.
         attention_layers: attention layers (``nn.MultiheadAttention`` or a forward calling
             ``scaled_dot_product_attention``).
@@ -76,6 +89,8 @@ class SetupFacts:
     precision_asked: str
     precision: str
     strategy: str
+    layout: Layout = Layout()
+    plain_parameters: bool = True
     conv2d_layers: int = 0
     attention_layers: int = 0
     optimizer: str | None = None
@@ -196,7 +211,7 @@ def _fused(f: SetupFacts, refused: frozenset[str]) -> Decision:
         return Decision("fused_optimizer", f.optimizer_kernel == "fused", f"{f.optimizer_kernel} kernel set on the optimizer: kept")
     if f.optimizer not in FUSED_OPTIMIZERS:
         return Decision("fused_optimizer", False, f"{f.optimizer} has no fused kernel; torch has one for {', '.join(FUSED_OPTIMIZERS)}")
-    if f.strategy not in PLAIN_PARAM_STRATEGIES:
+    if not _plain_params(f):
         return Decision("fused_optimizer", False, f"strategy {f.strategy!r}: its parameters are not plain tensors on one device")
     return Decision("fused_optimizer", True, f"{f.optimizer} with fused=True: one kernel per step over {f.param_tensors} "
                                              "parameter tensors instead of a launch per op and tensor group")
@@ -211,7 +226,7 @@ def _channels_last(f: SetupFacts, refused: frozenset[str]) -> Decision:
         return Decision("channels_last", False, f"{f.gpu}: no tensor cores, NCHW is as fast")
     if f.precision == "32-true" and not (f.tf32 and f.precision_asked != "32-true"):
         return Decision("channels_last", False, "fp32 convolutions without TF32: no tensor cores to feed")
-    if f.strategy not in PLAIN_PARAM_STRATEGIES:
+    if not _plain_params(f):
         return Decision("channels_last", False, f"strategy {f.strategy!r} shards or splits the weights: layout kept")
     return Decision("channels_last", True, f"{f.conv2d_layers} Conv2d layer(s) on tensor cores: cuDNN's NHWC kernels "
                                            "skip the layout transposes; NVIDIA: ~1.2x on ResNet-50 in AMP")
@@ -244,7 +259,7 @@ def _compile(f: SetupFacts, m: MeasuredFacts, refused: frozenset[str]) -> Decisi
         return no
     if f.host:
         return Decision("compile", False, "the CPU: inductor's C++ build rarely pays back there")
-    if f.strategy not in ("single", "ddp", "fsdp"):
+    if not _compiles(f.layout):
         return Decision("compile", False, f"strategy {f.strategy!r} cannot compile")
     step_ms = m.step_s * 1e3
     if m.steps_per_epoch is None:

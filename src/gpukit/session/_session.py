@@ -108,7 +108,7 @@ class Session:
         log_with: experiment trackers for ``session.log``: "csv", "mlflow", "wandb", a list, or
             tracker objects (``gpukit.monitor.CSVTracker`` ...); rank 0 only (docs/run-records.md).
         peak_tflops: the device's dense peak TFLOP/s in the precision that runs, for MFU on a device
-            gpukit's table lacks (CPUs included); default: the data sheet's (docs/monitoring.md).
+            gpukit's table lacks (CPUs included); default: the data sheet's (docs/sessions.md, "MFU and achieved TFLOP/s").
         flops_per_step: floating-point operations of one micro-batch's forward and backward on one
             process, when the model knows them; default: counted by torch on the second step.
         auto: the settings a GPU rewards, each printed once with its reason (``session.auto_settings``):

@@ -26,6 +26,8 @@ class Strategy:
     """One process, one device. Subclasses add wrapping and communication."""
 
     name: str = "single"
+    #: parameters stay plain tensors (False: DTensor shards or pieces, whatever the degree)
+    plain_parameters: bool = True
 
     def __init__(self, accelerator: Accelerator, device: torch.device) -> None:
         self.accelerator = accelerator

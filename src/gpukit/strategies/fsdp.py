@@ -72,6 +72,7 @@ class FSDPStrategy(DDPStrategy):
     """
 
     name = "fsdp"
+    plain_parameters = False  # DTensor shards, even over one process
 
     def __init__(
         self,
