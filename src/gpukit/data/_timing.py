@@ -327,6 +327,8 @@ class StepTimings:
         ``move.fence(event)``, where ``move`` has it, is given the event recorded after each
         sampled copy (the pinned pool reuses buffers the device has finished reading).
         """
+        from torch import Tensor as tensor_type
+
         from gpukit.memory import batch_length
 
         batches = iter(batches)
@@ -368,10 +370,15 @@ class StepTimings:
                     break
                 t_got = clock()
                 wait_s = t_got - t_req
-                try:
-                    samples = batch_length(batch)
-                except Exception:  # noqa: BLE001 - no tensor with a batch dim: count unknown
-                    samples = 0
+                # the usual batch, (inputs, targets) with a batch dim, without a call; else batch_length
+                head = batch[0] if (type(batch) is tuple or type(batch) is list) and batch else batch
+                if type(head) is tensor_type and head.ndim:
+                    samples = head.shape[0]
+                else:
+                    try:
+                        samples = batch_length(batch)
+                    except Exception:  # noqa: BLE001 - no tensor with a batch dim: count unknown
+                        samples = 0
                 h2d = None
                 if move is not None:
                     if not (sampled and on_device):
