@@ -248,6 +248,11 @@ def pinned_batches(device: torch.device, epochs: int = 5) -> None:
 
 def _steps_only(kind: str, steps: int) -> None:
     """The child of ``--instructions``: both loops built and warmed alike, then ``steps`` of one."""
+    from gpukit.data import _stall
+
+    # the loader's stall watchdog polls 10 times a second: its instructions would depend on how
+    # long the run takes, not on the steps (it only reads a clock; nothing it does is per step)
+    _stall._WATCH_PERIOD_S = 1e9
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model, data, batch = tiny()
