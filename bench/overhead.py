@@ -15,6 +15,12 @@ the wait for a core. Each of ``--reps`` runs interleaves ``--steps`` steps; the 
 median over runs of (Session median - plain median).
 
     python bench/overhead.py [--steps 300] [--warmup 30] [--reps 3] [--wall]
+    python bench/overhead.py --instructions [--steps 1000]   # load-independent: CPU instructions (valgrind)
+
+``--instructions`` counts the CPU instructions of the tiny model's loops under valgrind (cachegrind,
+``--cache-sim=no``), which machine load does not change: three child processes build both loops
+alike and then run ``--steps`` steps of one of them (or none); the differences give instructions
+per plain step and the Session's extra instructions per step.
     python bench/overhead.py --peers [--steps 2000] [--epochs 10] [--wall]   # vs Fabric and Accelerate
 
 ``--peers`` (bench/_peers.py) reports microseconds per step and per batch for gpukit, Lightning
@@ -240,6 +246,57 @@ def pinned_batches(device: torch.device, epochs: int = 5) -> None:
     session.close()
 
 
+def _steps_only(kind: str, steps: int) -> None:
+    """The child of ``--instructions``: both loops built and warmed alike, then ``steps`` of one."""
+    from gpukit.data import _stall
+
+    # the loader's stall watchdog polls 10 times a second: its instructions would depend on how
+    # long the run takes, not on the steps (it only reads a clock; nothing it does is per step)
+    _stall._WATCH_PERIOD_S = 1e9
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, data, batch = tiny()
+    device = torch.device("cpu")
+    plain = plain_stepper(copy.deepcopy(model), data, batch, device)
+    ours = session_stepper(copy.deepcopy(model), data, batch, device)
+    for _ in range(50):
+        plain()
+        ours()
+    step = plain if kind == "plain" else ours
+    for _ in range(steps):
+        step()
+
+
+def instructions(steps: int) -> None:
+    """Instructions per step of the tiny model's plain and Session loops (see the module docstring)."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("valgrind") is None:
+        print("--instructions: valgrind is not installed", flush=True)
+        return
+    runs = {"plain0": ("plain", 0), "plain": ("plain", steps), "session": ("session", steps)}
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every child
+    procs = {name: subprocess.Popen(
+        ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", sys.executable,
+         __file__, "--_child", kind, str(n)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for name, (kind, n) in runs.items()}
+    counts = {}
+    for name, proc in procs.items():
+        _, err = proc.communicate()
+        found = re.search(r"I\s+refs:\s+([\d,]+)", err)
+        if proc.returncode or found is None:
+            print(f"--instructions: the {name} run failed:\n{err[-2000:]}", flush=True)
+            return
+        counts[name] = int(found.group(1).replace(",", ""))
+    per_plain = (counts["plain"] - counts["plain0"]) / steps
+    extra = (counts["session"] - counts["plain"]) / steps
+    print(f"instructions per step, tiny model ({steps} steps, valgrind): plain {per_plain:,.0f}, Session "
+          f"{per_plain + extra:,.0f}, extra {extra:+,.0f} ({100 * extra / per_plain:+.1f}%)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -248,7 +305,15 @@ def main() -> None:
     parser.add_argument("--wall", action="store_true", help="wall time and torch's default threads on the CPU")
     parser.add_argument("--peers", action="store_true", help="per step and per batch vs Fabric and Accelerate")
     parser.add_argument("--epochs", type=int, default=10, help="--peers: epochs per loader")
+    parser.add_argument("--instructions", action="store_true", help="CPU instructions per step (valgrind)")
+    parser.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args._child:
+        _steps_only(args._child[0], int(args._child[1]))
+        return
+    if args.instructions:
+        instructions(args.steps if args.steps != 300 else 1000)
+        return
     if args.peers:
         import _peers
 

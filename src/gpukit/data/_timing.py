@@ -39,7 +39,7 @@ __all__ = ["SAMPLE_EVERY", "SAMPLE_FIRST", "StepTiming", "StepTimings", "TimingS
 
 #: the progress bar shows ``data NN%`` from this data-wait share on
 DATA_SHARE_SHOWN = 0.10
-_EMA = 0.3  # weight of the newest sampled step in the progress bar's moving averages
+_EMA_KEEP = 0.9  # per step: the progress bar's moving averages keep this much of their value
 #: one step in this many has its copy timed (and feeds the progress bar's averages)
 SAMPLE_EVERY = 16
 #: the first steps of every pass are all sampled (the start of an epoch is where loaders differ)
@@ -80,7 +80,7 @@ class PassTotals:
     time, data wait and samples; the sampled steps' copy times and data-wait shares."""
 
     __slots__ = ("epoch", "steps", "samples", "step_s", "wait_s", "h2d_s", "h2d_sq", "h2d_steps",
-                 "sampled", "share_sum", "share_sq", "first_wait_s")
+                 "sampled", "share_sum", "share_sq", "first_wait_s", "mark")
     _FIELDS = ("steps", "samples", "step_s", "wait_s", "h2d_s", "h2d_steps", "first_wait_s",
                "share_sum", "share_sq", "h2d_sq", "sampled")
 
@@ -89,6 +89,8 @@ class PassTotals:
         self.steps = self.samples = self.h2d_steps = self.sampled = 0
         self.step_s = self.wait_s = self.h2d_s = self.h2d_sq = self.share_sum = self.share_sq = 0.0
         self.first_wait_s = 0.0
+        #: (steps, samples, step s, wait s) when the progress bar's averages last took these in
+        self.mark: tuple[int, int, float, float] = (0, 0, 0.0, 0.0)
 
     def add(self, samples: int, step_s: float, wait_s: float, h2d_s: float | None) -> None:
         """One step, sampled (its copy time and data-wait share kept too)."""
@@ -248,7 +250,8 @@ class StepTimings:
         self._warm: tuple[int, int, float] | None = (0, 0, 0.0) if warmup_steps == 0 else None
         self._done = PassTotals()
         self._active: list[PassTotals] = []
-        self.recent_step_s: float | None = None  # moving averages for the progress bar (sampled steps)
+        # moving averages for the progress bar, over every step, brought up to date at sampled steps
+        self.recent_step_s: float | None = None
         self.recent_data_share: float | None = None
         self._recent_samples = 0.0
         #: end-of-epoch reports so far (:class:`gpukit.data.EpochReport`), newest last
@@ -326,6 +329,8 @@ class StepTimings:
         ``move.fence(event)``, where ``move`` has it, is given the event recorded after each
         sampled copy (the pinned pool reuses buffers the device has finished reading).
         """
+        from torch import Tensor as tensor_type
+
         from gpukit.memory import batch_length
 
         batches = iter(batches)
@@ -367,10 +372,15 @@ class StepTimings:
                     break
                 t_got = clock()
                 wait_s = t_got - t_req
-                try:
-                    samples = batch_length(batch)
-                except Exception:  # noqa: BLE001 - no tensor with a batch dim: count unknown
-                    samples = 0
+                # the usual batch, (inputs, targets) with a batch dim, without a call; else batch_length
+                head = batch[0] if (type(batch) is tuple or type(batch) is list) and batch else batch
+                if type(head) is tensor_type and head.ndim:
+                    samples = head.shape[0]
+                else:
+                    try:
+                        samples = batch_length(batch)
+                    except Exception:  # noqa: BLE001 - no tensor with a batch dim: count unknown
+                        samples = 0
                 h2d = None
                 if move is not None:
                     if not (sampled and on_device):
@@ -408,6 +418,7 @@ class StepTimings:
             if totals in self._active:
                 self._active.remove(totals)
                 self._done.merge(totals)
+            self._update_recent(totals)  # the steps since the last sampled one
 
     def _complete(self, totals: PassTotals, samples: int, step_s: float, wait_s: float, h2d: Any,
                   sampled: bool, exact: bool) -> None:
@@ -419,13 +430,7 @@ class StepTimings:
             h2d = accelerator.elapsed_s(start, end) if accelerator.event_done(end) else None
         if sampled:
             totals.add_sample(step_s, wait_s, h2d)
-            share = wait_s / step_s if step_s > 0 else 0.0
-            if self.recent_step_s is None:
-                self.recent_step_s, self._recent_samples, self.recent_data_share = step_s, float(samples), share
-            else:
-                self.recent_step_s += _EMA * (step_s - self.recent_step_s)
-                self._recent_samples += _EMA * (samples - self._recent_samples)
-                self.recent_data_share += _EMA * (share - self.recent_data_share)  # type: ignore[operator]
+            self._update_recent(totals)
         step = self._next_step
         self._next_step = step + 1
         if self._warm is None and self._next_step >= self.warmup_steps:
@@ -439,6 +444,25 @@ class StepTimings:
             )
             for listener in tuple(self._listeners):
                 listener(record)
+
+    def _update_recent(self, totals: PassTotals) -> None:
+        """Fold the steps since the last update into the progress bar's averages: a window of
+        ``n`` steps weighs as ``n`` steps of a per-step moving average would."""
+        steps, samples, step_s, wait_s = totals.mark
+        n = totals.steps - steps
+        if n <= 0:
+            return
+        totals.mark = (totals.steps, totals.samples, totals.step_s, totals.wait_s)
+        window_s = totals.step_s - step_s
+        mean_s, mean_samples = window_s / n, (totals.samples - samples) / n
+        share = (totals.wait_s - wait_s) / window_s if window_s > 0 else 0.0
+        if self.recent_step_s is None or self.recent_data_share is None:
+            self.recent_step_s, self._recent_samples, self.recent_data_share = mean_s, mean_samples, share
+            return
+        new = 1.0 - _EMA_KEEP ** n
+        self.recent_step_s += new * (mean_s - self.recent_step_s)
+        self._recent_samples += new * (mean_samples - self._recent_samples)
+        self.recent_data_share += new * (share - self.recent_data_share)
 
     def gather_pass(self, totals: PassTotals, gather: Any) -> list[PassTotals]:
         """Every rank's totals of this pass on rank 0 (an :class:`EpochGather` of the loader);

@@ -103,7 +103,8 @@ class TrainingSteps:
 
     def next_is_boundary(self) -> bool:
         """Whether the micro-batch about to run is the last of its accumulation window."""
-        return self.in_window + 1 >= self.window_size()
+        size = self._window  # decided at the window's first micro-batch: no call once it is
+        return self.in_window + 1 >= (size if size is not None else self.window_size())
 
     def accumulate(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """No gradient sync (DDP, FSDP) except on the last micro-batch of a window."""
@@ -113,7 +114,7 @@ class TrainingSteps:
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, divided by the window's size and scaled for fp16."""
-        size = self.window_size()
+        size = self._window if self._window is not None else self.window_size()
         if size > 1:
             # summed over the micro-batches this gives the gradient of the mean loss
             loss = loss / size
@@ -122,7 +123,7 @@ class TrainingSteps:
     def step(self, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None) -> bool:
         """Count a micro-batch; at the end of a window clip, step and zero the grads (True: it stepped)."""
         self.micro_step += 1
-        size = self.window_size()
+        size = self._window if self._window is not None else self.window_size()
         self.in_window += 1
         if self.in_window < size:
             return False
