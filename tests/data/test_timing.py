@@ -196,7 +196,7 @@ def test_the_epoch_line_names_the_cause_and_the_fix(
     report = diagnose(ranks, loader)
     assert report.causes[0] == cause
     assert text in report.line
-    assert report.line.startswith("gpukit: epoch 3: ")
+    assert report.line.startswith("gpukit: epoch 4: ")
     assert report.worst_rank == len(ranks) - 1
 
 
@@ -211,7 +211,7 @@ def test_session_prints_the_epoch_line_on_rank_zero(capsys: pytest.CaptureFixtur
     for _ in s.setup_dataloader(SleepyDataset(4, 0.02), batch_size=2, num_workers=0):
         pass
     err = capsys.readouterr().err
-    assert "gpukit: epoch 0:" in err and "data loading is" in err and "num_workers=0 -> try" in err
+    assert "gpukit: epoch 1:" in err and "data loading is" in err and "num_workers=0 -> try" in err
     assert s.timings.epoch_reports[-1].causes == ("workers",)
     quiet = session()
     for _ in quiet.setup_dataloader(SleepyDataset(2, 0.0), batch_size=2):

@@ -116,7 +116,7 @@ def diagnose(per_rank: list[PassTotals], facts: LoaderFacts) -> EpochReport:
     samples = sum(s.samples for s in summaries)
     busy_s = max(s.step_time_s for s in summaries)
     steps = max(s.steps for s in summaries)
-    head = f"epoch {per_rank[0].epoch}:"
+    head = f"epoch {per_rank[0].epoch + 1}:"  # counted from 1 as the demo and most scripts do (set_epoch: from 0)
     if busy_s > 0:
         head += f" {samples / busy_s:,.0f} samples/s"
         head += f" over {n} ranks" if n > 1 else ""
@@ -140,6 +140,8 @@ def diagnose(per_rank: list[PassTotals], facts: LoaderFacts) -> EpochReport:
             )
     if not advice:
         advice.append(f"data loading {data:.0%}{where}{', ' + copy if copy else ''}: the loader keeps up")
+    elif copy and "pinning" not in causes and "copy_size" not in causes:
+        advice.append(copy)  # the copy share is always said where it was measured
     line = f"gpukit: {head} " + "; ".join(advice)
     return EpochReport(per_rank[0].epoch, summaries, data, h2d, worst, tuple(causes), line)
 

@@ -132,7 +132,8 @@ def build_loader(data: Dataset | DataLoader, place: LoaderPlace, request: Loader
         loader = DataLoader(dataset, batch_size=request.batch_size, drop_last=request.drop_last, **kwargs)
         track_worker_pool(loader)
         return DeviceLoader(loader, place, move_to_device=request.move_to_device, resumable=False,
-                            data_timeout_s=request.data_timeout_s, tuned=tuned, pinned_pool=pooled)
+                            data_timeout_s=request.data_timeout_s, tuned=tuned, pinned_pool=pooled,
+                            global_draws=torch_global_draws(given, False))
 
     # A map-style dataset: this rank's shard, in a batch sampler that resumes mid-epoch.
     shuffle = bool(request.shuffle) if request.shuffle is not None else _shuffles(given)
@@ -142,7 +143,22 @@ def build_loader(data: Dataset | DataLoader, place: LoaderPlace, request: Loader
     loader = DataLoader(dataset, batch_sampler=batch_sampler, **kwargs)
     track_worker_pool(loader)
     return DeviceLoader(loader, place, move_to_device=request.move_to_device, data_timeout_s=request.data_timeout_s,
-                        tuned=tuned, pinned_pool=pooled)
+                        tuned=tuned, pinned_pool=pooled, global_draws=torch_global_draws(given, shuffle))
+
+
+def torch_global_draws(given: DataLoader | None, shuffle: bool) -> tuple[int, int]:
+    """How many numbers torch's DataLoader draws from the global RNG when a pass starts, at the first pass
+    and at later ones, where gpukit's own loader (seeded by the session) draws none: one for the iterator's
+    base seed (once only, with persistent workers), one for a RandomSampler's seed when shuffling -- none
+    of either when the user's loader or sampler had a generator of its own. gpukit draws and drops as many,
+    so a port's global stream (dropout masks, augmentation) stays where the original script had it."""
+    if given is not None and given.generator is not None:
+        return (0, 0)
+    sampler = given.sampler if given is not None else None
+    sampler_draw = int(shuffle and getattr(sampler, "generator", None) is None)
+    # as the user's loader would (a dataset alone: torch's defaults), not as gpukit's settings do
+    persistent = given is not None and bool(given.num_workers) and bool(given.persistent_workers)
+    return (1 + sampler_draw, (0 if persistent else 1) + sampler_draw)
 
 
 def _worker_settings(dataset: Any, request: LoaderRequest,

@@ -92,8 +92,14 @@ class DeviceLoader:
         data_timeout_s: float | None = None,
         tuned: TuneResult | None = None,
         pinned_pool: bool = False,
+        global_draws: tuple[int, int] = (0, 0),
     ) -> None:
         self.loader = loader
+        #: numbers torch's own DataLoader would draw from the global RNG when a pass starts, at the first
+        #: pass and at later ones (see ``torch_global_draws``): drawn and dropped, so the user's stream
+        #: (dropout masks, augmentation) is where it would be without gpukit
+        self.global_draws = global_draws
+        self._passes = 0
         self._accelerator = place.accelerator
         #: batches are pinned through a pool of reused buffers (the DataLoader itself does not pin)
         self.pinned_pool = pinned_pool and move_to_device
@@ -178,6 +184,9 @@ class DeviceLoader:
         if self._in_progress:  # the previous pass was cut short: this is the next epoch
             self._epoch, self._consumed = self._epoch + 1, 0
         self._in_progress = True
+        for _ in range(self.global_draws[0 if self._passes == 0 else 1]):
+            torch.empty((), dtype=torch.int64).random_()
+        self._passes += 1
         skip = self._consumed
         batches: Iterator[Any]
         if isinstance(self._batch_sampler, ResumableBatchSampler):

@@ -258,6 +258,9 @@ class StepTimings:
         self.epoch_reports: list[Any] = []
         #: ``note(report) -> str | None`` each: text added to every epoch's line (the session's MFU)
         self.epoch_notes: list[Callable[[Any], str | None]] = []
+        #: ``() -> bool``: whether the pass that just ended trained (the session's); its line is printed only
+        #: then -- an evaluation loader's pass is kept in ``epoch_reports`` but prints no epoch line
+        self.shows_pass: Callable[[], bool] | None = None
 
     # -- listeners ------------------------------------------------------------------------------
     def add_listener(self, callback: Callable[[StepTiming], Any]) -> None:
@@ -484,7 +487,7 @@ class StepTimings:
             report = replace(report, line=f"{report.line}; " + "; ".join(notes))
         self.epoch_reports.append(report)
         del self.epoch_reports[:-100]
-        if self.report and self.rank == 0:
+        if self.report and self.rank == 0 and (self.shows_pass is None or self.shows_pass()):
             print(report.line, file=sys.stderr, flush=True)
 
     def __repr__(self) -> str:

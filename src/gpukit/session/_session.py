@@ -170,6 +170,7 @@ class Session:
                                     self.accelerator, seed_per_rank)
         #: step-time breakdown of every gpukit loader (data wait, copy, compute); listeners
         self.timings = StepTimings(self.accelerator, rank=self.strategy.rank, report=verbose)
+        self.timings.shows_pass = self._steps.trained_this_pass  # epoch lines for training passes only
         # FLOPs per step (counted on the first) and MFU in each epoch's line and the record
         self._mfu = SessionMfu(peak_tflops, flops_per_step, strategy=self.strategy, accelerator=self.accelerator,
                                timings=self.timings, loaders=self._loaders, steps=self._steps)

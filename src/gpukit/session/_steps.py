@@ -21,6 +21,8 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import torch
+
 from gpukit._util.warnings import warn_at_user_code
 from gpukit.errors import ConfigurationError
 
@@ -69,6 +71,7 @@ class TrainingSteps:
         self._loaders = loaders
         self.step_at_loader_end = bool(step_at_loader_end)
         self.micro_step = 0
+        self._micro_at_pass_end = 0  # micro_step when a gpukit loader's pass last ended
         self.optimizer_steps = 0
         self.in_window = 0  # micro-batches of the open window already counted by step()
         self._window: int | None = None  # its size, fixed at its first micro-batch
@@ -159,6 +162,13 @@ class TrainingSteps:
         """A gpukit loader finished its pass: without a length its last window could not be cut short."""
         if self.step_at_loader_end and not has_length:
             self.warn_if_pending("the loader's pass ended (it has no len(), so its last window was not cut short)")
+        self._micro_at_pass_end = self.micro_step
+
+    def trained_this_pass(self) -> bool:
+        """Whether the pass that just ended looks like training: gradients on as it ends, and ``session.step``
+        ran during it -- or never ran at all (a loop that steps its optimizer itself). An evaluation pass
+        (under ``torch.no_grad()``, or without a step in a loop that steps with ``session.step``) does not."""
+        return torch.is_grad_enabled() and (self.micro_step == 0 or self.micro_step > self._micro_at_pass_end)
 
     def state_dict(self) -> dict[str, int]:
         """The counts a checkpoint carries."""
