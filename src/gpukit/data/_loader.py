@@ -184,10 +184,11 @@ class DeviceLoader:
         if self._in_progress:  # the previous pass was cut short: this is the next epoch
             self._epoch, self._consumed = self._epoch + 1, 0
         self._in_progress = True
-        for _ in range(self.global_draws[0 if self._passes == 0 else 1]):
-            torch.empty((), dtype=torch.int64).random_()
-        self._passes += 1
         skip = self._consumed
+        if not skip:  # a pass resumed mid-way drew these at its start, before the checkpoint's RNG state
+            for _ in range(self.global_draws[0 if self._passes == 0 else 1]):
+                torch.empty((), dtype=torch.int64).random_()
+        self._passes += 1
         batches: Iterator[Any]
         if isinstance(self._batch_sampler, ResumableBatchSampler):
             self._batch_sampler.set_epoch(self._epoch)
