@@ -52,6 +52,7 @@ from gpukit.memory._measure import measure_peak_memory
 from gpukit.memory._measure_cpu import MeasuredMemory, forward_backward, measure_step_memory
 from gpukit.memory._planner import MemoryEstimate, estimate_memory
 from gpukit.memory._shard_plan import fsdp_unit_numels, shard_estimate
+from gpukit.memory._tp_structure import TensorSplit, TensorSplitError, check_divides, tensor_split
 from gpukit.memory._postmortem import (
     Allocation,
     largest_allocations,
@@ -84,6 +85,10 @@ __all__ = [
     "BatchSizeTrial",
     "estimate_memory",
     "shard_estimate",
+    "TensorSplit",
+    "TensorSplitError",
+    "check_divides",
+    "tensor_split",
     "fsdp_unit_numels",
     "MemoryEstimate",
     "measure_peak_memory",
