@@ -202,20 +202,56 @@ def plan_names() -> tuple[str, ...]:
     return tuple(label for entry in REGISTRY.values() for label in entry.plans)
 
 
+def _tensor_label(label: str) -> tuple[str | None, int] | None:
+    """``"fsdp+tp2"`` -> ``("fsdp", 2)``, ``"tp4"`` -> ``(None, 4)``; ``None`` for a label without tensor groups."""
+    base, plus, tail = str(label).rpartition("+")
+    tail = tail if plus else str(label)
+    if not tail.startswith("tp") or not tail[2:].isdigit() or int(tail[2:]) < 2:
+        return None
+    return (base if plus else None), int(tail[2:])
+
+
 def plan_layout(label: str, devices: int) -> Layout:
-    """The layout the planner's ``label`` (one of :func:`plan_names`) runs over ``devices``.
+    """The layout the planner's ``label`` runs over ``devices``: one of :func:`plan_names`, or one of those
+    of one device per process with tensor groups of ``T`` (``"fsdp+tp2"``: FSDP over ``devices / T`` groups;
+    ``"tp2"``: one group of 2, whatever ``devices``).
 
     Raises:
-        ConfigurationError: an unknown label.
+        ConfigurationError: an unknown label, or tensor groups that do not divide ``devices``.
     """
+    tensor = _tensor_label(label)
+    if tensor is not None:
+        base, degree = tensor
+        if base is None:
+            return Layout(tensor=degree)
+        entry = next((e for e in REGISTRY.values() if base in e.plans), None)
+        if entry is None or entry.placement != "per-process" or devices % degree:
+            raise ConfigurationError(
+                f"plan {label!r} over {devices} device(s): tensor groups go with a strategy of one device per "
+                f"process ({', '.join(n for e in REGISTRY.values() if e.placement == 'per-process' for n in e.plans)})"
+                f", and the degree must divide the devices.")
+        groups = plan_layout(base, devices // degree)
+        return Layout(replicas=groups.replicas, shards=groups.shards, tensor=degree, offload=groups.offload)
     for entry in REGISTRY.values():
         if label in entry.plans:
             return entry.plans[label](1 if entry.placement == "one-device" else devices)
-    raise ConfigurationError(f"unknown plan {label!r}; choose from {', '.join(plan_names())}.")
+    raise ConfigurationError(f"unknown plan {label!r}; choose from {', '.join(plan_names())} (each of one device per "
+                             "process may take tensor groups: 'fsdp+tp2', or 'tp2' for one group).")
+
+
+def _groups(layout: Layout) -> Layout:
+    """``layout`` without its tensor groups: how the groups divide the data."""
+    return Layout(replicas=layout.replicas, shards=layout.shards, stages=layout.stages, offload=layout.offload,
+                  one_process=layout.one_process)
 
 
 def plan_name_of(layout: Layout) -> str | None:
     """The planner's name for ``layout`` (``None``: no registered strategy plans it)."""
+    if layout.tensor > 1:
+        if layout.replicas * layout.shards == 1 and not layout.offload:
+            return f"tp{layout.tensor}"
+        base = plan_name_of(_groups(layout))
+        return None if base is None else f"{base}+tp{layout.tensor}"
     for entry in REGISTRY.values():
         for label, make in entry.plans.items():
             if make(layout.devices) == layout:
@@ -224,11 +260,18 @@ def plan_name_of(layout: Layout) -> str | None:
 
 
 def session_arguments(layout: Layout) -> list[str]:
-    """The ``Session(...)`` arguments that run ``layout`` (placement only: no precision, no batch).
+    """The ``Session(...)`` arguments that run ``layout`` (placement only: no precision, no batch);
+    ``tensor_parallel=T`` for tensor groups (replicated over the groups unless they are sharded).
 
     Raises:
         ConfigurationError: no registered strategy plans ``layout``.
     """
+    if layout.tensor > 1:
+        groups = _groups(layout)
+        args = [f"devices={layout.devices}"]
+        if groups.devices > 1:  # DDP (replicated) or FSDP (sharded) over the groups, as that layout writes it
+            args += session_arguments(groups)[1:]
+        return [*args, f"tensor_parallel={layout.tensor}"]
     for entry in REGISTRY.values():
         if any(make(layout.devices) == layout for make in entry.plans.values()):
             args = [f"devices={layout.devices}"] if layout.devices > 1 and entry.placement == "per-process" else []

@@ -4,7 +4,8 @@ Candidates: precision (32-true, bf16-mixed, bf16-true) x activation checkpointin
 selective, full; only where the model has blocks) x strategy (single, DDP, FSDP, FSDP with
 CPU offload, pipeline; the multi-device ones with ``devices > 1``) x micro-batch size (the
 global batch per device, halved while it divides, with gradient accumulation making up the
-global batch). Memory per device comes from :func:`estimate_memory` (and
+global batch), and tensor-parallel groups of every degree that divides the devices, fits in one
+node and divides the model (``_fit_tensor.py``). Memory per device comes from :func:`estimate_memory` (and
 :func:`shard_estimate` for FSDP); step time from the cost model in ``_fit_costs.py``. The
 search (``_fit_search.py``) ranks every candidate by predicted step time from a few plans and
 then plans the cheapest ones exactly, so what is printed is what the planner predicts.
@@ -23,9 +24,10 @@ from gpukit.errors import ConfigurationError
 from gpukit.layout import Layout, plan_layout, plan_names
 from gpukit.memory._activation import checkpoint_targets
 from gpukit.memory._blocks import unit_param_counts, units_to_shard
-from gpukit.memory._fit_costs import Costs, FitOption
+from gpukit.memory._fit_costs import DEFAULT_TENSOR_LINK_BYTES_PER_S, Costs, FitOption
 from gpukit.memory._fit_planner import FitPlanner, example_batch_size
 from gpukit.memory._fit_search import Candidate, micro_batches, search
+from gpukit.memory._fit_tensor import TensorDegrees, tensor_degrees, tensor_lines
 from gpukit.memory._planner import same_model
 from gpukit.precision import fsdp_own_unit_layers
 
@@ -48,6 +50,17 @@ class FitResult:
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: the cheapest configuration left out for memory (it predicts a faster step than ``best``)
     cheaper_rejected: FitOption | None = None
+    #: one line per tensor-parallel degree considered: refused (why), or chosen or not (why)
+    tensor: tuple[str, ...] = ()
+    #: the intra-node link the tensor groups' collectives were priced at (an assumption)
+    tensor_link_bytes_per_s: float = DEFAULT_TENSOR_LINK_BYTES_PER_S
+
+    def _tensor_lines(self) -> list[str]:
+        if not self.tensor:
+            return []
+        head = (f"  tensor parallel (collectives priced over an assumed {self.tensor_link_bytes_per_s / 1e9:.0f} GB/s "
+                "intra-node link):")
+        return [head, *(f"    {line}" for line in self.tensor)]
 
     @property
     def best(self) -> FitOption | None:
@@ -63,12 +76,12 @@ class FitResult:
                 lines.append(f"  it needs {format_bytes(short)} more per device "
                              f"({self.closest.peak_bytes / self.memory_bytes:.2f}x the budget): add devices "
                              "(--nproc / devices=), a smaller global batch, or a GPU with more memory.")
-            return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+            return "\n".join(lines + self._tensor_lines() + [f"  note: {n}" for n in self.notes])
         lines = [f"{head}; cheapest first:"]
         for rank, option in enumerate(self.options, 1):
             lines.append(f"  {rank}. {option.describe()}")
             lines.append(f"     {option.session_line()}")
-        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+        return "\n".join(lines + self._tensor_lines() + [f"  note: {n}" for n in self.notes])
 
 
 def fit(
@@ -91,6 +104,9 @@ def fit(
     planner: FitPlanner | None = None,
     workers: int = 1,
     progress: Callable[[str], None] | None = None,
+    tensor_parallel: Sequence[int] | None = None,
+    node_devices: int | None = None,
+    tensor_link_bytes_per_s: float = DEFAULT_TENSOR_LINK_BYTES_PER_S,
 ) -> FitResult:
     """Rank the configurations whose planned peak fits ``memory`` per device by predicted step time.
 
@@ -116,6 +132,12 @@ def fit(
             run on. Forking is skipped where it is unsafe (other threads running).
         progress: called with one line before each plan is made (a plan of a deep model takes
             about half a second of CPU); ``gpukit plan --fit`` shows it on a terminal.
+        tensor_parallel: the tensor-parallel degrees to plan the strategies of one device per process with
+            (``None``: every degree >= 2 that divides ``devices`` -- unless ``strategies`` names the layouts,
+            "fsdp+tp2", "tp2"; ``()``: none). A degree must fit in one node and divide the model's heads and
+            MLP widths; ``FitResult.tensor`` says why each was chosen or not, or refused.
+        node_devices: GPUs of one node (default ``devices``): tensor groups stay inside a node.
+        tensor_link_bytes_per_s: the intra-node link the tensor groups' collectives are priced at.
 
     Returns:
         A :class:`FitResult`; ``print`` it for the table and the ``Session(...)`` lines.
@@ -130,20 +152,66 @@ def fit(
     policies = _policies(model, precisions, checkpointing, notes)
     # FSDP's units as the Session would make them: norm layers of their own under some precisions
     units = {p: unit_param_counts(model, units_to_shard(model, always=fsdp_own_unit_layers(p))) for p in precisions}
-    costs = Costs(flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s, units)
     planner = _planner_for(planner, model, example_input, optimizer, device)
     if progress is not None:
         planner.progress = progress
 
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigurationError(f"fit(workers={workers!r}): use an int >= 1 (1 plans in this process).")
+    node = devices if node_devices is None else node_devices
+    if isinstance(node, bool) or not isinstance(node, int) or node < 1:
+        raise ConfigurationError(f"fit(node_devices={node_devices!r}): use an int >= 1 (the GPUs of one node).")
 
     with same_model():  # one model, planned many times: its structure is found once
+        degrees = _tensor(chosen, strategies, tensor_parallel, planner, devices, node, precisions)
+        costs = Costs(flops_per_s, link_bytes_per_s, host_bytes_per_s, micro_batch_overhead_s, units,
+                      tensor_link_bytes_per_s, degrees.costs)
         grid = [Candidate(precision, ckpt, layout, per_device, micro) for precision in precisions
                 for ckpt in policies for layout in chosen for per_device in _per_device(layout, batch)
                 for micro in micro_batches(per_device)]
         found = search(grid, planner, costs, budget, top, workers)
-    return FitResult(budget, batch, found.fitting, found.closest, tuple(notes), found.rejected)
+        lines = _why(degrees, grid, found.fitting, planner, costs, budget, workers, tensor_link_bytes_per_s)
+    return FitResult(budget, batch, found.fitting, found.closest, tuple(notes), found.rejected, tuple(lines),
+                     tensor_link_bytes_per_s)
+
+
+def _tensor(chosen: list[Layout], strategies: Sequence[str] | None, tensor_parallel: Sequence[int] | None,
+            planner: FitPlanner, devices: int, node: int, precisions: Sequence[str]) -> TensorDegrees:
+    """The tensor-parallel degrees to plan; ``chosen`` gains their layouts (added where the degrees are
+    automatic or given, checked where ``strategies`` named them).
+
+    Raises:
+        ConfigurationError: a layout named in ``strategies`` whose degree the model or the node refuses.
+    """
+    named = sorted({layout.tensor for layout in chosen if layout.tensor > 1})
+    if devices == 1 or (strategies is not None and tensor_parallel is None and not named):
+        return TensorDegrees()
+    degrees = tensor_degrees(planner, devices, named if strategies is not None and tensor_parallel is None
+                             else tensor_parallel, node, precisions)
+    refused = [f"tensor_parallel={t}: {degrees.refused[t]}" for t in named if t in degrees.refused]
+    if refused:
+        raise ConfigurationError(f"fit(strategies={list(strategies or ())!r}): {'; '.join(refused)}.")
+    chosen += [layout for layout in degrees.layouts(chosen, devices) if layout not in chosen]
+    return degrees
+
+
+def _why(degrees: TensorDegrees, grid: list[Candidate], fitting: Sequence[FitOption], planner: FitPlanner,
+         costs: Costs, budget: int, workers: int, link_bytes_per_s: float) -> list[str]:
+    """``FitResult.tensor``: the fastest that fits with each degree and without, searched for where the
+    ``top`` options found hold none of them (the planner's plans are shared: little is planned again)."""
+    if not degrees.accepted and not degrees.refused:
+        return []
+
+    def fastest(tensor: int) -> FitOption | None:
+        mine = next((o for o in fitting if o.layout.tensor == tensor), None)
+        subset = [c for c in grid if c.layout.tensor == tensor]
+        if mine is None and subset and fitting:  # nothing fits at all: no subset of the grid fits either
+            mine = next(iter(search(subset, planner, costs, budget, 1, workers).fitting), None)
+        return mine
+
+    best = fitting[0] if fitting else None
+    return tensor_lines(degrees, best, {t: fastest(t) for t in degrees.accepted},
+                        fastest(1) if best is not None and best.layout.tensor > 1 else None, link_bytes_per_s)
 
 
 def _global_batch(devices: Any, global_batch: Any, example_input: Any) -> int:

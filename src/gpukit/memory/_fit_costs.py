@@ -13,11 +13,19 @@ Cost model (seconds per optimizer step; documented, simple, overridable):
   (state + parameters + gradients over ``host_bytes_per_s``);
 * pipeline over N stages with 4N micro-batches (GPipe): compute x (4N + N - 1) / (4N) / N.
   Per-stage memory is modelled as the single-device plan / N x 1.2 (balance is never perfect).
+* tensor parallel over groups of T (within one node): the plan is of one rank's shard of the model
+  (its compute, peak and the bytes it holds); per micro-batch the activations the group's collectives
+  move (``_tp_shard.tensor_traffic``: each split block's output all-reduced forward, its input
+  gradient backward), all-reduced at 2(T-1)/T x bytes and all-gathered at (T-1)/T x bytes over
+  ``tensor_link_bytes_per_s`` (an assumed intra-node link: NVLink-class, 200 GB/s by default), in the
+  compute dtype (fp32 for 32-true, else 16-bit); the gathered logits are added to the peak (the shard
+  model's step holds 1/T of them). DDP or FSDP over the tensor groups then move the rank's own share of
+  the gradients and parameters over the data-parallel ranks (replicas x shards), as above.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from gpukit._util.units import format_bytes
 from gpukit.errors import ConfigurationError
@@ -25,10 +33,14 @@ from gpukit.layout import Layout, plan_name_of, session_arguments
 from gpukit.memory._fit_planner import POLICIES
 from gpukit.memory._planner import MemoryEstimate
 from gpukit.memory._shard_plan import shard_estimate
+from gpukit.memory._tp_shard import TensorTraffic
 
-__all__ = ["Costs", "FitOption", "option_for"]
+__all__ = ["Costs", "FitOption", "TensorCosts", "option_for", "tensor_comm_s", "DEFAULT_TENSOR_LINK_BYTES_PER_S"]
 
 _PIPELINE_IMBALANCE = 1.2
+#: the intra-node link a tensor group's collectives are assumed to run at (NVLink-class all-reduce
+#: bandwidth; PCIe-only machines reach a tenth of it: pass tensor_link_bytes_per_s= to fit)
+DEFAULT_TENSOR_LINK_BYTES_PER_S = 200e9
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,30 @@ class Costs:
     host_bytes_per_s: float
     micro_batch_overhead_s: float
     units: dict[str, list[int]]
+    tensor_link_bytes_per_s: float = DEFAULT_TENSOR_LINK_BYTES_PER_S
+    #: per tensor-parallel degree: the shard model's FSDP units and its traffic
+    tensor: dict[int, TensorCosts] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TensorCosts:
+    """What a tensor-parallel degree adds to the cost model: its shard model's FSDP unit sizes per
+    precision, and what one sample moves through the group's collectives."""
+
+    units: dict[str, list[int]]
+    traffic: TensorTraffic
+
+
+def _activation_bytes(precision: str) -> int:
+    return 4 if precision == "32-true" else 2
+
+
+def tensor_comm_s(traffic: TensorTraffic, degree: int, samples: int, precision: str, link_bytes_per_s: float) -> float:
+    """Seconds the collectives of a tensor group of ``degree`` take for ``samples`` samples (ring
+    all-reduce 2(T-1)/T, all-gather (T-1)/T of the bytes, over ``link_bytes_per_s``)."""
+    share = (degree - 1) / degree
+    moved = (2 * share * traffic.reduced + share * traffic.gathered) * samples * _activation_bytes(precision)
+    return moved / link_bytes_per_s
 
 
 def option_for(estimate: MemoryEstimate, precision: str, ckpt: str, layout: Layout, micro: int,
@@ -90,24 +126,33 @@ def option_for(estimate: MemoryEstimate, precision: str, ckpt: str, layout: Layo
         ConfigurationError: a layout the cost model does not price (tensor parallelism, or two kinds of
             split at once).
     """
-    kinds = sum(d > 1 for d in (layout.replicas, layout.shards, layout.tensor, layout.stages))
-    if layout.tensor > 1 or kinds > 1:
-        raise ConfigurationError(f"the planner does not price the layout {layout.describe()!r} yet: it plans one "
-                                 "kind of split at a time (replicas, shards or stages).")
-    n = layout.devices
+    kinds = sum(d > 1 for d in (layout.replicas, layout.shards, layout.stages))
+    tensor = layout.tensor
+    if kinds > 1 or (tensor > 1 and (layout.stages > 1 or tensor not in costs.tensor)):
+        raise ConfigurationError(f"the planner does not price the layout {layout.describe()!r}: it plans one kind "
+                                 "of data-parallel split (replicas, shards) or stages, each with or without tensor "
+                                 "groups it was given the costs of.")
+    n = layout.replicas * layout.shards * layout.stages  # devices that split the data (or the stages)
     rate = costs.flops_per_s * (1 if precision == "32-true" else 2)
     compute_s = accumulate * (estimate.flops / rate + costs.micro_batch_overhead_s)
     share = (n - 1) / n if n > 1 else 0.0
     grads, params = estimate.gradients_bytes, estimate.parameters_bytes
     gathered = params / 2 if precision == "bf16-mixed" else params  # FSDP gathers in the compute dtype
     peak = estimate.peak_bytes
+    units = costs.units[precision]
+    if tensor > 1:  # the estimate is of one rank's shard model: add what the group exchanges
+        extra = costs.tensor[tensor]
+        units = extra.units[precision]
+        compute_s += accumulate * tensor_comm_s(extra.traffic, tensor, micro, precision, costs.tensor_link_bytes_per_s)
+        # the gathered logits (the shard model held 1/T of them), and their gradient
+        peak += 2 * micro * extra.traffic.gathered * (tensor - 1) // tensor * _activation_bytes(precision)
     if n == 1:
         step_s = compute_s
     elif layout.replicas > 1:
         peak += grads  # DDP's gradient buckets
         step_s = compute_s + 2 * share * grads / costs.link_bytes_per_s
     elif layout.shards > 1:
-        sharded = shard_estimate(estimate, n, costs.units[precision])
+        sharded = shard_estimate(replace(estimate, peak_bytes=peak), n, units)
         peak = sharded.peak_bytes
         comm = accumulate * share * (2 * gathered + grads) / costs.link_bytes_per_s
         step_s = compute_s + comm

@@ -1,5 +1,8 @@
 """``FitPlanner``: the plans ``fit`` ranks from, one per (precision, checkpointing, micro-batch
-size), cached -- and the helpers that size an example batch."""
+size, tensor-parallel degree), cached -- and the helpers that size an example batch.
+
+A plan at a tensor-parallel degree above 1 is the plan of one rank's shard of the model
+(``_tp_shard.py``): what each rank of the tensor group holds and runs."""
 
 from __future__ import annotations
 
@@ -11,11 +14,16 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from gpukit.errors import ConfigurationError
 from gpukit.memory._planner import MemoryEstimate, estimate_memory
+from gpukit.memory._simulate import call_model
+from gpukit.memory._tp_shard import TensorTraffic, tensor_shard_model, tensor_traffic
+from gpukit.memory._tp_structure import TensorSplit, tensor_split
 
 __all__ = ["POLICIES", "FitPlanner", "example_batch_size", "resized"]
 
 #: ``fit``'s checkpointing names and the ``activation_checkpointing=`` each one plans with
 POLICIES = {"none": None, "selective": "selective", "full": True}
+#: a plan's key: (precision, checkpointing, micro-batch, tensor-parallel degree)
+Key = tuple[str, str, int, int]
 
 
 class FitPlanner:
@@ -27,7 +35,9 @@ class FitPlanner:
                  progress: Callable[[str], None] | None = None) -> None:
         self.model, self.example, self.optimizer, self.device = model, example_input, optimizer, device
         self.progress = progress
-        self._cache: dict[tuple[str, str, int], MemoryEstimate] = {}
+        self._cache: dict[Key, MemoryEstimate] = {}
+        self._splits: dict[int, tuple[TensorSplit, torch.nn.Module]] = {}
+        self._traffic: dict[int, TensorTraffic] = {}
         example_batch_size(example_input)  # checked here: every tensor has the batch as dim 0
 
     @property
@@ -35,30 +45,52 @@ class FitPlanner:
         """How many planner runs this planner made (each one traces a training step)."""
         return len(self._cache)
 
-    def planned(self, key: tuple[str, str, int]) -> bool:
-        """Whether the plan of ``(precision, checkpointing, micro-batch)`` is made already."""
+    def planned(self, key: Key) -> bool:
+        """Whether the plan of ``(precision, checkpointing, micro-batch, tensor degree)`` is made already."""
         return key in self._cache
 
-    def exact(self, precision: str, ckpt: str, micro: int) -> MemoryEstimate:
-        key = (precision, ckpt, micro)
+    def exact(self, precision: str, ckpt: str, micro: int, tensor: int = 1) -> MemoryEstimate:
+        """The plan of one micro-batch (of one rank's shard of the model, when ``tensor > 1``)."""
+        key = (precision, ckpt, micro, tensor)
         if key not in self._cache:
             self._say([key])
             self._cache[key] = self._plan(key)
         return self._cache[key]
 
-    def _say(self, keys: list[tuple[str, str, int]]) -> None:
+    def split(self, tensor: int) -> tuple[TensorSplit, torch.nn.Module]:
+        """What ``tensor`` splits of the model, and one rank's shard of it (on meta), made once.
+
+        Raises:
+            ConfigurationError: the degree does not divide the model (``TensorSplitError``), or nothing splits.
+        """
+        if tensor not in self._splits:
+            found = tensor_split(self.model, tensor)
+            self._splits[tensor] = (found, tensor_shard_model(self.model, found))
+        return self._splits[tensor]
+
+    def traffic(self, tensor: int) -> TensorTraffic:
+        """What one sample moves through the tensor group's collectives (``_tp_shard.tensor_traffic``)."""
+        if tensor not in self._traffic:
+            found, local = self.split(tensor)
+            one = resized(self.example, 1)
+            self._traffic[tensor] = tensor_traffic(local, found, lambda m: call_model(m, one))
+        return self._traffic[tensor]
+
+    def _say(self, keys: list[Key]) -> None:
         if self.progress is None or not keys:
             return
-        what = (f"{keys[0][0]}, checkpointing {keys[0][1]}, micro-batch {keys[0][2]}" if len(keys) == 1
+        tensor = f", tensor x{keys[0][3]}" if keys[0][3] > 1 else ""
+        what = (f"{keys[0][0]}, checkpointing {keys[0][1]}, micro-batch {keys[0][2]}{tensor}" if len(keys) == 1
                 else f"{len(keys)} configurations")
         self.progress(f"planning {what} ({len(self._cache)} planned so far)")
 
-    def _plan(self, key: tuple[str, str, int]) -> MemoryEstimate:
-        precision, ckpt, micro = key
-        return estimate_memory(self.model, self.optimizer, resized(self.example, micro), precision=precision,
+    def _plan(self, key: Key) -> MemoryEstimate:
+        precision, ckpt, micro, tensor = key
+        model = self.model if tensor == 1 else self.split(tensor)[1]
+        return estimate_memory(model, self.optimizer, resized(self.example, micro), precision=precision,
                                device=self.device, activation_checkpointing=POLICIES[ckpt])
 
-    def plan_all(self, keys: Sequence[tuple[str, str, int]], workers: int) -> None:
+    def plan_all(self, keys: Sequence[Key], workers: int) -> None:
         """Make the plans of ``keys`` not made yet, in ``workers`` processes side by side."""
         from gpukit.memory._plan_workers import plan_all
 

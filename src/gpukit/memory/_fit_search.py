@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from gpukit.layout import Layout
 from gpukit.memory._fit_costs import Costs, FitOption, option_for
-from gpukit.memory._fit_planner import FitPlanner
+from gpukit.memory._fit_planner import FitPlanner, Key
 from gpukit.memory._planner import MemoryEstimate
 
 __all__ = ["Candidate", "Found", "micro_batches", "search"]
@@ -59,9 +59,9 @@ class Candidate:
     micro: int
 
     @property
-    def key(self) -> tuple[str, str, int]:
+    def key(self) -> Key:
         """The plan it needs (what :class:`FitPlanner` caches)."""
-        return (self.precision, self.ckpt, self.micro)
+        return (self.precision, self.ckpt, self.micro, self.layout.tensor)
 
     @property
     def family(self) -> tuple[str, str, Layout]:
@@ -147,7 +147,7 @@ def _lower_bound(c: Candidate, planner: FitPlanner, costs: Costs) -> float:
     do, and the peak -- the most of them -- is convex and rising in the micro-batch: no size is
     below a planned smaller one, nor below the line through two planned sizes beyond them."""
     points = [(m, _exact(replace(c, micro=m), planner, costs).peak_bytes) for m in reversed(micro_batches(c.per_device))
-              if planner.planned((c.precision, c.ckpt, m))]
+              if planner.planned(replace(c, micro=m).key)]
     bound = max((peak for m, peak in points if m <= c.micro), default=0)
     for (m1, p1), (m2, p2) in zip(points, points[1:]):
         slope = (p2 - p1) / (m2 - m1)
@@ -201,16 +201,18 @@ def _ranked(grid: Sequence[Candidate], planner: FitPlanner, costs: Costs,
     biggest = max(c.micro for c in grid)
     precisions = sorted({c.precision for c in grid}, key=_PROBE_PREFERENCE.index)
     policies = list(dict.fromkeys(c.ckpt for c in grid))
-    compute = {ckpt: (precisions[0], ckpt, biggest) for ckpt in policies}
+    degrees = list(dict.fromkeys(c.layout.tensor for c in grid))  # a tensor degree plans its own shard model
+    compute = {(ckpt, t): (precisions[0], ckpt, biggest, t) for ckpt in policies for t in degrees}
     talks = any(c.layout.devices > 1 for c in grid)  # bytes matter only where devices exchange them
-    moved = {p: compute[policies[0]] if p == precisions[0] or not talks else (p, policies[0], biggest)
-             for p in precisions}
+    moved = {(p, t): compute[(policies[0], t)] if p == precisions[0] or not talks else (p, policies[0], biggest, t)
+             for p in precisions for t in degrees}
     planner.plan_all([*compute.values(), *moved.values()], workers)
-    per_sample = {ckpt: planner.exact(*key).flops / biggest for ckpt, key in compute.items()}
+    per_sample = {what: planner.exact(*key).flops / biggest for what, key in compute.items()}
 
     def predicted(c: Candidate) -> float:
-        base: MemoryEstimate = planner.exact(*moved[c.precision])
-        estimate = replace(base, flops=per_sample[c.ckpt] * c.micro)
+        tensor = c.layout.tensor
+        base: MemoryEstimate = planner.exact(*moved[(c.precision, tensor)])
+        estimate = replace(base, flops=per_sample[(c.ckpt, tensor)] * c.micro)
         return option_for(estimate, c.precision, c.ckpt, c.layout, c.micro,
                           c.per_device // c.micro, costs).step_s
 
