@@ -78,8 +78,13 @@ def test_cli_plan_fit(tmp_path: Path) -> None:
     as_json = subprocess.run([*base, "--fit", "1GiB", "--nproc", "2", "--json"], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=300)
     listed = json.loads(as_json.stdout)
-    assert {o["strategy"] for o in listed["options"]} <= {"ddp", "fsdp", "fsdp-offload"} and listed["options"]
+    assert {o["strategy"] for o in listed["options"]} <= {"ddp", "fsdp", "fsdp-offload", "tp2"} and listed["options"]
     assert all(o["devices"] == 2 and o["layout"]["one_process"] is False for o in listed["options"])
+    # the keys kept, tensor added: each option's degree, and the line per degree with the link assumed
+    assert {o["tensor"] for o in listed["options"]} <= {1, 2}
+    assert listed["tensor"]["link_bytes_per_s"] == 200e9 and listed["tensor"]["node_gpus"] == 2
+    assert [line.split(":")[0] for line in listed["tensor"]["degrees"]] == ["tp 2"]
+    assert "tensor parallel (collectives priced over an assumed 200 GB/s intra-node link):" in ok.stdout
     bad = subprocess.run([*base, "--fit", "lots"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("gpukit: error:") and "Invalid size" in bad.stderr
     jobs = subprocess.run([*base, "--jobs", "2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)

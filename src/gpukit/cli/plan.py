@@ -173,13 +173,16 @@ def _visible_gpu_count() -> int:
               help="Memory per device, e.g. 24GiB: rank the configurations that fit (precision, activation "
                    "checkpointing, strategy over --nproc devices, micro-batch) by predicted step time; exit "
                    "status 2 (after saying what is missing) when none fits.")
+@click.option("--node-gpus", type=click.IntRange(1, 1 << 10), default=None,
+              help="With --fit: GPUs of one node; tensor-parallel groups stay inside one [default: --nproc, all on "
+                   "one node].")
 @click.option("--jobs", type=click.IntRange(1, 256), default=None,
               help="With --fit: processes planning side by side (the same figures) [default: the CPUs this "
                    "process may use, at most 8].")
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")
 def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], dtypes: tuple[str, ...], precision: str,
-         optimizer: str, device: str, strategy: str, nproc: int | None, fit_memory: str | None, jobs: int | None,
-         as_json: bool) -> None:
+         optimizer: str, device: str, strategy: str, nproc: int | None, fit_memory: str | None,
+         node_gpus: int | None, jobs: int | None, as_json: bool) -> None:
     """Predict peak training memory of MODEL (a 'module:factory' returning an nn.Module).
 
     The inputs: --batch-shape (positional), --input NAME=SHAPE[:DTYPE] (keyword; a Hugging Face
@@ -203,6 +206,9 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
     budget = _fit_budget(fit_memory)
     if jobs is not None and budget is None:
         raise ConfigurationError(f"--jobs {jobs} goes with --fit SIZE (a single plan runs in one process).")
+    if node_gpus is not None and budget is None:
+        raise ConfigurationError(f"--node-gpus {node_gpus} goes with --fit SIZE (it bounds the tensor-parallel "
+                                 "degrees --fit plans).")
     sharded = plan_layout(strategy, 2).shards > 1  # the strategy shards the model over --nproc
     if sharded and nproc is None and budget is None:
         nproc = _visible_gpu_count()
@@ -233,7 +239,7 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
     batch = example if example is not None else keywords or (
         positional[0] if len(positional) == 1 else tuple(positional))
     if budget is not None:
-        _print_fit(built, batch, budget, nproc or 1, optimizer, device, jobs, as_json)
+        _print_fit(built, batch, budget, nproc or 1, optimizer, device, jobs, as_json, node_gpus)
         return
     try:
         estimate = estimate_memory(built, optimizer, batch, precision=precision, device=device)
@@ -298,8 +304,9 @@ def _fit_budget(text: str | None) -> int | None:
 
 
 def _print_fit(model: object, batch: object, budget: int, devices: int, optimizer: str, device: str,
-               jobs: int | None, as_json: bool) -> None:
-    """``gpukit plan --fit``: the ranked configurations (``gpukit.memory.fit``), or what is missing."""
+               jobs: int | None, as_json: bool, node_gpus: int | None = None) -> None:
+    """``gpukit plan --fit``: the ranked configurations (``gpukit.memory.fit``), with tensor-parallel
+    groups inside one node of ``node_gpus`` (default: all ``devices``), or what is missing."""
     from dataclasses import asdict
 
     from gpukit.memory import available_workers, fit
@@ -309,18 +316,23 @@ def _print_fit(model: object, batch: object, budget: int, devices: int, optimize
     names = [name for name in plan_names() if devices == 1 or plan_layout(name, devices).processes == devices]
     left_out = [name for name in plan_names() if name not in names]
     with StatusLine(sys.stderr) as status:
+        # the names leave out one-process layouts; the tensor groups of the per-process ones are added
         result = fit(model, batch, memory=budget, devices=devices, optimizer=optimizer,  # type: ignore[arg-type]
-                     device=device, workers=jobs or available_workers(), progress=status.show, strategies=names)
+                     device=device, workers=jobs or available_workers(), progress=status.show, strategies=names,
+                     node_devices=node_gpus)
 
     def described(option: Any) -> dict[str, Any]:
         return {**asdict(option), "strategy": option.strategy, "devices": option.devices,
-                "session": option.session_line()}
+                "tensor": option.layout.tensor, "session": option.session_line()}
 
     if as_json:
         click.echo(json.dumps({"memory_bytes": result.memory_bytes, "global_batch": result.global_batch,
                                "options": [described(o) for o in result.options],
                                "closest": described(result.closest) if result.closest else None,
-                               "not_ranked": left_out}, indent=2))
+                               "not_ranked": left_out,
+                               "tensor": {"link_bytes_per_s": result.tensor_link_bytes_per_s,
+                                          "node_gpus": node_gpus or devices, "degrees": list(result.tensor)}},
+                              indent=2))
     else:
         click.echo(str(result))
         if left_out:

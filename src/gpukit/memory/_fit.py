@@ -104,7 +104,7 @@ def fit(
     planner: FitPlanner | None = None,
     workers: int = 1,
     progress: Callable[[str], None] | None = None,
-    tensor_parallel: Sequence[int] | None = None,
+    tensor_parallel: Sequence[int] | str = "auto",
     node_devices: int | None = None,
     tensor_link_bytes_per_s: float = DEFAULT_TENSOR_LINK_BYTES_PER_S,
 ) -> FitResult:
@@ -132,10 +132,10 @@ def fit(
             run on. Forking is skipped where it is unsafe (other threads running).
         progress: called with one line before each plan is made (a plan of a deep model takes
             about half a second of CPU); ``gpukit plan --fit`` shows it on a terminal.
-        tensor_parallel: the tensor-parallel degrees to plan the strategies of one device per process with
-            (``None``: every degree >= 2 that divides ``devices`` -- unless ``strategies`` names the layouts,
-            "fsdp+tp2", "tp2"; ``()``: none). A degree must fit in one node and divide the model's heads and
-            MLP widths; ``FitResult.tensor`` says why each was chosen or not, or refused.
+        tensor_parallel: the tensor-parallel degrees the strategies of one device per process are planned
+            with too (``"auto"``: every degree >= 2 that divides ``devices``; ``()``: none). A degree must fit
+            in one node and divide the model's heads and MLP widths; ``FitResult.tensor`` says why each was
+            chosen or not, or refused. ``strategies`` may also name such layouts ("fsdp+tp2", "tp2").
         node_devices: GPUs of one node (default ``devices``): tensor groups stay inside a node.
         tensor_link_bytes_per_s: the intra-node link the tensor groups' collectives are priced at.
 
@@ -175,19 +175,26 @@ def fit(
                      tensor_link_bytes_per_s)
 
 
-def _tensor(chosen: list[Layout], strategies: Sequence[str] | None, tensor_parallel: Sequence[int] | None,
+def _tensor(chosen: list[Layout], strategies: Sequence[str] | None, tensor_parallel: Sequence[int] | str,
             planner: FitPlanner, devices: int, node: int, precisions: Sequence[str]) -> TensorDegrees:
-    """The tensor-parallel degrees to plan; ``chosen`` gains their layouts (added where the degrees are
-    automatic or given, checked where ``strategies`` named them).
+    """The tensor-parallel degrees to plan; ``chosen`` gains their layouts (those of ``tensor_parallel``
+    added, those ``strategies`` named checked).
 
     Raises:
-        ConfigurationError: a layout named in ``strategies`` whose degree the model or the node refuses.
+        ConfigurationError: a bad ``tensor_parallel``, or a layout named in ``strategies`` whose degree the model
+            or the node refuses.
     """
     named = sorted({layout.tensor for layout in chosen if layout.tensor > 1})
-    if devices == 1 or (strategies is not None and tensor_parallel is None and not named):
+    if isinstance(tensor_parallel, str):
+        if tensor_parallel != "auto":
+            raise ConfigurationError(f"fit(tensor_parallel={tensor_parallel!r}): use 'auto', a list of degrees, "
+                                     "or () for none.")
+        wanted = None
+    else:
+        wanted = list(dict.fromkeys([*tensor_parallel, *named]))
+    if devices == 1 or wanted == []:
         return TensorDegrees()
-    degrees = tensor_degrees(planner, devices, named if strategies is not None and tensor_parallel is None
-                             else tensor_parallel, node, precisions)
+    degrees = tensor_degrees(planner, devices, wanted, node, precisions)
     refused = [f"tensor_parallel={t}: {degrees.refused[t]}" for t in named if t in degrees.refused]
     if refused:
         raise ConfigurationError(f"fit(strategies={list(strategies or ())!r}): {'; '.join(refused)}.")

@@ -12,7 +12,12 @@ to :meth:`SessionFit.apply`, called by ``session.setup(model, optimizer, example
   (gradient accumulation inside the step; the gradient stays the whole batch's).
 
 What the user set is kept and planned as set; the strategy is always the session's (the launcher
-decided the processes; fit plans DDP or FSDP over them as they are). Among what is left open, the
+decided the processes; fit plans DDP or FSDP over them as they are, with the session's tensor-parallel
+groups: ``Session(tensor_parallel=2, fit=...)`` plans each rank's shard of the model and the groups'
+collectives, as ``gpukit plan --fit`` does). The tensor-parallel degree itself is the session's too:
+the data-parallel coordinates (the loader's shards, the seeds, the global batch) follow from it when the
+Session is built, before the model is seen; where no configuration fits and a degree would, the error
+says which one (``Session(tensor_parallel=N)``). Among what is left open, the
 cheapest predicted step whose planned peak fits wins (:func:`gpukit.memory.fit`). Rank 0 decides
 on the smallest budget of any rank and broadcasts, so every rank applies the same choice.
 
@@ -231,11 +236,13 @@ class SessionFit:
         batch = example_batch_size(example)
         plain = unwrap_model(model)
         planner = FitPlanner(plain, example, optimizer, self._accelerator.type)
+        groups = self._strategy.data_parallel_size  # the ranks of a tensor group share one batch
 
-        def rank(precisions: list[str], strategy: str, checkpointing: list[str]) -> FitResult:
-            return fit(plain, example, memory=budget, devices=n, global_batch=batch * n, strategies=[strategy],
+        def rank(precisions: list[str], strategy: str, checkpointing: list[str],
+                 tensor: tuple[int, ...] | str = ()) -> FitResult:
+            return fit(plain, example, memory=budget, devices=n, global_batch=batch * groups, strategies=[strategy],
                        precisions=precisions, checkpointing=checkpointing, top=1, planner=planner,
-                       device=self._accelerator.type, optimizer=optimizer)
+                       device=self._accelerator.type, optimizer=optimizer, tensor_parallel=tensor)
 
         result = None
         for index, precision in enumerate(self.precisions):
@@ -271,6 +278,11 @@ class SessionFit:
             if other is not None:
                 hints.append(f"strategy='fsdp' would fit ({format_bytes(other.peak_bytes)}): it shards parameters, "
                              "gradients and optimizer state")
+        if self._strategy.world_size > 1 and self._strategy.layout.tensor == 1:
+            other = rank(self.precisions[-1:], self.plan_strategy, self.checkpointing, "auto").best
+            if other is not None and other.layout.tensor > 1:
+                hints.append(f"tensor_parallel={other.layout.tensor} would fit ({format_bytes(other.peak_bytes)}): "
+                             "each layer split over a group of processes that share a batch")
         hints.append("a smaller batch per process, more processes, or a device with more memory")
         return "\n".join(lines + [f"  fix: {h}." for h in hints])
 
@@ -286,7 +298,8 @@ def fit_at_setup(fit: SessionFit | None, model: nn.Module, optimizer: Any, examp
 
 
 def _plan_strategy(strategy: Strategy) -> str:
-    """The planner's name for the session's layout (a layout of one device per process)."""
+    """The planner's name for the session's layout (a layout of one device per process, with or without
+    tensor groups: "ddp", "fsdp+tp2", "tp2")."""
     layout = strategy.layout
     label = None if layout.one_process else plan_name_of(layout)
     if label is not None:
