@@ -14,6 +14,7 @@ import torch
 from gpukit.layout import plan_layout
 from gpukit.memory import FitPlanner, fit, fsdp_unit_numels
 from gpukit.memory._fit_costs import Costs, option_for
+from gpukit.memory._fit_tensor import tensor_degrees
 
 sys.path.insert(0, str(Path(__file__).parent))
 from planner_models import Transformer, mlp  # noqa: E402
@@ -33,20 +34,23 @@ def _case(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
 def _every_option(model: torch.nn.Module, x: torch.Tensor, devices: int, planner: FitPlanner) -> list:
     """Every configuration fit considers, each from its own exact plan, cheapest first."""
     batch = x.shape[0]
-    costs = Costs(100e12, 100e9, 20e9, 2e-3, {p: fsdp_unit_numels(model, p) for p in PRECISIONS})
+    degrees = tensor_degrees(planner, devices, None, devices, PRECISIONS) if devices > 1 else None
+    costs = Costs(100e12, 100e9, 20e9, 2e-3, {p: fsdp_unit_numels(model, p) for p in PRECISIONS},
+                  tensor=degrees.costs if degrees else {})
     strategies = ["single"] if devices == 1 else ["single", "ddp", "fsdp", "fsdp-offload"]
     if devices > 1 and isinstance(model, torch.nn.Sequential):
         strategies.append("pipeline")
+    strategies += [f"tp{t}" for t in (degrees.accepted if degrees else ())]  # groups of all the devices
     options = []
     for precision in PRECISIONS:
         for ckpt in POLICIES:
             for strategy in strategies:
-                n = 1 if strategy == "single" else devices
-                per_device = batch if strategy in ("single", "pipeline") else batch // n
+                layout = plan_layout(strategy, 1 if strategy == "single" else devices)
+                per_device = batch // layout.data_parallel_size
                 micro = per_device
                 while True:
-                    options.append(option_for(planner.exact(precision, ckpt, micro), precision, ckpt,
-                                              plan_layout(strategy, n), micro, per_device // micro, costs, exact=True))
+                    options.append(option_for(planner.exact(precision, ckpt, micro, layout.tensor), precision, ckpt,
+                                              layout, micro, per_device // micro, costs, exact=True))
                     if micro % 2:
                         break
                     micro //= 2
@@ -59,7 +63,8 @@ def test_the_search_finds_what_planning_everything_finds(name: str, devices: int
     model, x = _case(name)
     everything = _every_option(model, x, devices, FitPlanner(model, x, "adam", "cuda"))
     peaks = sorted(o.peak_bytes for o in everything)
-    all_plans = len({(o.precision, o.activation_checkpointing, o.micro_batch) for o in everything})
+    all_plans = len({(o.precision, o.activation_checkpointing, o.micro_batch, o.layout.tensor) for o in everything})
+    assert devices == 1 or any(o.layout.tensor == 2 for o in everything)  # tensor groups are searched too
     budgets = {"none fits": peaks[0] - 1, "none fits by far": peaks[0] // 2, "a quarter fits": peaks[len(peaks) // 4],
                "half fits": peaks[len(peaks) // 2], "all fit": peaks[-1]}
     for what, budget in budgets.items():

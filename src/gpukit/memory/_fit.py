@@ -265,7 +265,9 @@ def _strategies(strategies: Sequence[str] | None, devices: int, model: torch.nn.
     """The layouts to plan (multi-device ones only with ``devices > 1``) and the notes on those left out."""
     known = plan_names()
     names = list(known if strategies is None else strategies)
-    unknown = [s for s in names if s not in known]
+    # a layout with tensor groups ("fsdp+tp2", "tp2"): plan_layout checks it (and says what is allowed)
+    unknown = [s for s in names if s not in known and (devices == 1 or not str(s).rpartition("+")[2].startswith("tp")
+                                                       or plan_layout(s, devices) is None)]
     if unknown:
         raise ConfigurationError(f"fit(strategies={names!r}): unknown {unknown}; choose from {', '.join(known)}.")
     # a multi-device plan (its layout over 2 devices uses 2) is planned only with devices > 1
