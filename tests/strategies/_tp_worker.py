@@ -7,8 +7,10 @@ one-process reference does the same), trains it with ``Session(tensor_parallel=2
 clipping that bites), and records: the batches each rank loaded, the first step's output (full), the
 collectives of one forward and backward (torch's CommDebugMode), the final full parameters, the strategy's
 layout; the small transformer is saved with ``session.save_checkpoint`` to <out>/ckpt, and a one-process
-checkpoint in <out>/single (when there) is resumed into the split MLP stack. Writes
-<out>/rank<R>.pt.
+checkpoint in <out>/single (when there) is resumed into the split MLP stack. The run of one tensor group
+(strategy "auto") is also a ``Session(fit=...)``: the choice it made is recorded, and one more small
+transformer's training steps are measured (``measure_step_memory``: this rank's peak) for the test to hold
+against the planner's prediction. Writes <out>/rank<R>.pt.
 """
 
 from __future__ import annotations
@@ -100,12 +102,22 @@ def full(value: torch.Tensor) -> torch.Tensor:
     return (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu().clone()
 
 
+#: Session(fit=...)'s budget in the run of one tensor group: room for everything (the choice is recorded)
+FIT_BUDGET = "4GiB"
+
+
+def example_ids() -> torch.Tensor:
+    """One batch of token ids: what Session(fit=...) plans with, and what the measured steps run."""
+    return make_data().tensors[0][:BATCH]
+
+
 def train(session: gpukit.Session, family: str, checkpoint: Path | None = None) -> dict:
     from torch.distributed.tensor.debug import CommDebugMode
 
     model = make_model(family)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    model, optimizer = session.setup(model, optimizer)
+    fitting = session.fit_choice is None and session.strategy.layout.data_parallel_size == 1
+    model, optimizer = session.setup(model, optimizer, **({"example_input": example_ids()} if fitting else {}))
     loader = session.setup_dataloader(make_data(), batch_size=BATCH, shuffle=False)
     record: dict = {"indices": [], "norms": []}
     for step, (ids, targets, idx) in enumerate(loader):
@@ -132,10 +144,31 @@ def train(session: gpukit.Session, family: str, checkpoint: Path | None = None) 
     return record
 
 
+def measured_peak(session: gpukit.Session) -> int:
+    """This rank's peak in two training steps (Adam) of the small transformer split over the tensor group."""
+    from gpukit.memory import forward_backward, measure_step_memory
+
+    model = make_model("block")
+    optimizer = torch.optim.Adam(model.parameters())
+    model, optimizer = session.setup(model, optimizer)
+    ids = example_ids()
+
+    def step() -> None:
+        with forward_backward():
+            output = model(ids)
+            session.backward(output.float().mean())  # the planner's loss: the mean of the output
+        session.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+
+    return measure_step_memory(model, ids, step_fn=step).peak_bytes
+
+
 def main(out_dir: Path, strategy: str, families: list[str], accumulate: int, checkpointing: bool) -> None:
+    one_group = strategy == "auto"
     session = gpukit.Session(accelerator="cpu", strategy=strategy, tensor_parallel=2, seed=0, verbose=False,
                              accumulate_grad_batches=accumulate,
-                             activation_checkpointing={Block} if checkpointing else None)
+                             activation_checkpointing={Block} if checkpointing else None,
+                             fit=FIT_BUDGET if one_group else None)
     layout = session.strategy.layout
     record: dict = {"layout": (layout.replicas, layout.shards, layout.tensor), "name": session.strategy.name,
                     "dp_rank": session.strategy.data_parallel_rank}
@@ -148,6 +181,11 @@ def main(out_dir: Path, strategy: str, families: list[str], accumulate: int, che
         model, optimizer = session.setup(model, optimizer)
         record["resumed_step"] = session.resume(out_dir / "single", model=model, optimizer=optimizer)
         record["resumed"] = {n: full(p) for n, p in gpukit.unwrap_model(model).named_parameters()}
+    if one_group:
+        choice = session.fit_choice
+        record["fit"] = {"layout": choice.option.layout, "line": choice.option.session_line(),
+                         "precision": choice.precision, "micro": choice.micro_batch}
+        record["measured_peak"] = measured_peak(session)
     session.barrier()
     torch.save(record, out_dir / f"rank{session.rank}.pt")
     session.close()

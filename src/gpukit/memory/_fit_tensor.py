@@ -101,7 +101,7 @@ def _divides(split: TensorSplit) -> str:
 
 
 def _where(option: FitOption) -> str:
-    return f"{option.strategy} x{option.devices} ~{option.step_s * 1e3:.1f} ms/step"
+    return f"{option.strategy} x{option.devices} ~{option.step_s * 1e3:.4g} ms/step"
 
 
 def tensor_lines(found: TensorDegrees, best: FitOption | None, best_with: dict[int, FitOption | None],
