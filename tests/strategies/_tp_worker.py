@@ -6,7 +6,8 @@ For each model family it builds the model right after ``torch.manual_seed(FAMILY
 one-process reference does the same), trains it with ``Session(tensor_parallel=2)`` (SGD with momentum,
 clipping that bites), and records: the batches each rank loaded, the first step's output (full), the
 collectives of one forward and backward (torch's CommDebugMode), the final full parameters, the strategy's
-layout; the small transformer is saved with ``session.save_checkpoint`` to <out>/ckpt, and a one-process
+layout; the small transformer is saved with ``session.save_checkpoint`` to <out>/ckpt (the Llama block of one
+tensor group exported with ``export_pretrained`` to <out>/hf), and a one-process
 checkpoint in <out>/single (when there) is resumed into the split MLP stack. The run of one tensor group
 (strategy "auto") is also a ``Session(fit=...)``: the choice it made is recorded, and one more small
 transformer's training steps are measured (``measure_step_memory``: this rank's peak) for the test to hold
@@ -111,7 +112,7 @@ def example_ids() -> torch.Tensor:
     return make_data().tensors[0][:BATCH]
 
 
-def train(session: gpukit.Session, family: str, checkpoint: Path | None = None) -> dict:
+def train(session: gpukit.Session, family: str, checkpoint: Path | None = None, export: Path | None = None) -> dict:
     from torch.distributed.tensor.debug import CommDebugMode
 
     model = make_model(family)
@@ -137,6 +138,10 @@ def train(session: gpukit.Session, family: str, checkpoint: Path | None = None) 
         if session.step(optimizer, clip_grad_norm=CLIP):
             record["norms"].append(float(session.grad_norm))
     record["state"] = {n: full(p) for n, p in gpukit.unwrap_model(model).named_parameters()}
+    if export is not None:  # a Hugging Face folder written from the split model (every rank calls it)
+        from gpukit.checkpoint import export_pretrained
+
+        export_pretrained(model, export)
     if checkpoint is not None:  # a sharded (DCP) checkpoint of the split model, loaded elsewhere by the test
         session.save_checkpoint(checkpoint, STEPS, model=model, optimizer=optimizer)
     record["in_hand"] = idx.tolist()  # the batch the loop stopped at
@@ -173,7 +178,8 @@ def main(out_dir: Path, strategy: str, families: list[str], accumulate: int, che
     record: dict = {"layout": (layout.replicas, layout.shards, layout.tensor), "name": session.strategy.name,
                     "dp_rank": session.strategy.data_parallel_rank}
     for family in families:
-        record[family] = train(session, family, out_dir / "ckpt" if family == "block" else None)
+        record[family] = train(session, family, out_dir / "ckpt" if family == "block" else None,
+                               out_dir / "hf" if family == "llama" and one_group else None)
         record[family]["checkpointed"] = list(session.strategy.checkpointed)
     if (out_dir / "single").exists():  # a checkpoint one process saved: resumed into the split MLP stack
         model = make_model("mlp")

@@ -8,8 +8,11 @@ Each trains (the 2 x 2 runs with 2 micro-batches per step and activation checkpo
 small transformer (embedding, custom attention, MLP, output head) and, when transformers is installed, a
 Hugging Face Llama block, for a few steps (SGD with momentum, clipping that bites); the first step's logits,
 the gradient norms and the final parameters must equal one process training
-on the union of the data-parallel ranks' batches, within 1e-5. Checkpoints cross layouts: tensor x2 -> one
-process, one process -> tensor x2, and tensor x2 -> one safetensors file (`gpukit ckpt convert`).
+on the union of the data-parallel ranks' batches, within 1e-5. The same launch of one tensor group checks
+what the planner says of it (``Session(fit=...)``'s plan, a rank's peak, the collectives). Checkpoints cross
+layouts: tensor x2 -> one process, one process -> tensor x2, tensor x2 -> one safetensors file (`gpukit ckpt
+convert`, `gpukit ckpt export`) and a Hugging Face folder (``export_pretrained`` of the split model), and the
+chain tensor x2 x FSDP x2 -> DDP x4 -> one process -> tensor x2 (two more launches, ~75 s).
 """
 
 from __future__ import annotations
@@ -77,10 +80,10 @@ def tensor_only(tensor_run: tuple[Path, list[dict]]) -> list[dict]:
 
 
 @pytest.fixture(scope="module", params=["fsdp", "ddp"])
-def two_d(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict]]:
+def two_d(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, list[dict]]:
     # the test is marked requires_cpu_fsdp: FSDP2 (fully_shard, and replicate, built on it) on CPU needs torch >= 2.7
     out = tmp_path_factory.mktemp(f"{request.param}2x2")
-    return request.param, _launch(out, 4, request.param, ["block"], ACCUMULATE, checkpointing=True)[1]
+    return request.param, *_launch(out, 4, request.param, ["block"], ACCUMULATE, checkpointing=True)
 
 
 def _reference(family: str, steps: list[list[int]], accumulate: int) -> dict:
@@ -187,9 +190,9 @@ def test_collectives_per_step(tensor_only: list[dict]) -> None:
 
 
 @pytest.mark.requires_cpu_fsdp
-def test_two_d_equals_one_process(two_d: tuple[str, list[dict]]) -> None:
+def test_two_d_equals_one_process(two_d: tuple[str, Path, list[dict]]) -> None:
     """2 x 2: the tensor groups sharded (fsdp) or replicated (ddp) over the mesh's "dp" dimension."""
-    strategy, two_d = two_d
+    strategy, _, two_d = two_d
     expected = (1, 2, 2) if strategy == "fsdp" else (2, 1, 2)
     assert [rec["layout"] for rec in two_d] == [expected] * 4
     assert all(rec["block"]["checkpointed"] == ["block"] for rec in two_d)  # recomputed in backward, split
@@ -253,3 +256,89 @@ def test_tensor_parallel_checkpoint_converts_to_one_file(tensor_run: tuple[Path,
     assert merged.keys() == records[0]["block"]["state"].keys()
     for name, value in records[0]["block"]["state"].items():
         assert torch.equal(merged[name], value), name
+
+
+def _chain_step(out: Path, nproc: int, layout: str, source: Path) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "gpukit", "run", "--cpu", "--nproc", str(nproc),
+           str(Path(__file__).parent / "_tp_ckpt_worker.py"), str(out), layout, str(source)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [torch.load(out / f"{layout}-rank{r}.pt", weights_only=False) for r in range(nproc)]
+
+
+def _same(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], what: str) -> None:
+    assert got.keys() == expected.keys() and got, what
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, rtol=TOLERANCE, atol=TOLERANCE, msg=f"{what}: {name}")
+
+
+@pytest.mark.requires_cpu_fsdp
+@pytest.mark.parametrize("two_d", ["fsdp"], indirect=True)
+def test_checkpoint_moves_across_four_layouts(two_d: tuple[str, Path, list[dict]], tmp_path: Path) -> None:
+    """A sharded (DCP) checkpoint of tensor x2 x FSDP x2 resumes under DDP x4, whose checkpoint resumes in one
+    process, whose checkpoint resumes under tensor x2 -- every parameter and momentum buffer equal to float
+    tolerance at each move, and bit for bit when tensor x2 resumes its own checkpoint."""
+    import gpukit
+
+    _, out, records = two_d
+    trained = records[0]["block"]["state"]
+    dp4 = _chain_step(tmp_path, 4, "dp4", out / "ckpt")
+    assert {rec["layout"] for rec in dp4} == {(4, 1)} and {rec["step"] for rec in dp4} == {worker.STEPS}
+    for rec in dp4:
+        _same(rec["params"], trained, "tensor x2 x fsdp x2 -> ddp x4")
+        assert rec["momentum"].keys() == trained.keys()  # the optimizer state came along too
+    momentum = dp4[0]["momentum"]
+    assert all(v.abs().sum() > 0 for v in momentum.values())
+
+    session = gpukit.Session(accelerator="cpu", verbose=False)
+    model = worker.make_model("block")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = session.setup(model, optimizer)
+    with pytest.warns(UserWarning, match="saved by 4 process"):
+        assert session.resume(tmp_path / "dp4", model=model, optimizer=optimizer) == worker.STEPS + 1
+    single = {n: p.detach().clone() for n, p in model.named_parameters()}
+    _same(single, trained, "ddp x4 -> one process")
+    _same({n: optimizer.state[p]["momentum_buffer"] for n, p in model.named_parameters()}, momentum,
+          "ddp x4 -> one process (momentum)")
+    session.save_checkpoint(tmp_path / "single", worker.STEPS + 2, model=model, optimizer=optimizer)
+    session.close()
+
+    tp2 = _chain_step(tmp_path, 2, "tp2", tmp_path / "single")
+    for rec in tp2:
+        assert rec["layout"] == (1, 2) and rec["step"] == worker.STEPS + 2
+        _same(rec["params"], trained, "one process -> tensor x2")
+        _same(rec["momentum"], momentum, "one process -> tensor x2 (momentum)")
+        again = rec["again"]
+        assert again["step"] == worker.STEPS + 3
+        for kind in ("params", "momentum"):  # the same layout: bit for bit
+            assert again[kind].keys() == rec[kind].keys()
+            assert all(torch.equal(again[kind][n], v) for n, v in rec[kind].items()), kind
+
+
+@pytest.mark.skipif("llama" not in FAMILIES, reason="transformers is not installed")
+def test_hugging_face_export_from_a_tensor_parallel_model(tensor_run: tuple[Path, list[dict]]) -> None:
+    """``export_pretrained`` of the split Llama writes whole weights that ``from_pretrained`` loads as trained."""
+    from transformers import LlamaForCausalLM
+
+    out, records = tensor_run
+    loaded = LlamaForCausalLM.from_pretrained(out / "hf")
+    state = records[0]["llama"]["state"]
+    assert dict(loaded.named_parameters()).keys() == state.keys()
+    for name, value in state.items():
+        assert torch.equal(loaded.get_parameter(name).detach(), value), name
+
+
+def test_tensor_parallel_checkpoint_exports_for_hugging_face(tensor_run: tuple[Path, list[dict]],
+                                                              tmp_path: Path) -> None:
+    """`gpukit ckpt export` of the split model's sharded checkpoint: one file of whole tensors."""
+    from safetensors.torch import load_file
+
+    out, records = tensor_run
+    proc = subprocess.run([sys.executable, "-m", "gpukit", "ckpt", "export", str(out / "ckpt"), str(tmp_path / "hf"),
+                           "--select", "model"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    merged = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert merged.keys() == records[0]["block"]["state"].keys()
+    assert all(torch.equal(merged[n], v) for n, v in records[0]["block"]["state"].items())
