@@ -55,6 +55,8 @@ PARTS = (
     Part("demo", 90, "`gpukit demo` on the GPU: precision chosen, accuracy, throughput"),
     Part("precision", 90, "32-true / bf16-mixed / 16-mixed (GradScaler, an inf step skipped) / bf16-true loss curves"),
     Part("memory", 120, "planner vs torch.cuda.max_memory_allocated: MLP, CNN, transformer, HF Llama"),
+    Part("tensor", 90, "tensor parallelism on one GPU: a tensor x2 rank's planned peak vs its shard model's "
+                       "measured one; the plan applied over a 1-rank mesh (NCCL) equals the plain model"),
     Part("checkpoint", 60, "CUDA tensors: save, resume on the GPU, load where CUDA is hidden (map_location)"),
     Part("suite", 300, "what time is left: the CPU suite with a GPU visible (tests whose paths change with CUDA)"),
 )
