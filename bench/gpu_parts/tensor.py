@@ -99,7 +99,7 @@ def split_on_one_rank() -> None:
         worst = max(float((a - b.grad).abs().max()) for a, b in zip(grads, plain.parameters()))
         worst = max(worst, float((outputs[0] - outputs[1]).abs().max()))
         dtensors = sum(isinstance(p, DTensor) for p in split.parameters())
-        judged("split over a 1-rank mesh", worst, "max |diff|", "<= 1e-5 (same forward and gradients)", worst <= 1e-5,
+        judged("split over a 1-rank mesh", worst, "max abs diff", "<= 1e-5 (same forward and gradients)", worst <= 1e-5,
                f"{len(plan.styles)} layers split, {dtensors} DTensor parameters on {dev}")
     finally:
         dist.destroy_process_group()

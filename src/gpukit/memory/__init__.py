@@ -8,7 +8,9 @@ Entry points for :class:`gpukit.Session` (each works on its own as well):
   (``session.watch_memory(...)``), ``inference_guard(model)`` per set-up model.
 * ``OomBackoff(micro_batch_size, device=..., zero_grad=..., parameters=..., no_sync=...)``
   with ``.run(step_fn, batch)`` (``Session(oom="backoff")`` + ``session.run_step``).
-* ``fit(model, example_input, memory="24GiB", devices=N)``: the cheapest configuration that fits.
+* ``fit(model, example_input, memory="24GiB", devices=N)``: the cheapest configuration that fits
+  (tensor-parallel groups included: ``tensor_split(model, degree)`` finds what a degree splits, for the
+  planner and for the strategy that splits it).
 * ``free_memory(device)`` (``session.free_memory()``), ``oom_postmortem(device=...)``.
 """
 

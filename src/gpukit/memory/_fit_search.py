@@ -7,7 +7,8 @@ search plans only what it must:
    and on the bytes it moves (parameters, gradients, optimizer state), not on its peak. The
    FLOPs of forward+backward grow with the micro-batch (the compute is per sample) and are the
    same in every precision (the same matmuls), so one plan per checkpointing policy gives every
-   configuration's compute. The bytes are the same at every micro-batch and checkpointing policy,
+   configuration's compute (one per tensor-parallel degree as well: a tensor rank is planned as its
+   shard of the model). The bytes are the same at every micro-batch and checkpointing policy,
    so one plan per precision gives them; they are needed only where devices talk (DDP, FSDP).
    Every configuration is ranked by the step time predicted from these few *probe* plans.
 2. **Cheapest first, each planned exactly** at its own micro-batch, until ``top`` fit. Equal
