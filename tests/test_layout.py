@@ -57,8 +57,9 @@ def test_the_planner_names_and_session_lines_come_from_the_registry() -> None:
         "devices=2", "strategy=gpukit.strategies.FSDPStrategy(cpu_offload=True)"]
     assert session_arguments(plan_layout("pipeline", 2)) == [
         "strategy=gpukit.strategies.PipelineStrategy(list(range(2)), chunks=8)"]
-    with pytest.raises(ConfigurationError, match="no registered strategy runs the layout '2 tensor'"):
-        session_arguments(Layout(tensor=2))
+    assert session_arguments(Layout(tensor=2)) == ["devices=2", "tensor_parallel=2"]  # tensor groups: written too
+    with pytest.raises(ConfigurationError, match="no registered strategy runs the layout '2 replicas x 2 shards'"):
+        session_arguments(Layout(replicas=2, shards=2))
 
 
 def test_no_second_list_of_strategy_names_in_the_source() -> None:

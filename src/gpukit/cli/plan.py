@@ -319,7 +319,7 @@ def _print_fit(model: object, batch: object, budget: int, devices: int, optimize
         # the names leave out one-process layouts; the tensor groups of the per-process ones are added
         result = fit(model, batch, memory=budget, devices=devices, optimizer=optimizer,  # type: ignore[arg-type]
                      device=device, workers=jobs or available_workers(), progress=status.show, strategies=names,
-                     node_devices=node_gpus)
+                     tensor_parallel="auto", node_devices=node_gpus)
 
     def described(option: Any) -> dict[str, Any]:
         return {**asdict(option), "strategy": option.strategy, "devices": option.devices,

@@ -104,7 +104,7 @@ def fit(
     planner: FitPlanner | None = None,
     workers: int = 1,
     progress: Callable[[str], None] | None = None,
-    tensor_parallel: Sequence[int] | str = "auto",
+    tensor_parallel: Sequence[int] | str | None = None,
     node_devices: int | None = None,
     tensor_link_bytes_per_s: float = DEFAULT_TENSOR_LINK_BYTES_PER_S,
 ) -> FitResult:
@@ -133,9 +133,10 @@ def fit(
         progress: called with one line before each plan is made (a plan of a deep model takes
             about half a second of CPU); ``gpukit plan --fit`` shows it on a terminal.
         tensor_parallel: the tensor-parallel degrees the strategies of one device per process are planned
-            with too (``"auto"``: every degree >= 2 that divides ``devices``; ``()``: none). A degree must fit
-            in one node and divide the model's heads and MLP widths; ``FitResult.tensor`` says why each was
-            chosen or not, or refused. ``strategies`` may also name such layouts ("fsdp+tp2", "tp2").
+            with too: ``"auto"`` every degree >= 2 that divides ``devices``, ``()`` none; ``None`` (the
+            default) is "auto" unless ``strategies`` is given, which then plans the layouts it names only
+            ("ddp", "fsdp+tp2", "tp2"). A degree must fit in one node and divide the model's heads and MLP
+            widths; ``FitResult.tensor`` says why each was chosen or not, or refused.
         node_devices: GPUs of one node (default ``devices``): tensor groups stay inside a node.
         tensor_link_bytes_per_s: the intra-node link the tensor groups' collectives are priced at.
 
@@ -175,7 +176,7 @@ def fit(
                      tensor_link_bytes_per_s)
 
 
-def _tensor(chosen: list[Layout], strategies: Sequence[str] | None, tensor_parallel: Sequence[int] | str,
+def _tensor(chosen: list[Layout], strategies: Sequence[str] | None, tensor_parallel: Sequence[int] | str | None,
             planner: FitPlanner, devices: int, node: int, precisions: Sequence[str]) -> TensorDegrees:
     """The tensor-parallel degrees to plan; ``chosen`` gains their layouts (those of ``tensor_parallel``
     added, those ``strategies`` named checked).
@@ -185,6 +186,8 @@ def _tensor(chosen: list[Layout], strategies: Sequence[str] | None, tensor_paral
             or the node refuses.
     """
     named = sorted({layout.tensor for layout in chosen if layout.tensor > 1})
+    if tensor_parallel is None:
+        tensor_parallel = "auto" if strategies is None else ()
     if isinstance(tensor_parallel, str):
         if tensor_parallel != "auto":
             raise ConfigurationError(f"fit(tensor_parallel={tensor_parallel!r}): use 'auto', a list of degrees, "
