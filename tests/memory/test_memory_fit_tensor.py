@@ -137,3 +137,13 @@ def test_tensor_groups_are_chosen_where_fsdp_alone_does_not_fit() -> None:
     assert roomy.best.layout.tensor == 1, str(roomy)
     assert all("not chosen: its fastest" in line for line in roomy.tensor), roomy.tensor
     assert "tensor parallel (collectives priced over an assumed 200 GB/s intra-node link):" in str(roomy)
+
+
+def test_node_gpus_goes_with_fit() -> None:
+    from click.testing import CliRunner
+
+    from gpukit.cli.plan import plan
+
+    result = CliRunner().invoke(plan, ["nosuchmodule:factory", "--batch-shape", "2,8", "--node-gpus", "2"])
+    assert isinstance(result.exception, ConfigurationError)
+    assert "--node-gpus 2 goes with --fit SIZE" in str(result.exception)
