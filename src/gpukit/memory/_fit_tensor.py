@@ -89,15 +89,12 @@ def tensor_degrees(planner: FitPlanner, devices: int, degrees: Sequence[int] | N
 
 
 def _divides(split: TensorSplit) -> str:
-    """``"heads 12, MLP width 3072 divisible"`` from what the split found."""
-    sizes: dict[str, list[str]] = {}
-    for block in split.blocks:  # "attention 'x' (12 heads)" / "MLP 'y' (width 3072)"
-        kind, _, size = block.rpartition("(")
-        label = "heads" if kind.startswith("attention") else "MLP width"
-        number = size.rstrip(")").split()[0 if label == "heads" else -1]
-        if number not in sizes.setdefault(label, []):
-            sizes[label].append(number)
-    return ", ".join(f"{label} {'/'.join(v)}" for label, v in sizes.items()) + f" divisible by {split.degree}"
+    """``"heads 12, MLP width 3072 divisible by 2"`` from what the split found."""
+    sizes: dict[str, list[int]] = {}
+    for what, _, size in split.blocks:
+        if size not in sizes.setdefault(what, []):
+            sizes[what].append(size)
+    return ", ".join(f"{what} {'/'.join(map(str, v))}" for what, v in sizes.items()) + f" divisible by {split.degree}"
 
 
 def _where(option: FitOption) -> str:

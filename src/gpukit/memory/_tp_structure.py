@@ -67,7 +67,7 @@ class TensorSplit:
         gathered: output heads split over their outputs, whose output is gathered whole.
         embeddings: ``nn.Embedding`` s split over their rows (vocabulary): output all-reduced.
         heads: (module name, attribute, local value) to set on attention modules.
-        blocks: ``"attention 'x' (12 heads)"`` / ``"MLP 'y' (width 3072)"``: what was split, for messages.
+        blocks: ``(what, module, size)`` of each block split: ``("heads", "x", 12)``, ``("MLP width", "y", 3072)``.
         left_whole: ``"name (why)"`` for layers seen and not split.
     """
 
@@ -77,7 +77,7 @@ class TensorSplit:
     gathered: list[str] = field(default_factory=list)
     embeddings: list[str] = field(default_factory=list)
     heads: list[tuple[str, str, int]] = field(default_factory=list)
-    blocks: list[str] = field(default_factory=list)
+    blocks: list[tuple[str, str, int]] = field(default_factory=list)
     left_whole: list[str] = field(default_factory=list)
 
     @property
@@ -161,7 +161,7 @@ def _attention(prefix: str, module: nn.Module, split: TensorSplit) -> None:
             split.heads.append((prefix, attr, value // degree))
     split.column += [_join(prefix, name) for name, _ in ins]
     split.row.append(_join(prefix, out_name))
-    split.blocks.append(f"attention {where!r} ({query[1]} heads)")
+    split.blocks.append(("heads", where, query[1]))
 
 
 def _mlp(prefix: str, module: nn.Module, split: TensorSplit) -> None:
@@ -188,7 +188,7 @@ def _mlp(prefix: str, module: nn.Module, split: TensorSplit) -> None:
                       f"MLP width {down.in_features} ({where!r}) not divisible by {split.degree}")
         split.column += [_join(prefix, n) for n, _ in ups]
         split.row.append(where)
-        split.blocks.append(f"MLP {where!r} (width {down.in_features})")
+        split.blocks.append(("MLP width", where, down.in_features))
 
 
 def _unsupported(name: str, module: nn.Module) -> str | None:
