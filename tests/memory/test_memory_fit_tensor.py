@@ -147,3 +147,27 @@ def test_node_gpus_goes_with_fit() -> None:
     result = CliRunner().invoke(plan, ["nosuchmodule:factory", "--batch-shape", "2,8", "--node-gpus", "2"])
     assert isinstance(result.exception, ConfigurationError)
     assert "--node-gpus 2 goes with --fit SIZE" in str(result.exception)
+
+
+def test_session_fit_plans_its_tensor_group_and_names_a_degree_that_would_fit() -> None:
+    """``Session(fit=...)`` on 2 processes (not launched: rank 0's choice, made here): with
+    ``tensor_parallel=2`` it plans the group's shard model; without, where nothing fits, the error names
+    the degree that would."""
+    import gpukit
+    from gpukit.errors import MemoryPlanError
+
+    torch.manual_seed(0)
+    model, ids = LM(hidden=48, heads=12, depth=2), _ids(2)
+    kwargs = dict(devices=2, device="cpu", precisions=["32-true"], checkpointing=["none", "full"], top=1)
+    least = fit(model, _ids(4), memory=1, strategies=["ddp"], **kwargs).closest.peak_bytes
+    budget = least - 1  # under DDP's least peak (2 per batch, 1 per micro-batch); tensor x2 fits
+    optimizer = torch.optim.Adam(model.parameters())
+    grouped = gpukit.Session(accelerator="cpu", devices=2, tensor_parallel=2, precision="32-true", fit=budget,
+                             verbose=False)
+    choice = grouped._fit._choose(model, optimizer, ids, budget, "given")
+    assert choice.option.layout == Layout(tensor=2) and choice.peak_bytes <= budget
+    assert "tensor_parallel=2" in choice.option.session_line()
+    plain = gpukit.Session(accelerator="cpu", devices=2, strategy="ddp", precision="32-true", fit=budget,
+                           verbose=False)
+    with pytest.raises(MemoryPlanError, match=r"fix: tensor_parallel=2 would fit \("):
+        plain._fit._choose(model, optimizer, ids, budget, "given")
