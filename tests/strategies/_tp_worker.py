@@ -68,6 +68,61 @@ class TinyLM(nn.Module):
         return self.head(self.block(self.embed(ids)))
 
 
+class GPT2Attention(nn.Module):
+    """GPT-2's attention with q, k and v as linears of their own (GPT-2's fused ``c_attn`` is left whole)."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.n_head = heads
+        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+        self.c_proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = (proj(x).view(b, t, self.n_head, -1).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.c_fc, self.act, self.c_proj = nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.act(self.c_fc(x)))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, hidden: int = HIDDEN, heads: int = 4) -> None:
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.attn, self.mlp = GPT2Attention(hidden, heads), GPT2MLP(hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2Style(nn.Module):
+    """GPT-2's layout in nn.Linear: token and position embeddings, a pre-LN block, a final norm, and the
+    output head tied to the token embedding (both left whole; the position embedding is split)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(VOCAB, HIDDEN), nn.Embedding(SEQ, HIDDEN)
+        self.h = nn.ModuleList([GPT2Block()])
+        self.ln_f = nn.LayerNorm(HIDDEN)
+        self.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
 def llama() -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -82,7 +137,7 @@ def make_model(family: str) -> nn.Module:
     if family == "mlp":
         return nn.Sequential(nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, 32), nn.ReLU(), nn.Linear(32, HIDDEN),
                              nn.Linear(HIDDEN, 32), nn.GELU(), nn.Linear(32, VOCAB))
-    return TinyLM() if family == "block" else llama()
+    return {"block": TinyLM, "gpt2": GPT2Style}.get(family, llama)()
 
 
 def make_data() -> torch.utils.data.TensorDataset:

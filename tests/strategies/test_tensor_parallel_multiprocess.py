@@ -5,7 +5,8 @@
   ("dp", "tp") mesh.
 
 Each trains (the 2 x 2 runs with 2 micro-batches per step and activation checkpointing) an MLP stack, a
-small transformer (embedding, custom attention, MLP, output head) and, when transformers is installed, a
+small transformer (embedding, custom attention, MLP, output head), a GPT-2-style model (position embedding
+split; the token embedding and the output head tied, left whole) and, when transformers is installed, a
 Hugging Face Llama block, for a few steps (SGD with momentum, clipping that bites); the first step's logits,
 the gradient norms and the final parameters must equal one process training
 on the union of the data-parallel ranks' batches, within 1e-5. The same launch of one tensor group checks
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _tp_worker as worker  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
-FAMILIES = ["mlp", "block"] + (["llama"] if importlib.util.find_spec("transformers") else [])
+FAMILIES = ["mlp", "block", "gpt2"] + (["llama"] if importlib.util.find_spec("transformers") else [])
 TOLERANCE = 1e-5
 ACCUMULATE = 2  # the 2 x 2 runs accumulate: gradients synchronised over "dp" once per optimizer step
 
