@@ -35,7 +35,7 @@ class SessionServices:
         config: the Session's settings: ``record`` (the run-record directory, ``None`` for
             ``GPUKIT_RECORD_DIR`` or no record), ``verbose`` (announce the cluster on rank 0), ``log_with``
             (the experiment trackers); logged once with each tracker's run (:meth:`SessionConfig.tracked`).
-        worker: what a launcher told this process (``WorkerEnv.from_env()``).
+        worker: what a launcher told this process (``worker_env()``).
         accumulate_grad_batches: micro-batches per step, as worked out (logged with the settings).
     """
 

@@ -35,7 +35,7 @@ from gpukit.session._resume import ResumeInfo
 from gpukit.session._schedulers import SessionScheduler
 from gpukit.session._setup import set_up_loader, set_up_model
 from gpukit.strategies import Strategy
-from gpukit.worker import WorkerEnv
+from gpukit.worker import worker_env
 
 __all__ = ["Session"]
 
@@ -79,7 +79,7 @@ class Session:
             flops_per_step=flops_per_step, auto=auto, refuse=refuse, tensor_parallel=tensor_parallel,
             tensor_plan=tensor_plan,
         )
-        worker = WorkerEnv.from_env()  # what a launcher told this process (a bad value raises here)
+        worker = worker_env()  # what a launcher told this process (a bad value raises here)
         self._config = config.for_worker(worker)
         parts = build_parts(self._config, worker)
         self.strategy: Strategy = parts.strategy
