@@ -22,7 +22,8 @@ from torch.utils.flop_counter import flop_registry
 from gpukit.errors import MemoryPlanError
 from gpukit.memory._activation import checkpointing_applied
 from gpukit.memory._fake_optimizer import make_optimizer, state_bytes
-from gpukit.precision import NORM_LAYERS, cast_inputs_hook, cast_outputs_hook
+from gpukit.memory._repeat import SegmentMarks
+from gpukit.precision import NORM_LAYERS, add_true_precision_casts
 
 __all__ = ["LiveBytes", "StepSpec", "call_model", "default_loss", "norm_tensor_names", "simulate_step",
            "simulated", "true_precision_casts"]
@@ -213,12 +214,7 @@ def true_precision_casts(model: torch.nn.Module, low: torch.dtype | None) -> Ite
     if low is None or getattr(model, "_gpukit_precision", None) is not None:
         yield  # no "-true" precision, or the model was converted already (its hooks run)
         return
-    handles = []
-    for sub in model.modules():
-        if isinstance(sub, NORM_LAYERS):
-            handles.append(sub.register_forward_pre_hook(cast_inputs_hook(torch.float32), with_kwargs=True))
-            handles.append(sub.register_forward_hook(cast_outputs_hook(low)))
-    handles.append(model.register_forward_hook(cast_outputs_hook(torch.get_default_dtype())))
+    handles = add_true_precision_casts(model, low, cast_inputs=False)  # the fake inputs are made low already
     try:
         yield
     finally:
@@ -236,8 +232,6 @@ def simulate_step(model: torch.nn.Module, step: StepSpec, checkpointing: Any,
     # Simulate on fake CPU tensors whatever the target: fake CUDA tensors would initialise
     # CUDA (and abort a CPU-only build in autograd). Autograd's saved tensors do not depend
     # on the device; CPU autocast casts the same matmul/conv family to the low dtype.
-    from gpukit.memory._repeat import SegmentMarks
-
     simulated_device = torch.device("cpu")
     tracker = LiveBytes(step.block)
     notes: list[str] = []

@@ -22,7 +22,8 @@ from gpukit._util.precision_names import PRECISIONS
 from gpukit.precision._autocast import AutocastForward
 from gpukit.precision._casting import _cast, cast_inputs_hook, cast_outputs_hook  # noqa: F401 - _cast: tests read it
 from gpukit.precision._precisions import (
-    NORM_LAYERS, STATS_NORM_LAYERS, MixedPrecision, Precision, TruePrecision, fsdp_own_unit_layers, get_precision,
+    NORM_LAYERS, STATS_NORM_LAYERS, MixedPrecision, Precision, TruePrecision, add_true_precision_casts,
+    fsdp_own_unit_layers, get_precision,
 )
 
 __all__ = [
@@ -37,4 +38,5 @@ __all__ = [
     "NORM_LAYERS",
     "STATS_NORM_LAYERS",
     "fsdp_own_unit_layers",
+    "add_true_precision_casts",
 ]

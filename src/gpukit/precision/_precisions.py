@@ -17,7 +17,7 @@ from gpukit.precision._autocast import AutocastForward
 from gpukit.precision._casting import cast_inputs_hook, cast_outputs_hook
 
 __all__ = ["MixedPrecision", "NORM_LAYERS", "Precision", "STATS_NORM_LAYERS", "TruePrecision",
-           "fsdp_own_unit_layers", "get_precision"]
+           "add_true_precision_casts", "fsdp_own_unit_layers", "get_precision"]
 
 
 
@@ -215,16 +215,32 @@ class TruePrecision(Precision):
         if getattr(module, "_gpukit_precision", None) == self.name:
             return module  # set up twice (e.g. re-wrapped): hooks must not stack
         module.to(self.param_dtype)
-        low = self.param_dtype
         for sub in module.modules():
             if isinstance(sub, NORM_LAYERS):
                 sub.float()
-                sub.register_forward_pre_hook(cast_inputs_hook(torch.float32), with_kwargs=True)
-                sub.register_forward_hook(cast_outputs_hook(low))
-        module.register_forward_pre_hook(cast_inputs_hook(low), with_kwargs=True)
-        module.register_forward_hook(cast_outputs_hook(torch.get_default_dtype()))
+        add_true_precision_casts(module, self.param_dtype)
         module._gpukit_precision = self.name
         return module
+
+
+def add_true_precision_casts(module: nn.Module, low: torch.dtype, *, cast_inputs: bool = True) -> list[Any]:
+    """The casts a "-true" precision adds to ``module`` (:class:`TruePrecision`; the planner simulates the
+    same, then removes them): its norm layers (:data:`NORM_LAYERS`, kept in fp32) take fp32 inputs and
+    give ``low`` outputs, its floating outputs come back in the default dtype and, with ``cast_inputs``,
+    its floating inputs go in as ``low``.
+
+    Returns:
+        The hooks' handles (``handle.remove()`` takes one off).
+    """
+    handles = []
+    for sub in module.modules():
+        if isinstance(sub, NORM_LAYERS):
+            handles.append(sub.register_forward_pre_hook(cast_inputs_hook(torch.float32), with_kwargs=True))
+            handles.append(sub.register_forward_hook(cast_outputs_hook(low)))
+    if cast_inputs:
+        handles.append(module.register_forward_pre_hook(cast_inputs_hook(low), with_kwargs=True))
+    handles.append(module.register_forward_hook(cast_outputs_hook(torch.get_default_dtype())))
+    return handles
 
 
 def get_precision(
