@@ -222,6 +222,45 @@ def true_precision_casts(model: torch.nn.Module, low: torch.dtype | None) -> Ite
             handle.remove()
 
 
+#: where the simulation runs, whatever the target: fake CUDA tensors would initialise CUDA (and abort a
+#: CPU-only build in autograd); autograd's saved tensors do not depend on the device, and CPU autocast
+#: casts the same matmul/conv family to the low dtype
+_SIMULATED_DEVICE = torch.device("cpu")
+
+
+def _fake_state(model: torch.nn.Module, step: StepSpec, tracker: LiveBytes
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], Any]:
+    """Fake parameters, buffers and inputs for a simulated step, in the dtypes it runs with, each
+    counted by ``tracker`` (call inside its fake mode)."""
+    param_dtype = step.param_dtype
+
+    def fake_like(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        fake = torch.empty(tensor.shape, dtype=dtype or tensor.dtype, device=_SIMULATED_DEVICE)
+        tracker.track(fake)
+        return fake
+
+    # "-true" precisions keep norm layers in fp32 (gpukit.precision.TruePrecision)
+    fp32 = norm_tensor_names(model) if param_dtype != torch.float32 else set()
+
+    def dtype_of(name: str, t: torch.Tensor) -> torch.dtype | None:
+        return (torch.float32 if name in fp32 else param_dtype) if t.is_floating_point() else None
+
+    params = {
+        name: fake_like(p, dtype_of(name, p)).requires_grad_(p.requires_grad)
+        for name, p in model.named_parameters()
+    }
+    buffers = {name: fake_like(b, dtype_of(name, b)) for name, b in model.named_buffers()}
+    # "-true" precisions feed the model low-precision inputs too; an input that requires
+    # grad keeps it (a middle layer, as gpukit.parallel plans one, sends gradients back)
+    inputs = tree_map(
+        lambda t: fake_like(t, param_dtype if t.is_floating_point() else None).requires_grad_(
+            t.requires_grad and t.is_floating_point()
+        ) if isinstance(t, torch.Tensor) else t,
+        step.example_batch,
+    )
+    return params, buffers, inputs
+
+
 def simulate_step(model: torch.nn.Module, step: StepSpec, checkpointing: Any,
                   marks: tuple[list[torch.nn.Module], int] | None = None) -> dict[str, Any]:
     """Run ``step.steps`` training steps of ``model`` on fake tensors; returns the raw figures.
@@ -229,39 +268,11 @@ def simulate_step(model: torch.nn.Module, step: StepSpec, checkpointing: Any,
     ``marks``: ``(blocks, unit)`` to mark every unit's forward and backward (``_repeat.py``);
     the figures then hold ``"marks"``, the segments' peaks in order.
     """
-    # Simulate on fake CPU tensors whatever the target: fake CUDA tensors would initialise
-    # CUDA (and abort a CPU-only build in autograd). Autograd's saved tensors do not depend
-    # on the device; CPU autocast casts the same matmul/conv family to the low dtype.
-    simulated_device = torch.device("cpu")
     tracker = LiveBytes(step.block)
     notes: list[str] = []
-
-    def fake_like(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        fake = torch.empty(tensor.shape, dtype=dtype or tensor.dtype, device=simulated_device)
-        tracker.track(fake)
-        return fake
-
     param_dtype = step.param_dtype
     with _quiet_fake_tensor_log(), _CountingFakeMode(tracker):
-        # "-true" precisions keep norm layers in fp32 (gpukit.precision.TruePrecision)
-        fp32 = norm_tensor_names(model) if param_dtype != torch.float32 else set()
-
-        def dtype_of(name: str, t: torch.Tensor) -> torch.dtype | None:
-            return (torch.float32 if name in fp32 else param_dtype) if t.is_floating_point() else None
-
-        params = {
-            name: fake_like(p, dtype_of(name, p)).requires_grad_(p.requires_grad)
-            for name, p in model.named_parameters()
-        }
-        buffers = {name: fake_like(b, dtype_of(name, b)) for name, b in model.named_buffers()}
-        # "-true" precisions feed the model low-precision inputs too; an input that requires
-        # grad keeps it (a middle layer, as gpukit.parallel plans one, sends gradients back)
-        inputs = tree_map(
-            lambda t: fake_like(t, param_dtype if t.is_floating_point() else None).requires_grad_(
-                t.requires_grad and t.is_floating_point()
-            ) if isinstance(t, torch.Tensor) else t,
-            step.example_batch,
-        )
+        params, buffers, inputs = _fake_state(model, step, tracker)
         figures: dict[str, Any] = {
             "parameters": sum(tracker.size(p.untyped_storage()) for p in params.values()),
             "buffers": sum(tracker.size(b.untyped_storage()) for b in buffers.values()),
@@ -279,7 +290,7 @@ def simulate_step(model: torch.nn.Module, step: StepSpec, checkpointing: Any,
                     if number == 0:
                         figures["before_forward"] = before_forward
                         tracker.mark(("S",))
-                    with torch.autocast(simulated_device.type, dtype=step.autocast_dtype,
+                    with torch.autocast(_SIMULATED_DEVICE.type, dtype=step.autocast_dtype,
                                         enabled=step.autocast_dtype is not None):
                         output = call_model(model, inputs)
                         loss = (step.loss_fn or default_loss)(output)
