@@ -4,40 +4,19 @@ device passed the copy's event (a flush later), and waits only at close."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gpukit.accelerators import SYNC_COUNTS, FakeCUDAAccelerator
+from gpukit.accelerators import SYNC_COUNTS
 from gpukit.data import StepTiming
 from gpukit.monitor import Recorder
 from gpukit.monitor._lazy_read import LazyRead
 
-
-class _Event:
-    def __init__(self) -> None:
-        self.passed = False
-
-    def record(self, stream: Any = None) -> None:
-        pass
-
-    def query(self) -> bool:
-        return self.passed
-
-    def synchronize(self) -> None:
-        self.passed = True
-
-
-class SlowDevice(FakeCUDAAccelerator):
-    """Its copies finish when the test says so."""
-
-    def __init__(self) -> None:
-        self.events: list[_Event] = []
-
-    def _new_event(self) -> Any:
-        self.events.append(_Event())
-        return self.events[-1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from slow_device import SlowDevice  # noqa: E402
 
 
 def test_a_read_fills_in_once_the_device_passed_its_event_never_waiting() -> None:

@@ -60,3 +60,24 @@ def test_a_value_that_does_not_parse_is_named_with_the_variable(name: str, value
 def test_the_contract_is_frozen() -> None:
     with pytest.raises(AttributeError):
         FULL.cpu = False  # type: ignore[misc]
+
+
+def test_this_process_reads_the_contract_once_and_again_when_a_variable_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpukit.worker import worker_env
+
+    for name in FULL.to_env():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GPUKIT_RUN_DIR", "/tmp/first")
+    first = worker_env()
+    assert first.run_dir == "/tmp/first" and worker_env() is first  # parsed once
+    monkeypatch.setenv("GPUKIT_RUN_DIR", "/tmp/second")
+    assert worker_env().run_dir == "/tmp/second"  # a changed variable is read again
+    for name, value in FULL.to_env().items():
+        monkeypatch.setenv(name, value)
+    assert worker_env() == FULL
+    monkeypatch.setenv("GPUKIT_GRACE_S", "soon")
+    for _ in range(2):  # a bad value raises on every read, never a stale contract
+        with pytest.raises(ConfigurationError, match="GPUKIT_GRACE_S"):
+            worker_env()

@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,38 +30,22 @@ from torch import nn
 
 from gpukit.checkpoint._atomic import atomic_write, clean_temp_files, drop_cached_pages, fsync_directory
 from gpukit.checkpoint._background import SaveTimings, background_saves
-from gpukit.checkpoint._ddp_buckets import check_ddp_buckets, record_ddp_buckets, replay_ddp_buckets
+from gpukit.checkpoint._ddp_buckets import record_ddp_buckets
 from gpukit.checkpoint._dist import DistContext, background_dist, current_dist
 from gpukit.checkpoint._formats import MARKER_NAME, metadata_entry
 from gpukit.checkpoint._gather import gather_sharded
-from gpukit.checkpoint._io import _save_here, load, to_saveable
-from gpukit.checkpoint._read import load_lazy
-from gpukit.checkpoint._lazy import LazyCheckpoint
-from gpukit.checkpoint._prefixes import match_state_dict
-from gpukit.checkpoint._resume_checks import (
-    check_step_files,
-    check_world_size,
-    open_newest,
-    read_marker,
-)
+from gpukit.checkpoint._io import _save_here, to_saveable
+from gpukit.checkpoint._resume_checks import open_newest, read_marker
 from gpukit.checkpoint._reuse import REUSE_DIR, clear, retire, take
 from gpukit.checkpoint._rng import capture_rng_state, restore_rng_state
-from gpukit.checkpoint._sharded import (
-    METADATA_FILE,
-    is_sharded_checkpoint,
-    read_metadata,
-    restore_sharded,
-    sharded_state,
-    split_sharded,
-    write_sharded,
-)
+from gpukit.checkpoint._sharded import METADATA_FILE, sharded_state, split_sharded, write_sharded
 from gpukit.checkpoint._snapshot import snapshot
+from gpukit.checkpoint._step_read import SHARED_FILE, open_step, rank_file_name, restore_objects
 from gpukit.errors import CheckpointError, ConfigurationError
 from gpukit.monitor import emit
 
 __all__ = ["CheckpointManager", "MARKER_NAME", "SHARED_FILE", "rank_file_name"]
 
-SHARED_FILE = "state.pt"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _DEBRIS_RE = re.compile(r"^\.step_\d+\.(partial|old-[0-9a-f]+)$")
 
@@ -70,11 +53,6 @@ _DEBRIS_RE = re.compile(r"^\.step_\d+\.(partial|old-[0-9a-f]+)$")
 def _debris_for(step_dir: Path) -> Path:
     """A fresh name of _DEBRIS_RE's "old" kind for a step directory on its way out."""
     return step_dir.parent / f".{step_dir.name}.old-{os.urandom(4).hex()}"
-
-
-def rank_file_name(rank: int) -> str:
-    """Name of the per-rank file of ``rank`` inside a step directory."""
-    return f"rank_{rank:05d}.pt"
 
 
 def _is_per_rank(obj: Any) -> bool:
@@ -376,71 +354,17 @@ class CheckpointManager:
         dist = current_dist()
         if path is not None:
             directory = Path(path)
-            marker, shared_file, rank_file = self._open_step(directory, dist, trust)
+            marker, shared_file, rank_file = open_step(directory, dist, trust)
         else:
             newest = open_newest(self.directory, self.checkpoints(), dist,
-                                 lambda step: self._open_step(step, dist, trust))
+                                 lambda step: open_step(step, dist, trust))
             if newest is None:
                 return None
             directory, (marker, shared_file, rank_file) = newest
         saved_world = int(marker["world_size"])
         with shared_file:
-            self._restore(directory, dist, saved_world, shared_file, rank_file, objects, strict, trust)
+            self.extra = restore_objects(directory, dist, saved_world, shared_file, rank_file, objects, strict, trust)
         if restore_rng:
             restore_rng_state(rank_file["rng"])
         emit("checkpoint", resumed_step=int(marker["step"]), path=str(directory))
         return int(marker["step"])
-
-    def _restore(
-        self, directory: Path, dist: DistContext, saved_world: int, shared_file: LazyCheckpoint,
-        rank_file: dict[str, Any], objects: dict[str, Any], strict: bool, trust: bool,
-    ) -> None:
-        """Put the saved state into ``objects``; models are filled straight from the file."""
-        check_world_size(directory, saved_world, dist.world_size, rank_file["objects"], list(objects))
-        shared = shared_file.tree["objects"]
-        objects = restore_sharded(directory, objects, dist, shared, shared_file.materialize,
-                                  trust=trust, strict=strict)  # FSDP models/optimizers
-        available = {**shared, **rank_file["objects"]}
-        for name, obj in objects.items():
-            if name not in available:
-                raise CheckpointError(
-                    f"{directory} has no state for {name!r}; it holds: {', '.join(sorted(available)) or 'nothing'}."
-                )
-            if isinstance(obj, nn.Module):
-                inner, remapped, own = match_state_dict(obj, available[name], strict=strict)  # checks first
-                filled = OrderedDict(shared_file.fill_state_dict(remapped, own))
-                if hasattr(remapped, "_metadata"):
-                    filled._metadata = remapped._metadata  # type: ignore[attr-defined]
-                inner.load_state_dict(filled, strict=strict)
-            else:
-                try:
-                    obj.load_state_dict(shared_file.materialize(available[name]))
-                except CheckpointError as exc:  # e.g. a mid-epoch data position, other world size
-                    raise CheckpointError(f"Cannot resume {name!r} from {directory}: {exc}") from exc
-        meta = shared_file.tree["gpukit"]
-        self.extra = dict(shared_file.materialize(meta.get("extra")) or {})
-        replay_ddp_buckets(objects, meta.get("ddp_buckets"), str(directory))  # 3+ processes: exact
-
-    def _open_step(
-        self, directory: Path, dist: DistContext, trust: bool
-    ) -> tuple[dict[str, Any], LazyCheckpoint, Any]:
-        """``(marker, shared file, this rank's file)`` of a step, everything checked before use.
-
-        Raises:
-            CheckpointError: anything in the step is incomplete, special, damaged or unsafe.
-        """
-        marker, problem = read_marker(directory)
-        if marker is None:
-            raise CheckpointError(f"{directory} is not a complete gpukit checkpoint: {problem}.")
-        rank = dist.rank if dist.rank < marker["world_size"] else 0  # another world size: checked later
-        shared_file = load_lazy(directory / SHARED_FILE, trust=trust)  # tensors stay on disk until placed
-        try:
-            rank_file = load(directory / rank_file_name(rank), map_location="cpu", trust=trust)
-            check_step_files(directory, shared_file.tree, rank_file)
-            check_ddp_buckets(shared_file.tree["gpukit"].get("ddp_buckets"), str(directory / SHARED_FILE))
-            if is_sharded_checkpoint(directory):
-                read_metadata(directory, trust)  # the shard index, unpickled safely and checked
-        except BaseException:
-            shared_file.close()
-            raise
-        return marker, shared_file, rank_file

@@ -37,6 +37,7 @@ from gpukit.worker import (
     requeue_after_preemption,
     run_forked_function,
     run_function,
+    worker_env,
 )
 
 __all__ = ["launch_function", "launch_script", "GRACE_ENV", "RUN_ID_ENV", "MAX_NPROC_ENV", "DEFAULT_GRACE_S"]
@@ -235,7 +236,7 @@ def launch_script(
     _check_target(target, module)
     cluster = environment()
     if echo is not None:
-        announce(cluster, under_gpukit=WorkerEnv.from_env().launcher_pid is not None)  # a launch inside a worker
+        announce(cluster, under_gpukit=worker_env().launcher_pid is not None)  # a launch inside a worker
     gpus = spec.gpus
     if gpus.automatic and spec.nproc is None and not spec.cpu:
         gpus = GpuRequest.of(scheduler_gpu_count(cluster))  # every GPU SLURM gave this node, and no other

@@ -22,7 +22,8 @@ from torch.utils.flop_counter import flop_registry
 from gpukit.errors import MemoryPlanError
 from gpukit.memory._activation import checkpointing_applied
 from gpukit.memory._fake_optimizer import make_optimizer, state_bytes
-from gpukit.precision import NORM_LAYERS, cast_inputs_hook, cast_outputs_hook
+from gpukit.memory._repeat import SegmentMarks
+from gpukit.precision import NORM_LAYERS, add_true_precision_casts
 
 __all__ = ["LiveBytes", "StepSpec", "call_model", "default_loss", "norm_tensor_names", "simulate_step",
            "simulated", "true_precision_casts"]
@@ -213,17 +214,51 @@ def true_precision_casts(model: torch.nn.Module, low: torch.dtype | None) -> Ite
     if low is None or getattr(model, "_gpukit_precision", None) is not None:
         yield  # no "-true" precision, or the model was converted already (its hooks run)
         return
-    handles = []
-    for sub in model.modules():
-        if isinstance(sub, NORM_LAYERS):
-            handles.append(sub.register_forward_pre_hook(cast_inputs_hook(torch.float32), with_kwargs=True))
-            handles.append(sub.register_forward_hook(cast_outputs_hook(low)))
-    handles.append(model.register_forward_hook(cast_outputs_hook(torch.get_default_dtype())))
+    handles = add_true_precision_casts(model, low, cast_inputs=False)  # the fake inputs are made low already
     try:
         yield
     finally:
         for handle in handles:
             handle.remove()
+
+
+#: where the simulation runs, whatever the target: fake CUDA tensors would initialise CUDA (and abort a
+#: CPU-only build in autograd); autograd's saved tensors do not depend on the device, and CPU autocast
+#: casts the same matmul/conv family to the low dtype
+_SIMULATED_DEVICE = torch.device("cpu")
+
+
+def _fake_state(model: torch.nn.Module, step: StepSpec, tracker: LiveBytes
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], Any]:
+    """Fake parameters, buffers and inputs for a simulated step, in the dtypes it runs with, each
+    counted by ``tracker`` (call inside its fake mode)."""
+    param_dtype = step.param_dtype
+
+    def fake_like(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        fake = torch.empty(tensor.shape, dtype=dtype or tensor.dtype, device=_SIMULATED_DEVICE)
+        tracker.track(fake)
+        return fake
+
+    # "-true" precisions keep norm layers in fp32 (gpukit.precision.TruePrecision)
+    fp32 = norm_tensor_names(model) if param_dtype != torch.float32 else set()
+
+    def dtype_of(name: str, t: torch.Tensor) -> torch.dtype | None:
+        return (torch.float32 if name in fp32 else param_dtype) if t.is_floating_point() else None
+
+    params = {
+        name: fake_like(p, dtype_of(name, p)).requires_grad_(p.requires_grad)
+        for name, p in model.named_parameters()
+    }
+    buffers = {name: fake_like(b, dtype_of(name, b)) for name, b in model.named_buffers()}
+    # "-true" precisions feed the model low-precision inputs too; an input that requires
+    # grad keeps it (a middle layer, as gpukit.parallel plans one, sends gradients back)
+    inputs = tree_map(
+        lambda t: fake_like(t, param_dtype if t.is_floating_point() else None).requires_grad_(
+            t.requires_grad and t.is_floating_point()
+        ) if isinstance(t, torch.Tensor) else t,
+        step.example_batch,
+    )
+    return params, buffers, inputs
 
 
 def simulate_step(model: torch.nn.Module, step: StepSpec, checkpointing: Any,
@@ -233,41 +268,11 @@ def simulate_step(model: torch.nn.Module, step: StepSpec, checkpointing: Any,
     ``marks``: ``(blocks, unit)`` to mark every unit's forward and backward (``_repeat.py``);
     the figures then hold ``"marks"``, the segments' peaks in order.
     """
-    # Simulate on fake CPU tensors whatever the target: fake CUDA tensors would initialise
-    # CUDA (and abort a CPU-only build in autograd). Autograd's saved tensors do not depend
-    # on the device; CPU autocast casts the same matmul/conv family to the low dtype.
-    from gpukit.memory._repeat import SegmentMarks
-
-    simulated_device = torch.device("cpu")
     tracker = LiveBytes(step.block)
     notes: list[str] = []
-
-    def fake_like(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        fake = torch.empty(tensor.shape, dtype=dtype or tensor.dtype, device=simulated_device)
-        tracker.track(fake)
-        return fake
-
     param_dtype = step.param_dtype
     with _quiet_fake_tensor_log(), _CountingFakeMode(tracker):
-        # "-true" precisions keep norm layers in fp32 (gpukit.precision.TruePrecision)
-        fp32 = norm_tensor_names(model) if param_dtype != torch.float32 else set()
-
-        def dtype_of(name: str, t: torch.Tensor) -> torch.dtype | None:
-            return (torch.float32 if name in fp32 else param_dtype) if t.is_floating_point() else None
-
-        params = {
-            name: fake_like(p, dtype_of(name, p)).requires_grad_(p.requires_grad)
-            for name, p in model.named_parameters()
-        }
-        buffers = {name: fake_like(b, dtype_of(name, b)) for name, b in model.named_buffers()}
-        # "-true" precisions feed the model low-precision inputs too; an input that requires
-        # grad keeps it (a middle layer, as gpukit.parallel plans one, sends gradients back)
-        inputs = tree_map(
-            lambda t: fake_like(t, param_dtype if t.is_floating_point() else None).requires_grad_(
-                t.requires_grad and t.is_floating_point()
-            ) if isinstance(t, torch.Tensor) else t,
-            step.example_batch,
-        )
+        params, buffers, inputs = _fake_state(model, step, tracker)
         figures: dict[str, Any] = {
             "parameters": sum(tracker.size(p.untyped_storage()) for p in params.values()),
             "buffers": sum(tracker.size(b.untyped_storage()) for b in buffers.values()),
@@ -285,7 +290,7 @@ def simulate_step(model: torch.nn.Module, step: StepSpec, checkpointing: Any,
                     if number == 0:
                         figures["before_forward"] = before_forward
                         tracker.mark(("S",))
-                    with torch.autocast(simulated_device.type, dtype=step.autocast_dtype,
+                    with torch.autocast(_SIMULATED_DEVICE.type, dtype=step.autocast_dtype,
                                         enabled=step.autocast_dtype is not None):
                         output = call_model(model, inputs)
                         loss = (step.loss_fn or default_loss)(output)

@@ -68,8 +68,6 @@ def _writing_error(tracker: str, where: Path, exc: OSError) -> ConfigurationErro
         f"{exc.strerror or exc}. Give it a folder of your own (log_with=CSVTracker('dir'), record=DIR), or remove "
         "what is in the way.")
 
-TRACKERS = ("csv", "mlflow", "wandb")
-
 
 def _require(module: str, extra: str, what: str) -> None:
     try:
@@ -261,7 +259,9 @@ class WandbTracker(Tracker):
             self.run = None
 
 
-_BY_NAME = {"csv": CSVTracker, "mlflow": MLflowTracker, "wandb": WandbTracker}
+#: the trackers ``log_with`` names, by each class's ``name`` (the one list of tracker names)
+_BY_NAME: dict[str, type[Tracker]] = {cls.name: cls for cls in (CSVTracker, MLflowTracker, WandbTracker)}
+TRACKERS = tuple(_BY_NAME)
 
 
 def make_trackers(log_with: Any) -> list[Tracker]:

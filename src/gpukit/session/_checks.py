@@ -1,10 +1,9 @@
-"""The Session's set-up errors, with their fixes: :func:`check_session_options`,
-:func:`check_optimizer` (an optimizer that is not the model's) and :func:`not_launched_error`
+"""The Session's set-up errors, with their fixes: :func:`check_optimizer` (an optimizer that is not the model's) and :func:`not_launched_error`
 (several processes needed, one running)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -12,25 +11,17 @@ from torch import nn
 from gpukit.errors import ConfigurationError, DistributedError
 from gpukit.placement import unwrap_model
 
-__all__ = ["check_optimizer", "check_session_options", "choice_banner", "not_launched_error"]
+if TYPE_CHECKING:
+    from gpukit.session._config import SessionConfig
+
+__all__ = ["check_optimizer", "choice_banner", "not_launched_error"]
 
 
-def check_session_options(accumulate_grad_batches: Any, seed: Any) -> None:
-    """Refuse a Session's counting options that are not what they must be, before any set-up."""
-    if (
-        not isinstance(accumulate_grad_batches, int)
-        or isinstance(accumulate_grad_batches, bool)
-        or accumulate_grad_batches < 1
-    ):
-        raise ConfigurationError(f"accumulate_grad_batches={accumulate_grad_batches!r}; use an int >= 1.")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
-        raise ConfigurationError(f"seed={seed!r}; use an int or None (ints from 0 to 2**63 - 1).")
-
-
-def choice_banner(strategy: Any, precision: Any, config: dict[str, Any]) -> str:
+def choice_banner(strategy: Any, precision: Any, config: SessionConfig) -> str:
     """The line a verbose Session prints on rank 0: what it chose, and what was chosen for the user."""
-    auto = {k: ", chosen automatically" if config.get(k) == "auto" else "" for k in ("strategy", "precision")}
-    fit = "; fit chooses what is left open at setup" if config.get("fit") not in (None, False) else ""
+    auto = {k: ", chosen automatically" if given == "auto" else ""
+            for k, given in (("strategy", config.strategy), ("precision", config.precision))}
+    fit = "; fit chooses what is left open at setup" if config.fit not in (None, False) else ""
     return (f"gpukit: strategy {strategy.describe()}{auto['strategy']}; "
             f"precision {precision.name}{auto['precision']}{fit}")
 

@@ -44,6 +44,7 @@ from gpukit.placement import unwrap_model
 
 if TYPE_CHECKING:
     from gpukit.accelerators import Accelerator
+    from gpukit.session._config import SessionConfig
     from gpukit.session._memory import SessionMemory
     from gpukit.strategies import Strategy
 
@@ -131,7 +132,7 @@ class SessionFit:
             (DataParallel, pipeline, "16-mixed", a custom checkpointing policy).
     """
 
-    def __init__(self, fit: Any, *, config: dict[str, Any], strategy: Strategy, accelerator: Accelerator,
+    def __init__(self, fit: Any, *, config: SessionConfig, strategy: Strategy, accelerator: Accelerator,
                  verbose: bool) -> None:
         if fit is True:
             if accelerator.is_host:
@@ -149,20 +150,20 @@ class SessionFit:
         self.plan_strategy = _plan_strategy(strategy)
         self.kept: list[str] = [f"strategy {strategy.name}" + (f" x{strategy.world_size}" if strategy.world_size > 1 else "")]
         precision = strategy.precision
-        if config.get("precision", "auto") == "auto":
+        if config.precision == "auto":
             self.precisions = _preferred_precisions(precision.name, accelerator, strategy.root_device)
         else:
             if precision.name not in FIT_PRECISIONS:
                 raise ConfigurationError(
-                    f"Session(precision={config['precision']!r}, fit=...): fit plans {', '.join(FIT_PRECISIONS)}; "
+                    f"Session(precision={config.precision!r}, fit=...): fit plans {', '.join(FIT_PRECISIONS)}; "
                     "give one of those or leave precision to fit ('auto').")
             self.precisions = [precision.name]
             self.kept.append(f"precision={precision.name!r}")
         own = getattr(strategy, "activation_checkpointing", None)
-        if config.get("activation_checkpointing") is None and own is None:
+        if config.activation_checkpointing is None and own is None:
             self.checkpointing = ["none", "selective", "full"]
         else:
-            name = policy_name(check_policy(config.get("activation_checkpointing") if own is None else own))
+            name = policy_name(check_policy(config.activation_checkpointing if own is None else own))
             if name == "custom":
                 raise ConfigurationError(
                     "Session(fit=...) plans activation_checkpointing None, 'selective' or True; a custom policy "
@@ -173,7 +174,7 @@ class SessionFit:
         self.choice: FitChoice | None = None
 
     @classmethod
-    def create(cls, fit: Any, config: dict[str, Any], strategy: Strategy, *, verbose: bool) -> SessionFit | None:
+    def create(cls, fit: Any, config: SessionConfig, strategy: Strategy, *, verbose: bool) -> SessionFit | None:
         """The component for ``Session(fit=fit)``; ``None`` for ``fit=None`` or ``False``."""
         if fit is None or fit is False:
             return None

@@ -7,14 +7,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpukit.launch import LaunchSpec
+    from gpukit.session._config import SessionConfig
 
 __all__ = ["launch_workers"]
 
 
 def launch_workers(
-    session_class: type, config: dict[str, Any], fn: Callable[..., Any], args: tuple, spec: LaunchSpec
+    session_class: type, config: SessionConfig, fn: Callable[..., Any], args: tuple, spec: LaunchSpec
 ) -> list[Any]:
-    """Run ``fn(session, *args)`` in ``spec.nproc`` new processes, each with ``session_class(**config)``.
+    """Run ``fn(session, *args)`` in ``spec.nproc`` new processes, each with an equal session:
+    ``session_class(**config.arguments())`` (``config`` is pickled to them, or inherited by a fork).
 
     Returns:
         ``fn``'s return values in rank order.
@@ -24,9 +26,9 @@ def launch_workers(
     return list(launch_function(_run_worker, (session_class, config, fn, args), spec))
 
 
-def _run_worker(session_class: type, config: dict[str, Any], fn: Callable[..., Any], args: tuple) -> Any:
+def _run_worker(session_class: type, config: SessionConfig, fn: Callable[..., Any], args: tuple) -> Any:
     """Entry point of a process started by :meth:`Session.launch`."""
-    session = session_class(**config)
+    session = session_class(**config.arguments())
     try:
         return fn(session, *args)
     finally:

@@ -13,13 +13,13 @@ replaces.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpukit.accelerators import Accelerator
     from gpukit.data import StepTimings
     from gpukit.monitor import Recorder, TrackerHub
+    from gpukit.session._config import SessionConfig
     from gpukit.strategies import Strategy
     from gpukit.worker import WorkerEnv
 
@@ -32,18 +32,16 @@ class SessionServices:
     Args:
         strategy, accelerator: the Session's (the environment is already set up; the precision is the strategy's).
         timings: the Session's step-time breakdown; the recorder listens to it.
-        record: the run-record directory, ``None`` for ``GPUKIT_RECORD_DIR`` or no record.
-        worker: what a launcher told this process (``WorkerEnv.from_env()``).
-        verbose: announce the cluster (rank 0).
-        log_with: the experiment trackers (``None``: none).
-        settings: the Session's arguments, logged once with each tracker's run (with what was chosen).
-        accumulate_grad_batches: micro-batches per step, as worked out (logged with them).
+        config: the Session's settings: ``record`` (the run-record directory, ``None`` for
+            ``GPUKIT_RECORD_DIR`` or no record), ``verbose`` (announce the cluster on rank 0), ``log_with``
+            (the experiment trackers); logged once with each tracker's run (:meth:`SessionConfig.tracked`).
+        worker: what a launcher told this process (``worker_env()``).
+        accumulate_grad_batches: micro-batches per step, as worked out (logged with the settings).
     """
 
     def __init__(
-        self, *, strategy: Strategy, accelerator: Accelerator, timings: StepTimings,
-        record: str | os.PathLike[str] | None, worker: WorkerEnv, verbose: bool, log_with: Any = None,
-        settings: dict[str, Any] | None = None, accumulate_grad_batches: int = 1,
+        self, *, strategy: Strategy, accelerator: Accelerator, timings: StepTimings, config: SessionConfig,
+        worker: WorkerEnv, accumulate_grad_batches: int = 1,
     ) -> None:
         from gpukit.monitor import RecordedRank, start_recorder
         from gpukit.worker import install_preemption_handler, is_kernel, session_stop_signals
@@ -54,14 +52,14 @@ class SessionServices:
             from gpukit.worker import start_heartbeat
 
             start_heartbeat(strategy.rank, strategy.world_size)
-        if verbose:
+        if config.verbose:
             from gpukit.cluster import announce
 
             # once, rank 0: the SLURM / Kubernetes job this process belongs to (its gpukit launcher said it)
             announce(under_gpukit=worker.launcher_pid is not None)
         #: the run recorder, ``None`` unless recording (a launched session given a directory)
         self.recorder: Recorder | None = None
-        directory = record if record is not None else worker.record_dir
+        directory = config.record if config.record is not None else worker.record_dir
         if directory is not None and strategy.launched:
             who = RecordedRank(rank=strategy.rank, world_size=strategy.world_size, local_rank=strategy.local_rank,
                                device=strategy.root_device, strategy=strategy.describe(),
@@ -70,10 +68,9 @@ class SessionServices:
             timings.add_listener(self.recorder.on_step)
         from gpukit.monitor import TrackerHub, make_trackers
 
-        trackers = make_trackers(log_with)  # checked on every rank: the same error everywhere
-        logged = {k: _plain(v) for k, v in (settings or {}).items()}
-        logged.update(strategy=strategy.describe(), precision=strategy.precision.name,
-                      world_size=strategy.world_size, accumulate_grad_batches=accumulate_grad_batches)
+        trackers = make_trackers(config.log_with)  # checked on every rank: the same error everywhere
+        logged = config.tracked(strategy=strategy.describe(), precision=strategy.precision.name,
+                                world_size=strategy.world_size, accumulate_grad_batches=accumulate_grad_batches)
         self.trackers: TrackerHub = TrackerHub(trackers, rank=strategy.rank, settings=logged,
                                                directory=self.recorder.directory if self.recorder is not None else None)
 
@@ -100,12 +97,3 @@ class SessionServices:
         if self.recorder is not None:
             self.recorder.close()
 
-
-def _plain(value: Any) -> Any:
-    """A setting as a tracker can log it: plain values (and lists of them) as they are, else the type's name."""
-    plain = (str, int, float, bool, type(None))
-    if isinstance(value, plain):
-        return value
-    if isinstance(value, (list, tuple)) and all(isinstance(v, plain) for v in value):
-        return list(value)
-    return type(value).__name__

@@ -1,16 +1,6 @@
 """Session: one training loop (the user's own) on the CPU, one GPU, DataParallel, DDP, FSDP or a
-split model; docs/sessions.md shows the loop.
-
-The facade holds its parts, each built here with what it needs, and delegates: ``strategy``,
-``precision`` and ``accelerator`` (how the model is wrapped, how the maths runs, what the device
-is) and four components -- :class:`~gpukit.session._steps.TrainingSteps` (backward, gradient
-accumulation, the optimizer step), :class:`~gpukit.session._services.SessionServices` (stop
-signals, heartbeat, requeue, the run record), :class:`~gpukit.session._memory.SessionMemory`
-(``run_step`` with OOM back-off, leak watching) and :class:`~gpukit.session._runstate.RunState`
-(``should_stop``, saving and resuming checkpoints, the state they carry). Smaller parts: the
-loader tracker (``_loaders``: the batch in hand, ``join``), gathering (``_gather``), schedulers
-(``_schedulers``), ``main_process_first`` (``_first``), batch sizes (``_batching``), seeding
-(``_seeding``).
+split model; docs/sessions.md shows the loop. The facade holds its parts (``_parts``: what each is,
+built from one :class:`~gpukit.session._config.SessionConfig`) and delegates to them.
 """
 
 from __future__ import annotations
@@ -18,7 +8,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -26,36 +15,27 @@ import torch
 from torch import nn
 
 from gpukit import memory as _memory
-from gpukit._util.timeouts import parse_timeout_s
 from gpukit.accelerators import Accelerator
-from gpukit.data import (
-    DeviceLoader, LoaderPlace, LoaderRequest, StepTimings, TimingSummary, build_loader, timed_progress,
-)
+from gpukit.data import DeviceLoader, TimingSummary, timed_progress
 from gpukit.launch import LaunchSpec
 from gpukit.monitor import MfuFigures
 from gpukit.placement import to_device
-from gpukit.precision import Precision, get_precision
-from gpukit.session._auto import SessionAuto, loader_steps, say_on
-from gpukit.session._auto_decide import Decision, check_auto
-from gpukit.session._batching import plan_batches
-from gpukit.session._checks import check_optimizer, check_session_options, choice_banner, not_launched_error
+from gpukit.precision import Precision
+from gpukit.session._auto_decide import Decision
+from gpukit.session._checks import not_launched_error
+from gpukit.session._config import SessionConfig, with_arguments
 from gpukit.session._first import main_process_first
-from gpukit.session._fit import FitChoice, SessionFit, fit_at_setup
+from gpukit.session._fit import FitChoice
 from gpukit.session._gather import all_gather_checked, gather_for_metrics
 from gpukit.session._launch import launch_workers
-from gpukit.session._loaders import LoaderTracker, join_uneven
-from gpukit.session._memory import DEFAULT_WATCH_EVERY_N_STEPS, SessionMemory, check_memory_options
-from gpukit.session._mfu import SessionMfu
+from gpukit.session._loaders import join_uneven
+from gpukit.session._memory import DEFAULT_WATCH_EVERY_N_STEPS
+from gpukit.session._parts import build_parts
 from gpukit.session._resume import ResumeInfo
-from gpukit.session._runstate import RunState
 from gpukit.session._schedulers import SessionScheduler
-from gpukit.session._seeding import RankSeeding, fresh_seed, seed_everything
-from gpukit.session._services import SessionServices
-from gpukit.session._steps import TrainingSteps
-from gpukit.strategies import (
-    Strategy, check_compile, compile_module, compile_request, configure_strategy, select_strategy,
-)
-from gpukit.worker import WorkerEnv, requeue_at_exit
+from gpukit.session._setup import set_up_loader, set_up_model
+from gpukit.strategies import Strategy
+from gpukit.worker import worker_env
 
 __all__ = ["Session"]
 
@@ -67,57 +47,8 @@ class Session:
     """Run a user-written training loop on the devices, strategy and precision asked for.
 
     Args:
-        devices: "auto" (one device per process), an int N (-1: all visible GPUs), a list of
-            GPU indices, or one device ("cpu", "cuda:1", a torch.device). On the CPU,
-            ``accelerator="cpu", devices=N`` means N processes (DDP on gloo).
-        precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true" or "auto".
-        strategy: "auto", "single", "dp", "ddp", "fsdp" (sharded over processes;
-            ``FSDPStrategy(auto_wrap=..., cpu_offload=True)`` for other settings) or "pipeline"
-            (layers split over ``devices`` in one process; ``PipelineStrategy(devices, chunks=4)``
-            for micro-batches), or a Strategy.
-        seed: seeds Python, NumPy, torch, every GPU, shuffling and loader workers.
-        seed_per_rank: after ``setup``, reseed Python, NumPy and torch with ``seed + rank`` (for
-            scripts that sample batches with ``torch.randint``; models still start identical).
-        accumulate_grad_batches: micro-batches per optimizer step.
-        global_batch_size, micro_batch_size: samples per optimizer step over all ranks, and per
-            forward on one rank: the accumulation is ``global / (micro * world_size)``, worked
-            out for the world size the job runs with; ``micro_batch_size`` is also the default
-            ``batch_size`` of ``setup_dataloader``.
-        step_at_loader_end: end an accumulation window with the pass of a gpukit loader (10
-            batches with accumulation 4: steps after 4, 8 and 10); False carries the last
-            micro-batches' gradients into the next epoch.
-        sync_batchnorm: under DDP, compute BatchNorm statistics over the global batch.
-        accelerator: "auto", "cpu", "cuda" or "mps".
-        verbose: print (on rank 0) what was chosen.
-        oom: out of memory in ``run_step``: None (propagates), "raise" (post-mortem, then
-            StepOutOfMemoryError) or "backoff" (halve the micro-batch and retry).
-        watch_memory: True or a step interval: ``watch_memory(every_n_steps)`` at start.
-        record: a directory for the run record (per-step timings, ``session.log`` scalars, system
-            samples, events; ``gpukit report DIR`` plots it); default ``GPUKIT_RECORD_DIR`` or none.
-        timeout_s: how long a collective waits for a rank that stopped before it raises;
-            default ``GPUKIT_TIMEOUT_S`` (``gpukit run --timeout``) or 1800.
-        activation_checkpointing: recompute blocks' activations in backward instead of keeping
-            them: True (every block), "selective" (every other block), a set of module classes
-            or a callable ``(module, name) -> bool``; works with every strategy (see docs/memory.md).
-        compile: True or a dict of ``torch.compile`` options: ``setup`` compiles the model the
-            way the strategy needs (the DDP wrapper, each FSDP unit). A ``torch.compile(model)``
-            given to ``setup`` is compiled the same way with its own settings, not dropped.
-        fit: True (the GPU's free memory) or a budget per device ("20GiB"): ``setup(model,
-            optimizer, example_input=x)`` plans and applies the precision, activation checkpointing
-            and micro-batch left open (``session.fit_choice``; see docs/memory.md).
-        log_with: experiment trackers for ``session.log``: "csv", "mlflow", "wandb", a list, or
-            tracker objects (``gpukit.monitor.CSVTracker`` ...); rank 0 only (docs/run-records.md).
-        peak_tflops: the device's dense peak TFLOP/s in the precision that runs, for MFU on a device
-            gpukit's table lacks (CPUs included); default: the data sheet's (docs/sessions.md, "MFU and achieved TFLOP/s").
-        flops_per_step: floating-point operations of one micro-batch's forward and backward on one
-            process, when the model knows them; default: counted by torch on the second step.
-        auto: the settings a GPU rewards, each printed once with its reason (``session.auto_settings``):
-            bf16, tf32, fused_optimizer, channels_last, attention at setup; compile and cuda_graphs
-            after the first steps are measured. False: none (docs/sessions.md, "Automatic settings").
-        refuse: setting names to keep off, e.g. ``refuse=("compile", "channels_last")``.
-        tensor_parallel, tensor_plan: split each layer over groups of that many processes (which see
-            the same batch), with the plan found by structure or the given ``{name: ParallelStyle}``;
-            ``strategy`` "ddp"/"fsdp" replicates/shards the groups (docs/sessions.md, "Tensor parallelism").
+        (every argument: typed, checked and documented once in
+        :class:`~gpukit.session._config.SessionConfig`; ``help(Session)`` lists them here)
 
     Raises:
         ConfigurationError: an unknown or contradictory setting (the message lists the allowed).
@@ -137,66 +68,31 @@ class Session:
         flops_per_step: int | None = None, auto: bool = True, refuse: Iterable[str] = (),
         tensor_parallel: int = 1, tensor_plan: dict[str, Any] | None = None,
     ) -> None:
-        # what a worker started by launch() needs to build the same session: every argument
-        self._config = {name: value for name, value in locals().items() if name != "self"}
-        check_session_options(accumulate_grad_batches, seed)
-        watch_every = check_memory_options(oom, watch_memory, sync_batchnorm)  # before any set-up
-        worker = WorkerEnv.from_env()  # what a launcher told this process (a bad value raises here)
-        if accelerator == "auto" and worker.cpu:
-            accelerator = self._config["accelerator"] = "cpu"  # `gpukit run --cpu`: gloo even where GPUs exist
-        self._compile = check_compile(compile)
-        auto_on, refused = check_auto(auto, refuse)
-        self.strategy: Strategy = select_strategy(devices, strategy, accelerator, sync_batchnorm=sync_batchnorm,
-                                                   tensor_parallel=tensor_parallel, tensor_plan=tensor_plan)
-        configure_strategy(self.strategy, activation_checkpointing, verbose=verbose)
-        if timeout_s is not None:  # before setup_environment creates the process group
-            self.strategy.timeout_s = parse_timeout_s(timeout_s)
-        self.accelerator: Accelerator = self.strategy.accelerator
-        # the strategy owns the precision; every component reads it there (Session(fit=) may change it)
-        self.strategy.precision = get_precision(
-            SessionAuto.precision_name(precision, auto_on, refused, self.accelerator, self.strategy.root_device),
-            self.accelerator, self.strategy.root_device)
-        self._fit = SessionFit.create(fit, self._config, self.strategy, verbose=verbose)
+        # every argument as one checked value: what the parts read, and what launch() sends to the workers
+        config = SessionConfig(
+            devices=devices, precision=precision, strategy=strategy, seed=seed,
+            accumulate_grad_batches=accumulate_grad_batches, sync_batchnorm=sync_batchnorm, accelerator=accelerator,
+            verbose=verbose, oom=oom, watch_memory=watch_memory, record=record, timeout_s=timeout_s,
+            activation_checkpointing=activation_checkpointing, compile=compile, fit=fit, seed_per_rank=seed_per_rank,
+            global_batch_size=global_batch_size, micro_batch_size=micro_batch_size,
+            step_at_loader_end=step_at_loader_end, log_with=log_with, peak_tflops=peak_tflops,
+            flops_per_step=flops_per_step, auto=auto, refuse=refuse, tensor_parallel=tensor_parallel,
+            tensor_plan=tensor_plan,
+        )
+        worker = worker_env()  # what a launcher told this process (a bad value raises here)
+        self._config = config.for_worker(worker)
+        parts = build_parts(self._config, worker)
+        self.strategy: Strategy = parts.strategy
+        self.accelerator: Accelerator = parts.strategy.accelerator
         self.seed = seed
-        # data-parallel coordinates (not rank / world size): the ranks of one tensor group share a batch
-        batches = plan_batches(global_batch_size, micro_batch_size, accumulate_grad_batches,
-                               self.strategy.data_parallel_size)
-        self._micro_batch_size = batches.micro_batch_size
-        self._loaders = LoaderTracker(self.strategy.data_parallel_size)  # the gpukit loader whose batch is in hand
-        self._steps = TrainingSteps(self.strategy, batches.accumulate_grad_batches,
-                                    loaders=self._loaders, step_at_loader_end=step_at_loader_end)
-        self._loaders.on_pass_end = self._steps.pass_ended
-        self._seeding = RankSeeding(seed, self.strategy.data_parallel_rank, self.strategy.data_parallel_size,
-                                    self.accelerator, seed_per_rank)
         #: step-time breakdown of every gpukit loader (data wait, copy, compute); listeners
-        self.timings = StepTimings(self.accelerator, rank=self.strategy.rank, report=verbose)
-        self.timings.shows_pass = self._steps.trained_this_pass  # epoch lines for training passes only
-        # FLOPs per step (counted on the first) and MFU in each epoch's line and the record
-        self._mfu = SessionMfu(peak_tflops, flops_per_step, strategy=self.strategy, accelerator=self.accelerator,
-                               timings=self.timings, loaders=self._loaders, steps=self._steps)
-        if seed is not None:
-            seed_everything(seed, self.accelerator)
-        # `srun python`: rank 0 requeues a job stopped by --signal, at exit -- after the process
-        # group is left, so armed before it exists (exit hooks run last-registered first)
-        requeue_at_exit()
-        if self.strategy.launched:
-            self.strategy.setup_environment()
-        self._services = SessionServices(  # stop signals, heartbeat, the run record
-            strategy=self.strategy, accelerator=self.accelerator, timings=self.timings, record=record,
-            worker=worker, verbose=verbose, log_with=log_with, settings=self._config,
-            accumulate_grad_batches=self._steps.accumulate_grad_batches,
-        )
+        self.timings = parts.timings
         #: the run recorder (``Session(record=...)``), ``None`` unless recording
-        self.recorder = self._services.recorder
-        self._mfu.recorder = self.recorder
-        self._memory = SessionMemory(
-            oom, watch_every, strategy=self.strategy, accelerator=self.accelerator, steps=self._steps,
-        )
-        self._runstate = RunState(strategy=self.strategy, steps=self._steps, memory=self._memory, verbose=verbose)
-        self._auto = SessionAuto(auto_on, refused, self.strategy, precision, compile, loader_steps(self._loaders),
-                                 say_on() if verbose and self.is_main else None)
-        if self.strategy.launched and verbose and self.is_main:
-            print(choice_banner(self.strategy, self.precision, self._config), file=sys.stderr)
+        self.recorder = parts.services.recorder
+        self._parts, self._fit, self._micro_batch_size = parts, parts.fit, parts.micro_batch_size
+        self._loaders, self._steps, self._seeding, self._mfu = parts.loaders, parts.steps, parts.seeding, parts.mfu
+        self._services, self._memory, self._runstate, self._auto = (parts.services, parts.memory, parts.runstate,
+                                                                    parts.auto)
 
     # -- where this process sits -------------------------------------------------------------
     @property
@@ -274,29 +170,7 @@ class Session:
             DistributedError: several processes are needed but were not launched.
         """
         self._require_launched("session.setup()")
-        if optimizer is not None:
-            check_optimizer(model, optimizer)
-        if self._fit is not None or example_input is not None:  # Session(fit=...): choose before wrapping
-            fit_at_setup(self._fit, model, optimizer, example_input, memory=self._memory)
-        model, compiling = compile_request(model, self._compile)  # a torch.compile wrapper comes off here
-        model = self.strategy.materialise_meta(model)  # built on the meta device: allocated, initialised
-        model = self.strategy.prepare_module(model)
-        model = self.precision.convert_module(model)
-        model = self._auto.before_wrap(model, optimizer, compiled=compiling is not None)  # Session(auto=...)
-        model = self.strategy.setup_module(model)
-        model = self.strategy.run_at_precision(model)  # "-mixed": the forward autocasts without session.autocast()
-        model = compile_module(self.strategy, model, compiling)  # ... and goes back on what the strategy built
-        self._memory.track_model(model)  # inference guard; run_step's default model
-        self._auto.after_setup(model)  # compiled after the first steps when that pays
-        self._seeding.after_setup()  # seed_per_rank: seed + rank from here on
-        if optimizer is None:
-            return model
-        optimizer = self.strategy.setup_optimizer(model, optimizer)  # FSDP: the sharded params
-        if optimizer.state:
-            # the optimizer's own loader casts state to each parameter's device and dtype
-            # (and keeps Adam's "step" counters where they belong)
-            optimizer.load_state_dict(optimizer.state_dict())
-        return model, optimizer
+        return set_up_model(self._parts, model, optimizer, example_input, self._config.compile_options)
 
     def setup_dataloader(
         self, data: Any, batch_size: int | None = None, shuffle: bool | None = None,
@@ -325,21 +199,7 @@ class Session:
             ``set_epoch`` handled, and ``state_dict()`` records the position for resuming.
         """
         self._require_launched("session.setup_dataloader()")
-        seed = self.seed
-        if seed is None:  # random order per run, recorded in the loader's state_dict
-            seed = self.broadcast(fresh_seed()) if self.world_size > 1 else fresh_seed()
-        if batch_size is None and self._micro_batch_size is not None and not hasattr(data, "batch_sampler"):
-            batch_size = self._micro_batch_size
-        place = LoaderPlace(self.device, self.accelerator, rank=self.strategy.data_parallel_rank,
-                            world_size=self.strategy.data_parallel_size,
-                            local_world_size=self.strategy.num_processes, seed=int(seed), broadcast=self.broadcast,
-                            timings=self.timings, listener=self._loaders)
-        request = LoaderRequest.of(batch_size, shuffle, num_workers, even_batches, **kwargs)
-        loader = build_loader(data, place, request)
-        note = loader.shard_note()  # padding or dropping: said once, on rank 0
-        if note and self.timings.report:
-            self.print(f"gpukit: {note}")
-        return loader
+        return set_up_loader(self._parts, self.seed, data, batch_size, shuffle, num_workers, even_batches, **kwargs)
 
     def to_device(self, obj: T) -> T:
         """Move tensors/modules inside ``obj`` to ``session.device`` (see ``gpukit.to_device``)."""
@@ -592,9 +452,11 @@ class Session:
 
     def _require_launched(self, what: str) -> None:
         if not self.strategy.launched:
-            raise not_launched_error(what, self.strategy, self._config["devices"])
+            raise not_launched_error(what, self.strategy, self._config.devices)
 
     def __repr__(self) -> str:
         state = self.strategy.describe() if self.strategy.launched else "not launched"
         return f"Session({state}, precision={self.precision.name!r})"
 
+
+Session.__doc__ = with_arguments(Session.__doc__)  # help(Session) lists every argument, from SessionConfig

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from gpukit.worker._entry import run_function
 from gpukit.worker._exit_state import is_failing, leaves_a_group_at_exit, note_failure, note_group_to_leave
-from gpukit.worker._env import WorkerEnv, collective_timeout_s, parse_preempt_signal
+from gpukit.worker._env import WorkerEnv, collective_timeout_s, parse_preempt_signal, worker_env
 from gpukit.worker._forked import run_forked_function
 from gpukit.worker._heartbeat import start_heartbeat
 from gpukit.worker._orphans import die_with_launcher
@@ -42,6 +42,7 @@ from gpukit.worker._stop_signals import is_kernel, preempt_signal, session_stop_
 __all__ = [
     # the launcher -> worker contract
     "WorkerEnv",
+    "worker_env",
     "collective_timeout_s",
     # the stop flag and the signals that set it
     "stop_requested",

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 from gpukit._util.envvars import STOP_EXIT_ENV
 from gpukit._util.units import whole_number
-from gpukit.worker._env import WorkerEnv
+from gpukit.worker._env import worker_env
 from gpukit.worker._exit_state import leaves_a_group_at_exit, note_failure
 from gpukit.worker._orphans import die_with_launcher
 from gpukit.worker._stop import (
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     if not argv:
         raise SystemExit(_USAGE)
     die_with_launcher()
-    show_warnings_once_per_run(WorkerEnv.from_env().run_dir)  # a warning every rank gives: printed once
+    show_warnings_once_per_run(worker_env().run_dir)  # a warning every rank gives: printed once
     if _imports_gpukit(argv):  # a stop before its Session exists ends it at once, as a clean stop
         install_startup_stop((signal.SIGTERM, signal.SIGINT, preempt_signal()))
     try:

@@ -30,7 +30,7 @@ from gpukit.cluster import check_max_requeues
 from gpukit.errors import ConfigurationError
 
 __all__ = [
-    "WorkerEnv", "collective_timeout_s", "parse_preempt_signal",
+    "WorkerEnv", "collective_timeout_s", "parse_preempt_signal", "worker_env",
     "DEFAULT_PREEMPT_SIGNAL", "PREEMPT_SIGNAL_CHOICES",
 ]
 
@@ -150,5 +150,27 @@ def collective_timeout_s(value: float | None = None) -> float:
     """
     if value is not None:
         return parse_timeout_s(value)
-    timeout_s = WorkerEnv.from_env().timeout_s
+    timeout_s = worker_env().timeout_s
     return DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+
+
+#: every variable of the contract (what :meth:`WorkerEnv.from_env` reads)
+_CONTRACT = (RUN_ID_ENV, LAUNCHER_PID_ENV, GRACE_ENV, CPU_ENV, RUN_DIR_ENV, TIMEOUT_ENV, PREEMPT_SIGNAL_ENV,
+             MAX_REQUEUES_ENV, RECORD_DIR_ENV)
+_read: tuple[tuple[str | None, ...], WorkerEnv] | None = None  # the variables' text, and what it parsed to
+
+
+def worker_env() -> WorkerEnv:
+    """What a launcher told this process (``os.environ``), the one place gpukit's own code reads it:
+    parsed once, and again only when one of the variables changed (a test, a script that sets them).
+
+    Raises:
+        ConfigurationError: a variable that does not parse, naming it and its value (every call, until fixed).
+    """
+    global _read
+    text = tuple(os.environ.get(name) for name in _CONTRACT)
+    read = _read
+    if read is None or read[0] != text:
+        given = {name: value for name, value in zip(_CONTRACT, text) if value is not None}
+        read = _read = (text, WorkerEnv.from_env(given))  # parsed from the very text it is kept under
+    return read[1]

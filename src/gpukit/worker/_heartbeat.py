@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpukit.worker._env import WorkerEnv
+from gpukit.worker._env import worker_env
 from gpukit.worker._run_dir import heartbeat_path, stack_path
 
 __all__ = ["start_heartbeat", "HEARTBEAT_INTERVAL_S"]
@@ -72,7 +72,7 @@ def start_heartbeat(rank: int, world_size: int) -> bool:
         ``True`` when started (or already running); ``False`` outside ``gpukit run``.
     """
     global _started
-    directory = WorkerEnv.from_env().run_dir
+    directory = worker_env().run_dir
     if _started or not directory or world_size < 2 or threading.current_thread() is not threading.main_thread():
         return _started
     try:

@@ -15,7 +15,7 @@ import signal
 import threading
 
 from gpukit._util.process import set_parent_death_signal
-from gpukit.worker._env import WorkerEnv
+from gpukit.worker._env import worker_env
 
 __all__ = ["die_with_launcher"]
 
@@ -36,7 +36,7 @@ def die_with_launcher() -> None:
     Call first thing in a worker. Without ``GPUKIT_LAUNCHER_PID`` the current parent is
     taken as the launcher.
     """
-    expected = WorkerEnv.from_env().launcher_pid
+    expected = worker_env().launcher_pid
     parent_pid = expected if expected is not None else os.getppid()
     armed = set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 
 from gpukit.cluster import DEFAULT_MAX_REQUEUES, ClusterEnvironment, RequeueOutcome, environment, requeue_job
-from gpukit.worker._env import WorkerEnv
+from gpukit.worker._env import worker_env
 from gpukit.worker._stop import PREEMPTED_EXIT_CODE, flush_open_files, flush_stdio, stop_agreed, stop_signal_name
 from gpukit.worker._stop_signals import preempt_signal
 
@@ -34,7 +34,7 @@ def max_requeues_from_env() -> int:
     Raises:
         ConfigurationError: not a whole number >= 0.
     """
-    limit = WorkerEnv.from_env().max_requeues
+    limit = worker_env().max_requeues
     return DEFAULT_MAX_REQUEUES if limit is None else limit
 
 
@@ -90,7 +90,7 @@ def requeue_at_exit(env: ClusterEnvironment | None = None) -> bool:
     """
     global _armed
     env = env if env is not None else environment()
-    if _armed or WorkerEnv.from_env().launcher_pid is not None or env.kind != "slurm" or not env.in_step:
+    if _armed or worker_env().launcher_pid is not None or env.kind != "slurm" or not env.in_step:
         return False
     atexit.register(_at_exit, env, preempt_signal(), max_requeues_from_env())
     _armed = True

@@ -29,7 +29,7 @@ from types import FrameType
 from typing import Union
 
 from gpukit.monitor import emit
-from gpukit.worker._env import WorkerEnv
+from gpukit.worker._env import worker_env
 from gpukit.worker._run_dir import AGREED, BEFORE_START, COMPLETED, FINISHED, write_marker
 
 __all__ = [
@@ -156,7 +156,7 @@ def mark_stop_agreed(rank: int) -> None:
     """
     global _agreed_rank
     if _agreed_rank != rank:  # should_stop may be read many times once true: write once
-        write_marker(WorkerEnv.from_env().run_dir, rank, stop_signal_name() or "SIGTERM", AGREED)
+        write_marker(worker_env().run_dir, rank, stop_signal_name() or "SIGTERM", AGREED)
     _agreed_rank = rank
 
 
@@ -166,7 +166,7 @@ def finish_agreed_stop() -> bool:
     Returns whether there was an agreed stop to finish."""
     if _agreed_rank is None or not stop_requested():
         return False
-    write_marker(WorkerEnv.from_env().run_dir, _agreed_rank, stop_signal_name() or "SIGTERM", FINISHED)
+    write_marker(worker_env().run_dir, _agreed_rank, stop_signal_name() or "SIGTERM", FINISHED)
     return True
 
 
@@ -182,7 +182,7 @@ def mark_completed() -> bool:
     rank = os.environ.get("RANK", "")
     if stop_requested() or not rank.isdigit():
         return False
-    write_marker(WorkerEnv.from_env().run_dir, int(rank), "-", COMPLETED)
+    write_marker(worker_env().run_dir, int(rank), "-", COMPLETED)
     return True
 
 
@@ -253,7 +253,7 @@ def install_startup_stop(signals: Iterable[int]) -> bool:
     global _startup_run_dir
     if threading.current_thread() is not threading.main_thread():
         return False
-    _startup_run_dir = WorkerEnv.from_env().run_dir
+    _startup_run_dir = worker_env().run_dir
     for signum in signals:
         signal.signal(signum, _on_startup_signal)
     return True

@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Mapping
 
-from gpukit.worker._env import DEFAULT_PREEMPT_SIGNAL, WorkerEnv
+from gpukit.worker._env import DEFAULT_PREEMPT_SIGNAL, WorkerEnv, worker_env
 
 __all__ = ["preempt_signal", "session_stop_signals", "is_kernel"]
 
@@ -27,7 +27,8 @@ def preempt_signal(environ: Mapping[str, str] | None = None) -> signal.Signals:
     Raises:
         ConfigurationError: the variable names a signal other than USR2, USR1 or TERM.
     """
-    return WorkerEnv.from_env(environ).preempt_signal or _DEFAULT
+    worker = worker_env() if environ is None else WorkerEnv.from_env(environ)
+    return worker.preempt_signal or _DEFAULT
 
 
 def session_stop_signals() -> tuple[int, ...]:
@@ -42,7 +43,7 @@ def session_stop_signals() -> tuple[int, ...]:
     """
     from gpukit.cluster import in_slurm_job
 
-    worker = WorkerEnv.from_env()
+    worker = worker_env()
     under_gpukit = worker.launcher_pid is not None
     launched = under_gpukit or bool(os.environ.get("TORCHELASTIC_RUN_ID"))
     signals = [signal.SIGTERM, signal.SIGINT] if launched else [signal.SIGTERM]
@@ -60,4 +61,4 @@ def is_kernel() -> bool:
     and workers forked from it would inherit the handler.
     """
     interactive = "ipykernel" in sys.modules or hasattr(sys, "ps1") or bool(sys.flags.interactive)
-    return interactive and WorkerEnv.from_env().launcher_pid is None
+    return interactive and worker_env().launcher_pid is None

@@ -1,50 +1,24 @@
-"""Numeric precision: how the model's weights are stored and how its maths runs.
-
-=============  ===========================  =========================================
-name           weights / maths              notes
-=============  ===========================  =========================================
-"32-true"      fp32 / fp32                  the plain PyTorch default
-"bf16-mixed"   fp32 / bf16 under autocast   no loss scaling needed (bf16 has fp32 range)
-"16-mixed"     fp32 / fp16 under autocast   GradScaler scales the loss, skips inf steps
-"bf16-true"    bf16 / bf16                  normalisation layers kept in fp32
-"16-true"      fp16 / fp16                  normalisation layers kept in fp32
-"auto"         bf16-mixed on GPUs with native bf16, 16-mixed on older GPUs,
-               32-true on the CPU and other devices
-=============  ===========================  =========================================
-
-An unsupported combination (bf16 on a GPU without native bf16, fp16 autocast on a device
-without it) raises :class:`~gpukit.errors.ConfigurationError`; nothing falls back silently.
-"""
+"""The precisions (:class:`Precision`, :class:`MixedPrecision`, :class:`TruePrecision`), the layers the
+"-true" ones keep in fp32, and :func:`get_precision`, which turns a name into one."""
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import weakref
-from collections.abc import MutableMapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from gpukit._util.precision_names import PRECISIONS, precision_name
+from gpukit._util.precision_names import precision_name
 from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
+from gpukit.precision._autocast import AutocastForward
+from gpukit.precision._casting import cast_inputs_hook, cast_outputs_hook
 
-__all__ = [
-    "PRECISIONS",
-    "cast_inputs_hook",
-    "cast_outputs_hook",
-    "AutocastForward",
-    "Precision",
-    "MixedPrecision",
-    "TruePrecision",
-    "get_precision",
-    "NORM_LAYERS",
-    "STATS_NORM_LAYERS",
-    "fsdp_own_unit_layers",
-]
+__all__ = ["MixedPrecision", "NORM_LAYERS", "Precision", "STATS_NORM_LAYERS", "TruePrecision",
+           "add_true_precision_casts", "fsdp_own_unit_layers", "get_precision"]
+
 
 
 #: layers kept in fp32 by the "-true" precisions: their statistics lose too much in 16 bits
@@ -241,136 +215,32 @@ class TruePrecision(Precision):
         if getattr(module, "_gpukit_precision", None) == self.name:
             return module  # set up twice (e.g. re-wrapped): hooks must not stack
         module.to(self.param_dtype)
-        low = self.param_dtype
         for sub in module.modules():
             if isinstance(sub, NORM_LAYERS):
                 sub.float()
-                sub.register_forward_pre_hook(cast_inputs_hook(torch.float32), with_kwargs=True)
-                sub.register_forward_hook(cast_outputs_hook(low))
-        module.register_forward_pre_hook(cast_inputs_hook(low), with_kwargs=True)
-        module.register_forward_hook(cast_outputs_hook(torch.get_default_dtype()))
+        add_true_precision_casts(module, self.param_dtype)
         module._gpukit_precision = self.name
         return module
 
 
-#: the dtypes autocast computes in; a "-mixed" model's outputs in them come back in fp32
-_LOW_DTYPES = (torch.bfloat16, torch.float16)
+def add_true_precision_casts(module: nn.Module, low: torch.dtype, *, cast_inputs: bool = True) -> list[Any]:
+    """The casts a "-true" precision adds to ``module`` (:class:`TruePrecision`; the planner simulates the
+    same, then removes them): its norm layers (:data:`NORM_LAYERS`, kept in fp32) take fp32 inputs and
+    give ``low`` outputs, its floating outputs come back in the default dtype and, with ``cast_inputs``,
+    its floating inputs go in as ``low``.
 
-
-class AutocastForward:
-    """A module's forward run under ``torch.autocast``, set as the module's own ``forward``.
-
-    This is how the model returned by ``session.setup`` computes at a "-mixed" precision without
-    ``with session.autocast():`` around its calls (as Accelerate's patched forward and Fabric's
-    wrapped module do). Floating outputs in 16 bits come back in fp32 (the default dtype), as FSDP's
-    root returns them and as autocast computes losses anyway: a loss taken outside autocast
-    (``mse_loss(model(x), y)`` against an fp32 target) works and is computed in fp32.
-
-    An object rather than a closure: it keeps a reference to its module, so ``copy.deepcopy`` of the
-    model (an EMA copy) runs the copy's weights, and the model still pickles. It is no ``nn.Module``,
-    so ``state_dict`` keys do not change. Inside an enclosing ``session.autocast()`` (same dtype) it
-    enters nothing: ~1.5 us of Python per call (bench/autocast_forward.py, docs/sessions.md).
-
-    Attributes:
-        module: the module whose forward this is.
-        inner: the instance ``forward`` it replaced, or ``None`` for the class's ``forward``.
-        device_type, dtype: the autocast's.
+    Returns:
+        The hooks' handles (``handle.remove()`` takes one off).
     """
-
-    def __init__(self, module: nn.Module, inner: Any, device_type: str, dtype: torch.dtype) -> None:
-        self.module = module
-        self.inner = inner
-        self.device_type = device_type
-        self.dtype = dtype
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.is_autocast_enabled(self.device_type) and torch.get_autocast_dtype(self.device_type) == self.dtype:
-            output = self._forward(*args, **kwargs)  # inside session.autocast() already: nothing to enter
-        else:
-            with torch.autocast(self.device_type, dtype=self.dtype):
-                output = self._forward(*args, **kwargs)
-        return _cast(output, torch.get_default_dtype(), only=_LOW_DTYPES)
-
-    def _forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.inner is not None:
-            return self.inner(*args, **kwargs)
-        return type(self.module).forward(self.module, *args, **kwargs)
-
-    @property
-    def __wrapped__(self) -> Any:
-        # inspect.signature(model.forward) follows this: the model's own arguments (Hugging Face
-        # code reads them to pick the batch's columns)
-        return self.inner if self.inner is not None else type(self.module).forward.__get__(self.module)
-
-    def __repr__(self) -> str:
-        return f"AutocastForward({type(self.module).__name__}.forward, {self.device_type}, {self.dtype})"
-
-
-def _cast(obj: Any, dtype: torch.dtype, only: tuple[torch.dtype, ...] | None = None) -> Any:
-    """``obj`` with its floating-point tensors (those of a dtype in ``only``, when given) cast to
-    ``dtype``, every container kept as its own type: a Hugging Face ``ModelOutput`` stays one
-    (``model(**batch).loss`` still works), and so do namedtuples, dataclasses and dict/list subclasses."""
-    if isinstance(obj, torch.Tensor):
-        wanted = obj.is_floating_point() if only is None else obj.dtype in only
-        return obj.to(dtype) if wanted else obj
-    if isinstance(obj, MutableMapping):
-        items = {k: _cast(v, dtype, only) for k, v in obj.items()}
-        return items if type(obj) is dict else _same_mapping(obj, items)
-    if isinstance(obj, (list, tuple)):
-        values = [_cast(v, dtype, only) for v in obj]
-        if type(obj) in (list, tuple):
-            return type(obj)(values)
-        if hasattr(obj, "_fields"):  # a namedtuple takes its fields as arguments
-            return type(obj)(*values)
-        return _same_sequence(obj, values)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        new = copy.copy(obj)
-        for field in dataclasses.fields(obj):  # object.__setattr__: frozen dataclasses too
-            object.__setattr__(new, field.name, _cast(getattr(obj, field.name), dtype, only))
-        return new
-    return obj
-
-
-def _same_mapping(obj: MutableMapping[Any, Any], items: dict[Any, Any]) -> Any:
-    """A copy of the mapping ``obj`` (its class, attributes and order) holding ``items``.
-
-    ``ModelOutput`` keeps each key as an attribute too; its ``__setitem__`` sets both."""
-    try:
-        new = copy.copy(obj)
-        for key, value in items.items():
-            new[key] = value
-        return new
-    except Exception:  # noqa: BLE001 - a mapping that cannot be copied: build one from its items
-        return type(obj)(items)
-
-
-def _same_sequence(obj: list[Any] | tuple[Any, ...], values: list[Any]) -> Any:
-    """``values`` in the list/tuple subclass of ``obj`` (built from an iterable, or a copy)."""
-    try:
-        return type(obj)(values)
-    except TypeError:
-        if isinstance(obj, list):
-            new = copy.copy(obj)
-            new[:] = values
-            return new
-        return tuple(values)
-
-
-def cast_inputs_hook(dtype: torch.dtype) -> Any:
-    """A forward pre-hook (``with_kwargs=True``) casting a module's floating inputs to ``dtype``
-    (the '-true' precisions' norm layers and model input; the planner simulates the same)."""
-    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        return _cast(args, dtype), _cast(kwargs, dtype)
-
-    return hook
-
-
-def cast_outputs_hook(dtype: torch.dtype) -> Any:
-    """A forward hook casting a module's floating outputs to ``dtype`` (see :func:`cast_inputs_hook`)."""
-    def hook(module: nn.Module, args: tuple, output: Any) -> Any:
-        return _cast(output, dtype)
-
-    return hook
+    handles = []
+    for sub in module.modules():
+        if isinstance(sub, NORM_LAYERS):
+            handles.append(sub.register_forward_pre_hook(cast_inputs_hook(torch.float32), with_kwargs=True))
+            handles.append(sub.register_forward_hook(cast_outputs_hook(low)))
+    if cast_inputs:
+        handles.append(module.register_forward_pre_hook(cast_inputs_hook(low), with_kwargs=True))
+    handles.append(module.register_forward_hook(cast_outputs_hook(torch.get_default_dtype())))
+    return handles
 
 
 def get_precision(
