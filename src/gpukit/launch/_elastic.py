@@ -86,6 +86,11 @@ def _quiet_torch_logs(verbose: bool) -> Iterator[None]:
     if verbose:
         yield
         return
+    # the agent's modules set their loggers to WARNING when imported: import them first, or the agent's
+    # "Received 15 death signal, shutting down workers" reaches a scancel'ed job's log (issue 41.11)
+    import torch.distributed.elastic.agent.server.api  # noqa: F401
+    import torch.distributed.elastic.agent.server.local_elastic_agent  # noqa: F401
+
     loggers = [
         logger
         for name, logger in list(logging.root.manager.loggerDict.items())
