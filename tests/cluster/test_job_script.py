@@ -36,13 +36,16 @@ def _tool(path: Path, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def _start_job(tmp_path: Path, step: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
+def _start_job(tmp_path: Path, step: str, no_task_here: bool = False) -> tuple[subprocess.Popen[str], dict[str, str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     exports = " ".join(f"{k}={v}" for k, v in STEP_ENV.items())
     _tool(bin_dir / "srun", f'while [[ $1 == --* ]]; do shift; done\nexport {exports}\nexec "$@"\n')
-    # requeue is written down; listpids fails, as where SLURM does not track the job's processes
-    _tool(bin_dir / "scontrol", f'[[ $1 == requeue ]] || exit 1\necho "$@" >> {tmp_path / "requeues"}\n')
+    # requeue is written down; listpids fails, as where SLURM does not track the job's processes --
+    # or (no_task_here) lists only the batch script: the step's task on this node is gone
+    listpids = ('[[ $1 == listpids ]] && { echo "PID JOBID STEPID LOCALID GLOBALID"; echo "1 77 batch - -"; '
+                'exit 0; }\n') if no_task_here else ""
+    _tool(bin_dir / "scontrol", f'{listpids}[[ $1 == requeue ]] || exit 1\necho "$@" >> {tmp_path / "requeues"}\n')
     (tmp_path / "job.sh").write_text(job_script(step))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GPUKIT_"))}
     env.update(PATH=f"{bin_dir}:{env['PATH']}", PYTHONPATH=str(SRC), SLURM_JOB_ID="77",
@@ -117,4 +120,24 @@ def test_a_warning_while_srun_python_imports_requeues_once(tmp_path: Path) -> No
     output = proc.communicate(timeout=240)[0]
     assert (tmp_path / "requeues").read_text().splitlines() == ["requeue 77"], output
     assert proc.returncode == 128 + signal.SIGUSR2 and FALLBACK in output, output
+    assert_none_survive(env[MARKER_ENV])
+
+
+def test_a_task_the_warning_ended_is_no_lost_node(tmp_path: Path) -> None:
+    """Issue 41.10: the warning ended this node's task (before gpukit could take it) while srun waited for the
+    other node's: the lost-node watchdog ended the step 30 s later and said a node was lost. Now the warning
+    path lets srun go within seconds and the script requeues the job."""
+    # a step that outlives the warning here (as srun waiting for the other node) while no task is on this node;
+    # Ctrl-C ends it as it ends srun (bash starts a `&` child with SIGINT ignored: srun sets its own handler)
+    step = (f"srun {sys.executable} -c 'import signal, time; signal.signal(signal.SIGUSR2, signal.SIG_IGN); "
+            "signal.signal(signal.SIGINT, signal.default_int_handler); time.sleep(600)'")
+    proc, env = _start_job(tmp_path, step, no_task_here=True)
+    _signal_after(proc, 200)
+    sent = time.monotonic()
+    output = proc.communicate(timeout=60)[0]
+    took_s = time.monotonic() - sent
+    assert "the warning ended this node's task before gpukit could take it" in output, output
+    assert "waits for a lost node" not in output, output
+    assert took_s < 15, (took_s, output)  # was 30 s and more
+    assert (tmp_path / "requeues").read_text().splitlines() == ["requeue 77"], output
     assert_none_survive(env[MARKER_ENV])

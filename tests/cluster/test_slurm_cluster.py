@@ -109,6 +109,13 @@ def test_scancel_leaves_no_process_on_either_node(slurm_cluster: SlurmCluster, t
     job.cluster.run("scancel", job.job_id)
     job.cluster.wait_gone(job.job_id, 60)
     assert_none_survive(job.marker, timeout_s=30)
+    # issue 41.11: a plain scancel is one clear line per node, no tracebacks, no signal nobody sent
+    # (a collective the others' stop broke is that rank's one line; torch elastic's "Received 15 death
+    # signal" was a log line of the agent's, at WARNING)
+    output = job.log.read_text()
+    assert "Traceback" not in output and "death signal" not in output, output
+    assert all("stopped by SIGTERM; a collective ended" in line
+               for line in output.splitlines() if "Connection reset by peer" in line), output
 
 
 def _restarts(cluster: SlurmCluster, job_id: str) -> int:

@@ -37,3 +37,13 @@ def test_a_warning_at_a_random_moment_loses_nothing(slurm_cluster: SlurmCluster,
     print(f"GPUKIT_TRIAL_SEED={seed}: {way}, {moment} +{delay_s} s, landed: {result['landed']}, "
           f"requeues {result['requeues']}, {result['state']}, bit-exact {result['exact']}, left {result['left']}")
     assert as_expected(result), f"GPUKIT_TRIAL_SEED={seed}: {result}"
+
+
+def test_srun_python_with_its_requeues_used_up_ends_75(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Issue 41.9: the bound used up, rank 0 exits 75 and --kill-on-bad-exit SIGTERMs the other tasks in
+    their finalization; the job ended FAILED 143 and the job script said the warning was lost."""
+    env = {**slurm_cluster.env, "GPUKIT_MAX_REQUEUES": "0"}
+    result = trial(Cluster(env), "srun python", "training", 0.5, {"params": None}, tmp_path)
+    assert result["requeues"] == 0 and result["state"] == "FAILED 75:0", result
+    assert "not requeuing. The checkpoint is saved" in result["tail"], result
+    assert "could not take it" not in result["tail"], result

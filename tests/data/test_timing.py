@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import gpukit
 from gpukit.data import StepTiming, StepTimings
+from gpukit._util.cpu import CpuClock, CpuShare
 from gpukit.data._advice import LoaderFacts, diagnose
 from gpukit.data._timing import PassTotals
 from gpukit.errors import ConfigurationError
@@ -212,8 +213,45 @@ def test_session_prints_the_epoch_line_on_rank_zero(capsys: pytest.CaptureFixtur
         pass
     err = capsys.readouterr().err
     assert "gpukit: epoch 1:" in err and "data loading is" in err and "num_workers=0 -> try" in err
-    assert s.timings.epoch_reports[-1].causes == ("workers",)
+    assert s.timings.epoch_reports[-1].causes[0] == "workers"  # then "threads" where this machine is shared
     quiet = session()
     for _ in quiet.setup_dataloader(SleepyDataset(2, 0.0), batch_size=2):
         pass
     assert "gpukit: epoch" not in capsys.readouterr().err and len(quiet.timings.epoch_reports) == 1
+
+
+# -- a shared machine (issue 41.13 and 41.22b) -----------------------------------------------------
+SHARED = CpuShare(usable_cpus=2, others_cpus=1.6, threads=2)  # others keep 1.6 of 2 CPUs busy, torch runs 2
+
+
+def test_an_in_memory_dataset_on_shared_cpus_blames_the_cpu_not_the_data() -> None:
+    report = diagnose([totals(0.41)], facts(in_memory=True, auto_workers=0, spare_workers=1), SHARED)
+    assert report.causes[0] == "shared_cpu"
+    assert "this is the CPU being shared, not the data: other work used 1.6 of the 2 usable CPUs" in report.line
+    assert "torch.set_num_threads(1)" in report.line
+    assert "__getitem__" not in report.line and "num_workers" not in report.line
+    # the same dataset on CPUs nobody else uses: the usual advice
+    quiet = diagnose([totals(0.41)], facts(in_memory=True, auto_workers=0, spare_workers=1),
+                     CpuShare(usable_cpus=2, others_cpus=0.1, threads=2))
+    assert quiet.causes == ("workers",)
+
+
+def test_oversubscribed_threads_are_named_even_when_the_loader_keeps_up() -> None:
+    report = diagnose([totals(0.03)], facts(), SHARED)
+    assert "the loader keeps up" in report.line and report.causes == ("threads",)
+    assert "the CPUs are shared (other work used 1.6 of the 2 usable CPUs) and torch runs 2 threads" in report.line
+    assert "torch.set_num_threads(1) (or OMP_NUM_THREADS=1)" in report.line
+    fitting = diagnose([totals(0.03)], facts(), CpuShare(usable_cpus=2, others_cpus=1.6, threads=1))
+    assert fitting.causes == ()
+
+
+def test_the_cpu_clock_counts_what_other_processes_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    readings = iter([(0.0, 100.0, 10.0), (2.0, 104.0, 11.0)])  # 4 busy CPU-s in 2 s, 1 of them ours
+    monkeypatch.setattr(CpuClock, "_read", staticmethod(lambda: next(readings)))
+    share = CpuClock().share_since(threads=4)
+    assert share is not None and share.others_cpus == 1.5 and share.threads == 4
+    monkeypatch.undo()
+    real = CpuClock()  # this machine, for real: it reads, and what others use is never negative
+    time.sleep(0.1)  # an interval to measure over, not a synchronisation
+    measured = real.share_since()
+    assert measured is None or measured.others_cpus >= 0

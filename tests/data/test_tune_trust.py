@@ -102,7 +102,7 @@ def test_an_epoch_that_contradicts_the_cache_drops_it_and_never_advises_tune(
     for _ in loader:
         time.sleep(0.001)  # a step much shorter than the wait for data
     report = session.timings.epoch_reports[-1]
-    assert report.causes == ("retune",), report.line
+    assert report.causes[0] == "retune" and set(report.causes) <= {"retune", "threads"}, report.line
     assert 'try num_workers="tune"' not in report.line
     assert "loader_tuning.json" in report.line and "GPUKIT_RETUNE=1" in report.line
     assert _cached(_own_cache) == {}  # the next run measures again

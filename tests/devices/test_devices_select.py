@@ -66,6 +66,18 @@ def test_ties_are_broken_deterministically(use_spec: Callable[[Any], Any]) -> No
     assert _indices(select_gpus(3)) == _indices(select_gpus(3))  # stable across calls
 
 
+def test_every_gpu_used_by_others_names_share_as_the_way_out(use_spec: Callable[[Any], Any]) -> None:
+    """Issue 41.16: a box where other users' jobs sit on every GPU (with memory to spare) refused without
+    naming --share; a GPU that fails on something else as well is not offered."""
+    use_spec({"gpus": [_gpu(processes=[{"pid": 5, "user": "carol"}]), _gpu(processes=[{"pid": 6, "user": "dave"}]),
+                       _gpu(used_mib=16384 - 10, processes=[{"pid": 7, "user": "erin"}])]})
+    with pytest.raises(GpuSelectionError) as info:
+        select_gpus(1, min_free_memory="1GiB")
+    assert "GPUs 0, 1 would qualify if shared with the other users' jobs on them: add --share (share=True)" in str(
+        info.value)
+    assert _indices(select_gpus(1, min_free_memory="1GiB", share=True)) in ([0], [1])
+
+
 def test_idle_node_picks_lowest_indices(use_spec: Callable[[Any], Any]) -> None:
     use_spec("idle-8gpu")
     assert _indices(select_gpus(3, min_free_memory="70GiB", max_processes=0)) == [0, 1, 2]

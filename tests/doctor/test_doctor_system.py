@@ -47,6 +47,11 @@ def test_busy_cpus_warn_that_default_threads_oversubscribe_them(make_ctx):
     assert "export OMP_NUM_THREADS=1" in busy.fix  # no core is free: one thread
     [quiet] = check_cpu_load(make_ctx({"OMP_NUM_THREADS": "1"}), loadavg=(0.1, 0.1, 0.1))
     assert quiet.status == "ok" and quiet.details["omp_num_threads"] == "1"
+    # threads already set to what other work leaves free: said, not warned; more than that: warned
+    [fits] = check_cpu_load(make_ctx({"OMP_NUM_THREADS": "1"}), loadavg=(3.0 * usable, 2.0 * usable, usable))
+    assert fits.status == "info" and "OMP_NUM_THREADS=1 fits" in fits.message
+    [many] = check_cpu_load(make_ctx({"OMP_NUM_THREADS": "64"}), loadavg=(3.0 * usable, 2.0 * usable, usable))
+    assert many.status == "warn" and "OMP_NUM_THREADS=64" in many.message
 
 
 def test_mig_enabled_without_instances_warns(use_spec, make_ctx):

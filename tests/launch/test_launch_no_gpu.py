@@ -28,3 +28,17 @@ def test_gpus_on_a_machine_without_any_names_cpu_and_nproc(no_gpus: None) -> Non
 def test_cpu_with_gpus_is_refused_where_the_spec_is_made() -> None:
     with pytest.raises(ConfigurationError, match="--cpu and --gpus 2 contradict"):
         LaunchSpec(cpu=True, gpus=2)
+
+
+def test_fake_gpus_say_the_workers_train_on_the_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41.16: with fake GPUs `gpukit run` printed an A100 mapping and trained on the CPU without saying so."""
+    spec = Path(__file__).parents[2] / "examples" / "fake-gpus" / "idle-8gpu.json"
+    monkeypatch.setenv("GPUKIT_FAKE_GPUS", str(spec))
+    monkeypatch.setenv("GPUKIT_CLAIM_DIR", str(tmp_path))
+    plan = plan_devices(LaunchSpec(gpus=2))
+    try:
+        assert "cuda:1 -> GPU 1 NVIDIA A100" in plan.mapping
+        assert f"these GPUs are fake (GPUKIT_FAKE_GPUS={spec})" in plan.mapping
+        assert "without a real GPU here they train on the CPU (gloo)" in plan.mapping
+    finally:
+        plan.release()

@@ -212,3 +212,15 @@ def test_a_signal_after_the_training_ended(start_run, sig: signal.Signals, code:
     assert said in run.output()
     assert not_said not in run.output()
     assert_none_survive(run.marker)
+
+
+def test_srun_python_other_ranks_of_a_preempted_stop_end_75_before_finalizing(tmp_path: Path) -> None:
+    """Issue 41.9: rank 1 of a stop agreed on the warning leaves with 75 at its last exit hook, before Python's
+    finalization (where --kill-on-bad-exit's SIGTERM after rank 0's 75 killed it: 143, the job FAILED 143)."""
+    body = "os.kill(os.getpid(), signal.SIGUSR2)\nmark_stop_agreed(1)"
+    result = _srun_python_task(tmp_path, body, SLURM_PROCID="1", RANK="1", SLURM_NODEID="1")
+    assert result.returncode == PREEMPTED_EXIT_CODE, result.stderr
+    assert not (tmp_path / "calls").exists()  # rank 0 requeues, never rank 1
+    scancel = _srun_python_task(tmp_path, "os.kill(os.getpid(), signal.SIGTERM)\nmark_stop_agreed(1)",
+                                SLURM_PROCID="1", RANK="1", SLURM_NODEID="1")
+    assert scancel.returncode == 0, scancel.stderr  # a stop for good is no preemption: the script's own exit

@@ -137,3 +137,31 @@ def test_save_checkpoint_inside_a_window_warns(tmp_path) -> None:
     session.step(optimizer)
     with pytest.warns(PendingGradientsWarning, match="save_checkpoint\\(step=1\\)"):
         session.save_checkpoint(tmp_path, 1, model=model)
+
+
+def test_a_plain_dataloader_iterated_directly_warns_at_the_next_pass_first_step() -> None:
+    """Issue 41.19: not at session.close(), but when the pending gradients meet the next pass."""
+    import copy
+    import pickle
+
+    session = gpukit.Session(accelerator="cpu", accumulate_grad_batches=K, verbose=False)
+    model, optimizer = _setup(session)
+    train_loader = DataLoader(_data(), batch_size=BATCH)  # iterated directly: gpukit never sees its end
+    val_loader = DataLoader(_data(), batch_size=BATCH)
+    warned_at = []
+    for epoch in range(2):
+        for i, (x, y) in enumerate(train_loader):
+            if epoch == 0 and i == 5:  # an evaluation mid-window (no_grad): not a training pass
+                with torch.no_grad():
+                    for vx, _ in val_loader:
+                        model(vx)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                session.backward(nn.functional.mse_loss(model(x), y))
+                session.step(optimizer)
+            warned_at += [(epoch, i, str(w.message)) for w in caught if issubclass(w.category, PendingGradientsWarning)]
+    assert [(e, i) for e, i, _ in warned_at] == [(1, 0)], warned_at
+    assert "a new pass over the plain DataLoader `train_loader` began: 2 micro-batch(es)" in warned_at[0][2]
+    assert type(train_loader).__name__ == "DataLoader" and isinstance(train_loader, DataLoader)
+    assert type(copy.copy(train_loader)) is DataLoader  # copies and pickles are the user's class, unwatched
+    assert type(pickle.loads(pickle.dumps(train_loader))) is DataLoader

@@ -18,6 +18,7 @@ __all__ = [
     "TIMEOUT_ENV", "PREEMPT_SIGNAL_ENV", "MAX_REQUEUES_ENV", "RECORD_DIR_ENV",
     "FAKE_GPUS_ENV", "CLAIM_DIR_ENV", "MAX_NPROC_ENV", "SHM_PATH_ENV", "DATA_TIMEOUT_ENV", "TUNE_BUDGET_ENV",
     "CACHE_DIR_ENV", "RETUNE_ENV", "EXACT_TIMING_ENV", "CKPT_TIMEOUT_ENV", "OOM_DIR_ENV", "STOP_EXIT_ENV",
+    "SPAWN_MAIN_ENV",
 ]
 
 # -- the launcher -> worker contract (gpukit.worker.WorkerEnv) --------------------------------------
@@ -39,6 +40,9 @@ PREEMPT_SIGNAL_ENV = "GPUKIT_PREEMPT_SIGNAL"
 MAX_REQUEUES_ENV = "GPUKIT_MAX_REQUEUES"
 #: Where every Session records its run (``--record``; ``Session(record=)`` wins).
 RECORD_DIR_ENV = "GPUKIT_RECORD_DIR"
+#: Internal, set only while function workers are spawned: the launcher's real ``__main__``
+#: (``path:...`` / ``module:...``), which each worker imports through gpukit (worker/_spawn_import.py).
+SPAWN_MAIN_ENV = "GPUKIT_SPAWN_MAIN"
 
 # -- settings a user sets ---------------------------------------------------------------------------
 #: A fake NVML's JSON spec, for the library and the CLI (devices/).

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 import time
 from collections.abc import Iterator
@@ -168,6 +167,8 @@ def write_note(folder_fd: int, name: str, data: bytes, mode: int = 0o644) -> Non
         OSError: it could not be written or renamed (e.g. ``name`` is another user's file in a
             sticky folder); the fresh file is removed.
     """
+    import secrets  # here, not at the top: hmac and hashlib cost `gpukit ls` a share of its start
+
     temp = f".tmp.{secrets.token_hex(16)}"
     fd = create_entry(folder_fd, temp, mode)
     try:

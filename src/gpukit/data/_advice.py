@@ -11,7 +11,12 @@ DDP) and the loader's settings. Each cause has one rule and one fix:
   the next run measures again) -- advice never asks for what is already on;
 * data loading with every spare core already working -> a cheaper ``__getitem__``;
 * host-to-device copy with ``pin_memory`` off on a GPU -> ``pin_memory=True``;
-* host-to-device copy with pinned memory -> smaller batches on the wire.
+* host-to-device copy with pinned memory -> smaller batches on the wire;
+* an in-memory ``TensorDataset`` on CPUs other work keeps busy -> not the data: the CPU is shared;
+* other work on the CPUs and more torch threads than the CPUs it leaves free (torch's default of one
+  per core: a one-process CPU run measured ~12x slower so) -> ``torch.set_num_threads(n)``, said
+  even when the loader keeps up. Measured over the epoch (:class:`~gpukit._util.cpu.CpuClock`: the
+  busy time of this process's CPUs minus its own and its workers').
 """
 
 from __future__ import annotations
@@ -21,12 +26,16 @@ import multiprocessing
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+from torch.utils.data import TensorDataset
+
+from gpukit._util.cpu import CpuClock, CpuShare
 from gpukit.data._timing import PassTotals, TimingSummary
 from gpukit.accelerators import Accelerator
 from gpukit.data._tune_cache import RETUNE_ENV
 from gpukit.data._workers import MAX_AUTO_WORKERS, auto_num_workers, usable_cpu_count
 
-__all__ = ["EpochReport", "LoaderFacts", "diagnose", "loader_facts", "ADVICE_SHARE"]
+__all__ = ["EpochReport", "LoaderFacts", "diagnose", "loader_facts", "cpu_share_now", "ADVICE_SHARE"]
 
 #: a stage taking at least this share of step time gets advice
 ADVICE_SHARE = 0.10
@@ -49,6 +58,7 @@ class LoaderFacts:
     spare_workers: int  # CPUs per process - 1 (at most 8): workers that would not slow the loop
     tuned_by: str | None = None  # where num_workers="tune" took the settings from (None: not tuned)
     tuned_wait_s: float | None = None  # the wait per batch tuning measured for them (None: unknown)
+    in_memory: bool = False  # a TensorDataset: indexing costs nothing, a slow batch is not the data's doing
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,8 @@ class EpochReport:
         h2d_share: copy / step time, mean over ranks (``None``: no copy measured).
         worst_rank: the rank with the largest data share.
         causes: what was found: ``"workers"``, ``"restarts"``, ``"more_workers"``, ``"retune"``,
-            ``"dataset"``, ``"pinning"``, ``"copy_size"``; empty when the loader keeps up.
+            ``"dataset"``, ``"shared_cpu"``, ``"pinning"``, ``"copy_size"``, ``"threads"``; empty when
+            the loader keeps up on CPUs it does not share.
         line: the one-line diagnosis printed on rank 0.
     """
 
@@ -101,11 +112,28 @@ def loader_facts(
         tuned_by=None if tuned is None else (
             f"the tuning cache {tuned.cache_path}" if tuned.from_cache else "this run's tuning"),
         tuned_wait_s=1.0 / tuned.batches_per_s if tuned is not None and tuned.batches_per_s else None,
+        in_memory=isinstance(loader.dataset, TensorDataset),
     )
 
 
-def diagnose(per_rank: list[PassTotals], facts: LoaderFacts) -> EpochReport:
-    """Where the epoch's step time went, and what to change (see the module docstring)."""
+_CLOCK = CpuClock()  # from the import (a loader's set-up), then from one epoch's end to the next
+
+
+def cpu_share_now() -> CpuShare | None:
+    """What other work used of this process's CPUs since the last call (the first: since gpukit's data
+    layer was imported), with torch's thread count; ``None`` where it cannot be measured."""
+    return _CLOCK.share_since(torch.get_num_threads())
+
+
+def diagnose(per_rank: list[PassTotals], facts: LoaderFacts, cpu: CpuShare | None = None) -> EpochReport:
+    """Where the epoch's step time went, and what to change (see the module docstring).
+
+    Args:
+        per_rank: Every rank's totals of the pass.
+        facts: The loader's settings.
+        cpu: How busy other work kept this machine's CPUs over the pass (:func:`cpu_share_now`);
+            ``None``: not measured.
+    """
     summaries = tuple(t.summary() for t in per_rank)
     n = len(summaries)
     data = sum(s.data_share for s in summaries) / n
@@ -125,7 +153,7 @@ def diagnose(per_rank: list[PassTotals], facts: LoaderFacts) -> EpochReport:
     causes: list[str] = []
     advice: list[str] = []
     if data >= ADVICE_SHARE:
-        cause, fix = _data_advice(per_rank[worst], facts)
+        cause, fix = _data_advice(per_rank[worst], facts, cpu)
         causes.append(cause)
         advice.append(f"data loading is {data:.0%} of step time{where}: {fix}")
     if h2d is not None and h2d >= ADVICE_SHARE:
@@ -142,6 +170,10 @@ def diagnose(per_rank: list[PassTotals], facts: LoaderFacts) -> EpochReport:
         advice.append(f"data loading {data:.0%}{where}{', ' + copy if copy else ''}: the loader keeps up")
     elif copy and "pinning" not in causes and "copy_size" not in causes:
         advice.append(copy)  # the copy share is always said where it was measured
+    if cpu is not None and cpu.oversubscribed and "shared_cpu" not in causes:
+        causes.append("threads")
+        advice.append(f"the CPUs are shared ({cpu.describe()}) and torch runs {cpu.threads} threads, more than "
+                      f"fit: each waits for the others -> {cpu.thread_fix()}")
     line = f"gpukit: {head} " + "; ".join(advice)
     return EpochReport(per_rank[0].epoch, summaries, data, h2d, worst, tuple(causes), line)
 
@@ -161,8 +193,15 @@ def _copy_text(summaries: tuple[TimingSummary, ...], h2d: float | None) -> str:
     return f"copy {h2d:.0%}{err} (sampled {timed} of {steps} steps)"
 
 
-def _data_advice(totals: PassTotals, facts: LoaderFacts) -> tuple[str, str]:
+def _data_advice(totals: PassTotals, facts: LoaderFacts, cpu: CpuShare | None) -> tuple[str, str]:
     workers = facts.num_workers
+    if facts.in_memory and cpu is not None and cpu.shared:  # not the data: the CPU it runs on is shared
+        fix = (f"{cpu.thread_fix()}, or run when the machine is quieter" if cpu.oversubscribed
+               else "run when the machine is quieter")
+        return "shared_cpu", (
+            f"the dataset is in memory (TensorDataset: indexing it costs nothing), so this is the CPU being "
+            f"shared, not the data: {cpu.describe()}"
+            + (f" and torch runs {cpu.threads} threads" if cpu.oversubscribed else "") + f" -> {fix}")
     if workers and not facts.persistent_workers and totals.steps > 1 and (
         totals.first_wait_s >= _RESTART_SHARE * totals.wait_s
     ):

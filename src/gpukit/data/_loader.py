@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from gpukit.accelerators import Accelerator
 from gpukit.errors import CheckpointError
 from gpukit.placement import device_mover
-from gpukit.data._advice import LoaderFacts, diagnose, loader_facts
+from gpukit.data._advice import LoaderFacts, cpu_share_now, diagnose, loader_facts
 from gpukit.data._sampler import ResumableBatchSampler
 from gpukit.data._shard import batches_per_rank, real_samples, shard_note
 from gpukit.data._stall import StallGuard, resolve_data_timeout
@@ -231,7 +231,7 @@ class DeviceLoader:
             copies = self.device is not None and not self.timings.accelerator.is_host
             self._facts = loader_facts(self.loader, self.timings.accelerator, self.local_world_size,
                                        copies, tuned=self.tuned, pinned=self.pinned_pool or None)
-        report = diagnose(per_rank, self._facts)
+        report = diagnose(per_rank, self._facts, cpu_share_now())  # others' use of the CPUs: measured
         if "retune" in report.causes and self.tuned is not None:
             self.tuned.forget()  # the next run measures again instead of trusting the cache
         self.timings.record_epoch(report)

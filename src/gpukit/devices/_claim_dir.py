@@ -23,13 +23,12 @@ from __future__ import annotations
 import errno
 import os
 import re
-import socket
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpukit._util.envvars import CLAIM_DIR_ENV
+from gpukit._util.host import host_name
 from gpukit._util.safe_files import OPEN_FLAGS, Folder, UnsafeEntry, folder_info, kind_of, walk_folder
 from gpukit._util.text import printable
 from gpukit.errors import ConfigurationError, DeviceError
@@ -112,8 +111,10 @@ def _per_user() -> Path:
         return Path(runtime or "") / "gpukit-claims"
     home = os.environ.get("HOME")
     if _own_folder(home, private=False):
-        host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64] or "host"
+        host = re.sub(r"[^A-Za-z0-9._-]", "_", host_name())[:64] or "host"
         return Path(home or "") / ".cache" / "gpukit" / f"claims-{host}"
+    import tempfile  # only for this fallback: it imports random, shutil and more
+
     return Path(tempfile.gettempdir()) / f"gpukit-claims-{os.geteuid()}"
 
 
@@ -265,4 +266,4 @@ def notice_once(folder: ClaimFolder) -> None:
     _NOTICE_GIVEN = True
     from gpukit.devices._nvml import logger
 
-    logger.warning("gpukit: %s", text)
+    logger().warning("gpukit: %s", text)

@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import sys
 import time
 from typing import Any, Iterable
 
+from gpukit._util.host import host_name
 from gpukit._util.safe_files import (
     UnsafeEntry, create_entry, open_entry, read_bounded, same_file, try_flock, user_name, write_note,
 )
@@ -100,7 +100,7 @@ def acquire(folder: ClaimFolder, uuid: str) -> int | None:
 
 def write_owner(folder: ClaimFolder, uuid: str, **extra: Any) -> None:
     """Write this process's note for a GPU it holds (best effort: a note is for messages only)."""
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+    info = {"pid": os.getpid(), "host": host_name(), "since": time.time(),
             "command": " ".join(sys.argv)[:1000], **extra}
     try:
         write_note(folder.fd, note_name(uuid, os.getpid()), json.dumps(info).encode())

@@ -10,7 +10,6 @@ reported once per process (logger ``gpukit.devices``).
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -35,7 +34,14 @@ __all__ = [
 ]
 
 FAKE_ENV = FAKE_GPUS_ENV
-logger = logging.getLogger("gpukit.devices")
+
+
+def logger() -> Any:
+    """The ``gpukit.devices`` logger, its notices' one channel; :mod:`logging` is imported only when
+    one is given (it costs ``gpukit ls`` a share of its start)."""
+    import logging
+
+    return logging.getLogger("gpukit.devices")
 
 try:  # nvidia-ml-py is a dependency, but a broken install must not break a CPU-only user
     import pynvml as _pynvml
@@ -173,7 +179,7 @@ def _current() -> _State:
             _state = _open(key)
             if _state.reason is not None and not _notice_given:
                 _notice_given = True
-                logger.warning("gpukit: %s; GPU features are off and work falls back to the CPU.", _state.reason)
+                logger().warning("gpukit: %s; GPU features are off and work falls back to the CPU.", _state.reason)
         return _state
 
 

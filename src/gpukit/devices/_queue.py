@@ -58,11 +58,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpukit._util.host import host_name
 from gpukit._util.safe_files import (
     UnsafeEntry, create_entry, open_entry, read_bounded, try_flock, user_name,
 )
@@ -146,7 +146,7 @@ def request_of(count: int, within: set[str] | None, criteria: Criteria, order: s
     return {"v": 1, "count": count, "within": None if within is None else sorted(within),
             "min_free_bytes": criteria.min_free_memory_bytes, "max_util_pct": criteria.max_utilization_pct,
             "max_procs": criteria.max_processes, "share": criteria.share, "order": order,
-            "poll_s": poll_s, "pid": os.getpid(), "host": socket.gethostname(), "run": run}
+            "poll_s": poll_s, "pid": os.getpid(), "host": host_name(), "run": run}
 
 
 _TIE_NS = 50_000_000  # how far a waiter's own time may stray from the kernel's ctime (a tie-break only)

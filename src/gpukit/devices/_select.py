@@ -48,6 +48,11 @@ def selection_error(count: int, gpus: list[GpuSnapshot], evaluations: list[tuple
     if any(reason.startswith("blocked: ") for _, why in evaluations for reason in why):
         lines.append("What blocks a GPU's lock file is removed by `gpukit claims clean` (with sudo when another "
                      "user made it).")
+    shareable = [unit for unit, why in evaluations if why and all(r.startswith("in use by ") for r in why)]
+    if shareable:  # only other users' processes stand in the way: the one way out that needs no waiting
+        lines.append(f"GPU{'s' if len(shareable) > 1 else ''} {', '.join(str(u.index) for u in shareable)} "
+                     "would qualify if shared with the other users' jobs on them: add --share (share=True); the "
+                     "jobs on a GPU then split its memory and compute.")
     if waited_s is not None:
         lines.append(f"Gave up after waiting {waited_s:.1f} s. Wait longer (timeout_s / --wait SECONDS), "
                      "or lower the requirements.")

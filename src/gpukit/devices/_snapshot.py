@@ -106,7 +106,7 @@ def list_gpus() -> list[GpuSnapshot]:
     try:
         count = _nvml.query("nvmlDeviceGetCount")
     except _nvml.NvmlError as exc:
-        _nvml.logger.warning("gpukit: NVML could not count the GPUs (%s); listing none.", exc)
+        _nvml.logger().warning("gpukit: NVML could not count the GPUs (%s); listing none.", exc)
         return []
     return [_read_gpu(index) for index in range(count)]
 

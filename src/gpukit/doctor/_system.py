@@ -7,7 +7,7 @@ import platform
 import sys
 from pathlib import Path
 
-from gpukit._util.cpu import usable_cpu_count
+from gpukit._util.cpu import threads_that_fit, usable_cpu_count
 from gpukit.devices import persistence_mode, unavailable_reason
 from gpukit.doctor._context import DoctorContext
 from gpukit.doctor._finding import Finding
@@ -100,7 +100,10 @@ def check_cpu_load(ctx: DoctorContext, loadavg: tuple[float, float, float] | Non
     details = {"load_1m": load[0], "load_5m": load[1], "usable_cpus": usable, "omp_num_threads": threads}
     if load[0] < _BUSY_SHARE * usable:
         return [Finding("system.load", "ok", f"load {load[0]:.1f} on {usable} usable CPUs", None, details)]
-    free = max(1, int(usable - load[0] + 0.5)) if load[0] < usable else 1
+    free = threads_that_fit(usable, load[0])
+    if threads and threads.isdigit() and 0 < int(threads) <= free:  # already fits what is left
+        return [Finding("system.load", "info", f"the CPUs are busy (load {load[0]:.1f} on {usable} usable CPUs); "
+                        f"OMP_NUM_THREADS={threads} fits in what other work leaves free", None, details)]
     text = (f"the CPUs are busy: load {load[0]:.1f} (5 min: {load[1]:.1f}) on {usable} usable CPUs, so torch's "
             f"default of one thread per core ({'OMP_NUM_THREADS unset' if not threads else f'OMP_NUM_THREADS={threads}'}) "
             "oversubscribes them: CPU training and data loading slow down many times, whatever the data")

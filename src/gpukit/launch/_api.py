@@ -32,6 +32,7 @@ from gpukit.launch._spec import DEFAULT_GRACE_S, LaunchSpec, spec_from
 from gpukit.launch._topology import Topology, check_topology, node_topology, scheduler_gpu_count
 from gpukit.worker import (
     WorkerEnv,
+    main_imported_by_gpukit,
     max_requeues_from_env,
     preempt_signal,
     requeue_after_preemption,
@@ -184,11 +185,13 @@ def launch_function(
             check_fork(f"launch_function({getattr(fn, '__qualname__', fn)!r})", uses_gpus=plan.gpu_count > 0)
         _announce(echo, plan, nproc, topology)
         plan.label_claim(run_id, nproc, topology.node_rank)
-        values = run_workers(
-            run_forked_function if fork else run_function, (fn, *args), spec, nproc=nproc,
-            env=_process_env(plan, nproc), worker=_worker_env(spec, plan, run_id), run_id=run_id,
-            start_method="fork" if fork else "spawn",
-        )
+        # spawned workers import this script again: through gpukit, which keeps the error if that fails
+        with nullcontext() if fork else main_imported_by_gpukit():
+            values = run_workers(
+                run_forked_function if fork else run_function, (fn, *args), spec, nproc=nproc,
+                env=_process_env(plan, nproc), worker=_worker_env(spec, plan, run_id), run_id=run_id,
+                start_method="fork" if fork else "spawn",
+            )
     finally:
         plan.release()
     return [values[rank] for rank in sorted(values)]

@@ -41,9 +41,9 @@ from gpukit.launch._signals import (
 from gpukit.launch._spec import LaunchSpec
 from gpukit.launch._stall import Stall, StallMonitor, stall_threshold_s
 from gpukit.launch._stop_report import interrupted_outcome, report_stop, training_completed
-from gpukit.launch._summary import WorkerFailedError, WorkerFailure
+from gpukit.launch._summary import WorkerFailedError, WorkerFailure, with_early_errors
 from gpukit.launch._topology import Topology
-from gpukit.worker import PREEMPTED_EXIT_CODE, WorkerEnv, collective_timeout_s, stop_markers
+from gpukit.worker import PREEMPTED_EXIT_CODE, WorkerEnv, collective_timeout_s, read_early_errors, stop_markers
 
 __all__ = ["run_workers"]
 
@@ -86,6 +86,11 @@ def _quiet_torch_logs(verbose: bool) -> Iterator[None]:
     if verbose:
         yield
         return
+    # the agent's modules set their loggers to WARNING when imported: import them first, or the agent's
+    # "Received 15 death signal, shutting down workers" reaches a scancel'ed job's log (issue 41.11)
+    import torch.distributed.elastic.agent.server.api  # noqa: F401
+    import torch.distributed.elastic.agent.server.local_elastic_agent  # noqa: F401
+
     loggers = [
         logger
         for name, logger in list(logging.root.manager.loggerDict.items())
@@ -227,15 +232,16 @@ def _agent(entrypoint: Callable[..., Any] | str, args: tuple[Any, ...], nproc: i
                                start_method)
 
 
-def _failed(result: Any, agent: Any, stalls: Mapping[int, Stall]) -> WorkerFailedError:
-    """The error of a failed run: every failed rank, the first failure first, stalls named."""
+def _failed(result: Any, agent: Any, stalls: Mapping[int, Stall], run_dir: str) -> WorkerFailedError:
+    """The error of a failed run: every failed rank, the first failure first, stalls named, and the
+    error a worker that died before its Session was up left in the run's directory."""
     # elastic records failures in the order it found them: the real one first,
     # then the workers it stopped (timestamps alone have 1 s resolution)
     failures = [
         _stalled(_failure(rank, failure, sequence, agent.failed_before_stop or set()), stalls)
         for sequence, (rank, failure) in enumerate(result.failures.items())
     ]
-    return WorkerFailedError(failures, attempts=agent.attempts)
+    return WorkerFailedError(with_early_errors(failures, read_early_errors(run_dir)), attempts=agent.attempts)
 
 
 def run_workers(
@@ -323,7 +329,7 @@ def run_workers(
             if result is None:  # the rendezvous was closed by another node
                 raise LaunchError(f"{rendezvous_where(topology)} was closed by another node before this one finished.")
             if result.is_failed():
-                raise _failed(result, agent, monitor.stalls)
+                raise _failed(result, agent, monitor.stalls, run_dir)
             markers = stop_markers(run_dir)
             if markers and isinstance(entrypoint, str):
                 # a worker was told to stop (not the launcher) and the ranks agreed: preempted

@@ -7,6 +7,7 @@ dies), and the workers see the claimed GPUs through ``CUDA_VISIBLE_DEVICES`` wit
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,12 @@ def plan_devices(spec: LaunchSpec, *, run: str | None = None) -> DevicePlan:
         env: dict[str, str] = {}
         devices.use_gpus(claim.gpus, env=env)
         mapping = devices.describe_mapping(env=env)
+        if devices.is_fake_backend():  # the mapping reads like real GPUs: say what the workers will use
+            source = (f"{devices.FAKE_ENV}={os.environ[devices.FAKE_ENV]}" if os.environ.get(devices.FAKE_ENV)
+                      else "a FakeNvml")
+            mapping += (f"\nthese GPUs are fake ({source}): the "
+                        "selection, the claim and this mapping are gpukit's real behaviour, but torch in the workers "
+                        "does not see them -- without a real GPU here they train on the CPU (gloo)")
     except BaseException:
         claim.release()
         raise

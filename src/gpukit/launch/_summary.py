@@ -16,15 +16,17 @@ the lowest rank.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpukit.errors import LaunchError
-from gpukit.worker import PREEMPTED_EXIT_CODE
+from gpukit.worker import PREEMPTED_EXIT_CODE, EarlyError
 
-__all__ = ["WorkerFailure", "WorkerFailedError", "order_failures", "format_summary", "HANG_EXIT_CODE"]
+__all__ = ["WorkerFailure", "WorkerFailedError", "order_failures", "format_summary", "with_early_errors",
+           "HANG_EXIT_CODE"]
 
 #: Exit code of ``gpukit run`` when a rank stalled (hang) and the collective timeout ended the
 #: run -- 124, as coreutils' ``timeout``.
@@ -54,6 +56,9 @@ class WorkerFailure:
         stalled: What the launcher saw when this rank stopped making progress while other
             ranks waited for it in a collective (a hang), ``None`` if it did not stall;
             ``traceback`` then holds its stack at that moment unless it raised an error.
+        early: What the worker was doing when it died before its Session was up (and before
+            gpukit's code could record the error the usual way), ``None`` otherwise; ``error`` and
+            ``traceback`` then hold what it left in the run's directory.
     """
 
     rank: int
@@ -66,6 +71,7 @@ class WorkerFailure:
     sequence: int = 0
     before_stop: bool = False
     stalled: str | None = None
+    early: str | None = None
 
     @property
     def signal_name(self) -> str | None:
@@ -128,6 +134,8 @@ def format_summary(failures: Iterable[WorkerFailure], *, attempts: int = 1) -> s
         return "workers failed (no details recorded)"
     root = ordered[0]
     lines = [f"rank {root.rank} (local rank {root.local_rank}, pid {root.pid}) failed: {root.describe()}"]
+    if root.early:
+        lines.append(f"  before its Session was up, while {root.early}")
     if root.location:
         lines.append(f"  at {root.location}")
     if root.error and root.exitcode != 0:
@@ -138,6 +146,25 @@ def format_summary(failures: Iterable[WorkerFailure], *, attempts: int = 1) -> s
     if attempts > 1:
         lines.append(f"  gave up after {attempts} attempts (--max-restarts {attempts - 1})")
     return "\n".join(lines)
+
+
+def with_early_errors(failures: Iterable[WorkerFailure], errors: dict[int, EarlyError]) -> list[WorkerFailure]:
+    """``failures`` with the error each worker that recorded none left early (by pid) filled in.
+
+    Args:
+        failures: The failed workers.
+        errors: Early errors by worker pid (``gpukit.worker.read_early_errors(run_dir)``).
+
+    Returns:
+        The same failures, in the same order.
+    """
+    filled = []
+    for failure in failures:
+        early = errors.get(failure.pid)
+        if early is not None and not failure.error:
+            failure = dataclasses.replace(failure, error=early.error, traceback=early.traceback, early=early.doing)
+        filled.append(failure)
+    return filled
 
 
 class WorkerFailedError(LaunchError):

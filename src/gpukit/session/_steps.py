@@ -25,6 +25,7 @@ import torch
 
 from gpukit._util.warnings import warn_at_user_code
 from gpukit.errors import ConfigurationError
+from gpukit.session._plain_passes import PlainLoaderPasses
 
 if TYPE_CHECKING:
     import torch
@@ -77,6 +78,8 @@ class TrainingSteps:
         self._window: int | None = None  # its size, fixed at its first micro-batch
         #: total gradient norm (before clipping) of the last optimizer step that clipped: a tensor
         self.grad_norm: torch.Tensor | None = None
+        self._warned_at: int | None = None  # micro_step of the last pending warning: one per window
+        self._plain = PlainLoaderPasses(self.warn_if_pending)  # a plain DataLoader's new pass, mid-window
 
     @property
     def accumulate_grad_batches(self) -> int:
@@ -125,6 +128,8 @@ class TrainingSteps:
 
     def step(self, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None) -> bool:
         """Count a micro-batch; at the end of a window clip, step and zero the grads (True: it stepped)."""
+        if self._k > 1:
+            self._plain.before_micro_batch(self.in_window)
         self.micro_step += 1
         size = self._window if self._window is not None else self.window_size()
         self.in_window += 1
@@ -140,8 +145,9 @@ class TrainingSteps:
         return stepped
 
     def warn_if_pending(self, where: str) -> None:
-        """Warn that ``where`` leaves gradients of micro-batches waiting for a step."""
-        if self.in_window:
+        """Warn that ``where`` leaves gradients of micro-batches waiting for a step (once per window)."""
+        if self.in_window and self._warned_at != self.micro_step:
+            self._warned_at = self.micro_step
             warn_at_user_code(PendingGradientsWarning(
                 f"{where}: {self.in_window} micro-batch(es) of an accumulation window of "
                 f"{self.window_size()} have gradients that no optimizer step used yet. A gpukit loader "

@@ -21,12 +21,15 @@ from gpukit.worker._requeue import max_requeues_from_env, requeue_after_preempti
 from gpukit.worker._run_dir import (
     BEFORE_START,
     COMPLETED,
+    EarlyError,
     StopMarker,
+    read_early_errors,
     read_heartbeats,
     read_markers,
     stack_path,
     stop_markers,
 )
+from gpukit.worker._spawn_import import main_imported_by_gpukit
 from gpukit.worker._stop import (
     PREEMPTED_EXIT_CODE,
     clear_stop_request,
@@ -64,6 +67,7 @@ __all__ = [
     "leaves_a_group_at_exit",
     "run_function",
     "run_forked_function",
+    "main_imported_by_gpukit",
     "die_with_launcher",
     "start_heartbeat",
     "requeue_at_exit",
@@ -77,4 +81,6 @@ __all__ = [
     "COMPLETED",
     "read_heartbeats",
     "stack_path",
+    "read_early_errors",
+    "EarlyError",
 ]

@@ -34,6 +34,8 @@ from gpukit.worker._stop import (
     flush_stdio,
     install_startup_stop,
     mark_completed,
+    stop_requested,
+    stop_signal_name,
 )
 from gpukit.worker._stop_signals import preempt_signal
 from gpukit.worker._warnings import show_warnings_once_per_run
@@ -113,7 +115,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except Exception as exc:
         _note_failure()
         record_exception(exc)
-        _print_user_traceback(exc)
+        if not _peers_left_a_stopped_run(exc):
+            _print_user_traceback(exc)
         raise SystemExit(1) from None
     except BaseException as exc:  # KeyboardInterrupt & co: keep Python's own exit behaviour
         record_exception(exc)
@@ -171,6 +174,32 @@ def _leave_after_stop(code: int) -> None:
 def _note_failure() -> None:
     # this rank is failing: a Session's exit hook must not wait at a barrier for its peers
     note_failure()
+
+
+_DISTRIBUTED_DIR = os.sep + os.path.join("torch", "distributed") + os.sep
+
+
+def _peers_left_a_stopped_run(exc: BaseException) -> bool:
+    """A collective that failed because a stop (SIGTERM, SIGINT: ``scancel``, Ctrl-C) ended the peers
+    first: one line instead of the traceback -- gloo's "Connection reset by peer" is the stop's echo,
+    not an error of this rank's (issue 41.11). Told by the stop and where it was raised (inside
+    torch.distributed), not by the message's words."""
+    if not stop_requested() or stop_signal_name() not in ("SIGTERM", "SIGINT"):
+        return False
+    tb = exc.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    if not frames or _DISTRIBUTED_DIR not in frames[-1]:
+        return False
+    rank = os.environ.get("RANK")
+    first = (str(exc).splitlines() or [""])[0]
+    first = first if len(first) <= 160 else first[:157] + "..."
+    sys.stderr.write(f"gpukit: {f'rank {rank}: ' if rank else ''}stopped by {stop_signal_name()}; a collective "
+                     f"ended as the other ranks stopped ({type(exc).__name__}: {first})\n")
+    sys.stderr.flush()
+    return True
 
 
 def _print_user_traceback(exc: BaseException) -> None:

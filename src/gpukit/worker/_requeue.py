@@ -86,7 +86,8 @@ def requeue_at_exit(env: ClusterEnvironment | None = None) -> bool:
     it finalizes. Rank 0 requeues the job if its ranks agreed to stop on the preemption signal
     (never for a warning that came after the training); a requeue that does not happen (the
     bound used up, ``scontrol`` refused) ends rank 0 with exit 75, as ``gpukit run`` does, so
-    that the job does not end COMPLETED with its training unfinished.
+    that the job does not end COMPLETED with its training unfinished. The other ranks of such a
+    stop end 75 there too, without Python's finalization (srun's exit is its tasks' highest).
     """
     global _armed
     env = env if env is not None else environment()
@@ -99,10 +100,22 @@ def requeue_at_exit(env: ClusterEnvironment | None = None) -> bool:
 
 def _at_exit(env: ClusterEnvironment, preempt: signal.Signals, limit: int) -> None:
     signal.signal(preempt, signal.SIG_IGN)  # kept as it is through the interpreter's finalization
-    if env.rank != 0 or not stop_agreed():
+    if not stop_agreed():
+        return
+    if env.rank != 0:
+        if stop_signal_name() == preempt.name:
+            # every rank of a preempted srun-python job ends 75 at once, not in Python's finalization: there
+            # the handlers are reset, and --kill-on-bad-exit's SIGTERM after rank 0's 75 killed the others
+            # with 143 -- srun's exit, the job FAILED 143 and the job script took the warning for lost
+            # (issue 41.9)
+            _leave(PREEMPTED_EXIT_CODE)
         return
     outcome = requeue_after_preemption(stop_signal_name(), preempt, max_requeues=limit, env=env)
     if outcome is not None and not outcome.requeued:
-        flush_open_files()
-        flush_stdio()
-        os._exit(PREEMPTED_EXIT_CODE)  # the last hook: the process group is left already
+        _leave(PREEMPTED_EXIT_CODE)
+
+
+def _leave(code: int) -> None:
+    flush_open_files()
+    flush_stdio()
+    os._exit(code)  # the last hook: the process group is left already

@@ -18,6 +18,9 @@ their readers -- every file name of the directory is here.
 * ``hb-rank{R}.json`` -- its heartbeat (see :mod:`gpukit.worker._heartbeat`), read by the
   launcher's stall monitor;
 * ``stack-rank{R}.txt`` -- every thread's stack, dumped there on SIGQUIT.
+* ``early-error-pid{PID}.json`` -- the error that ended a worker before any of gpukit's code could
+  record it elsewhere (a spawned function worker importing the launcher's script again: see
+  :mod:`gpukit.worker._spawn_main`), by the worker's pid, for the launcher's summary;
 * ``warned-<hash>`` -- an empty claim on a warning's text, so that one rank prints a warning every
   rank gives (see :mod:`gpukit.worker._warnings`).
 """
@@ -33,7 +36,7 @@ from typing import Any
 __all__ = [
     "AGREED", "FINISHED", "BEFORE_START", "COMPLETED", "StopMarker", "write_marker", "read_markers",
     "stop_markers",
-    "heartbeat_path", "stack_path", "read_heartbeats",
+    "heartbeat_path", "stack_path", "read_heartbeats", "EarlyError", "write_early_error", "read_early_errors",
 ]
 
 AGREED = "agreed"
@@ -44,6 +47,9 @@ COMPLETED = "completed"
 _STATES = (AGREED, FINISHED, BEFORE_START, COMPLETED)
 _PREFIX = "stopped-rank"
 _HEARTBEAT_PREFIX = "hb-rank"
+_EARLY_PREFIX = "early-error-pid"
+_EARLY_MAX_BYTES = 16 << 10  # a traceback's last lines are what matters; bound what is read back
+_EARLY_MAX_FILES = 1024
 
 
 @dataclass(frozen=True)
@@ -121,3 +127,54 @@ def read_heartbeats(directory: str | os.PathLike[str]) -> dict[int, dict[str, An
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return beats
+
+
+@dataclass(frozen=True)
+class EarlyError:
+    """What ended a worker before its Session was up.
+
+    Attributes:
+        doing: What the worker was doing (``"importing /x/train.py again in the spawned worker"``).
+        traceback: Its traceback as Python prints it, the last lines kept.
+    """
+
+    doing: str
+    traceback: str
+
+    @property
+    def error(self) -> str:
+        """The exception line (``"ModuleNotFoundError: No module named 'x'"``): the traceback's last line."""
+        lines = [line for line in self.traceback.splitlines() if line.strip()]
+        return lines[-1].strip() if lines else "an error with no message"
+
+
+def write_early_error(directory: str | os.PathLike[str] | None, doing: str, traceback_text: str) -> None:
+    """Leave this process's early error in ``directory`` for the launcher (no-op when ``None`` or gone)."""
+    if not directory:
+        return
+    record = json.dumps({"doing": doing, "traceback": traceback_text[-_EARLY_MAX_BYTES // 2:]})
+    path = os.path.join(os.fspath(directory), f"{_EARLY_PREFIX}{os.getpid()}.json")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, record.encode())
+        finally:
+            os.close(fd)
+    except OSError:  # the launcher's directory is gone: nobody is waiting for it
+        pass
+
+
+def read_early_errors(directory: str | os.PathLike[str]) -> dict[int, EarlyError]:
+    """Every early error left in ``directory``, by the pid of the worker that left it."""
+    found: dict[int, EarlyError] = {}
+    for path in sorted(Path(directory).glob(f"{_EARLY_PREFIX}*.json"))[:_EARLY_MAX_FILES]:
+        pid = path.name[len(_EARLY_PREFIX):-len(".json")]
+        if not pid.isdigit():
+            continue
+        try:
+            with open(path, "rb") as file:
+                record = json.loads(file.read(_EARLY_MAX_BYTES))
+            found[int(pid)] = EarlyError(str(record["doing"]), str(record["traceback"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
