@@ -31,7 +31,7 @@ from typing import Any
 
 from gpukit._util.envvars import SPAWN_MAIN_ENV
 from gpukit.errors import GpukitError
-from gpukit.worker._env import WorkerEnv
+from gpukit.worker._env import worker_env
 from gpukit.worker._run_dir import write_early_error
 
 __all__ = ["main_imported_by_gpukit", "become_real_main"]
@@ -104,7 +104,7 @@ def _import_real_main(real: str) -> dict[str, Any]:
                  "code before the function: keep what only the launcher should run under "
                  "`if __name__ == \"__main__\":`)")
         try:
-            run_dir = WorkerEnv.from_env().run_dir
+            run_dir = worker_env().run_dir
         except GpukitError:  # a bad GPUKIT_* value: the worker's own start will say which
             run_dir = None
         write_early_error(run_dir, doing, _user_frames(exc))
