@@ -72,3 +72,17 @@ def test_new_accumulation_applies_to_a_window_already_sized_by_a_backward() -> N
         session.backward(model(torch.ones(1, 3)).sum())
         stepped.append(session.step(optimizer))
     assert stepped == [False, False, False, True]
+
+
+def test_a_resume_on_other_ranks_keeps_the_global_batch_through_the_accumulation() -> None:
+    from gpukit.session._batching import rescale_accumulation
+
+    assert rescale_accumulation(3, 4, 3, 4, 2) is None  # the same ranks
+    assert rescale_accumulation(6, 2, 4, 3, 2) is None  # already keeps it (12 micro-batches a step)
+    grown = rescale_accumulation(6, 2, 6, 3, 2)
+    assert grown is not None and (grown.accumulate_grad_batches, grown.exact) == (4, True)
+    assert "accumulate_grad_batches 6 -> 4 keeps the global batch (24 samples per optimizer step)" in grown.line
+    odd = rescale_accumulation(3, 4, 3, 5, None)  # 12 micro-batches over 5 ranks: 2 each, 10 in all
+    assert odd is not None and (odd.accumulate_grad_batches, odd.exact) == (2, False)
+    assert "12 micro-batches does not divide by 5 ranks" in odd.line and "makes it 10 micro-batches" in odd.line
+    assert rescale_accumulation(1, 1, 1, 8, 4).accumulate_grad_batches == 1  # type: ignore[union-attr]  # never below 1

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["BatchPlan", "plan_batches"]
+__all__ = ["BatchPlan", "Rescaled", "plan_batches", "rescale_accumulation"]
 
 
 @dataclass(frozen=True)
@@ -66,3 +66,51 @@ def plan_batches(global_batch_size: Any, micro_batch_size: Any, accumulate_grad_
             "or a micro_batch_size that divides it."
         )
     return BatchPlan(total // per_step, micro)
+
+
+@dataclass(frozen=True)
+class Rescaled:
+    """The accumulation a resume under another data-parallel size settles on (see :func:`rescale_accumulation`)."""
+
+    #: micro-batches per optimizer step on each rank from now on
+    accumulate_grad_batches: int
+    #: the global batch is the saved one exactly (else the line says the new one)
+    exact: bool
+    #: one line for the user
+    line: str
+
+
+def rescale_accumulation(saved_accumulate: int, saved_ranks: int, accumulate: int, ranks: int,
+                         micro_batch_size: int | None) -> Rescaled | None:
+    """Keep a checkpoint's global batch when it resumes on another number of data-parallel ranks.
+
+    The global batch is micro-batch x ranks x accumulation; the micro-batch stays, so the accumulation
+    becomes ``saved_accumulate * saved_ranks / ranks`` where that is a whole number, else the nearest
+    one (at least 1), and the line says the new global batch.
+
+    Args:
+        saved_accumulate, saved_ranks: what the checkpoint was trained with.
+        accumulate, ranks: this session's.
+        micro_batch_size: samples per micro-batch, for the line (``None``: said in micro-batches).
+
+    Returns:
+        ``None`` when nothing is to change (the same ranks, or an accumulation that already keeps it).
+    """
+    per_micro = saved_accumulate * saved_ranks  # micro-batches per optimizer step over all ranks
+    if ranks == saved_ranks or accumulate * ranks == per_micro:
+        return None
+    exact = per_micro % ranks == 0
+    new = per_micro // ranks if exact else max(1, round(per_micro / ranks))
+
+    def batch(n: int) -> str:
+        return f"{n * micro_batch_size} samples" if micro_batch_size else f"{n} micro-batches"
+
+    where = f"saved on {saved_ranks} data-parallel rank(s), resumed on {ranks}"
+    if exact:
+        line = (f"gpukit: {where}: accumulate_grad_batches {saved_accumulate} -> {new} keeps the global batch "
+                f"({batch(per_micro)} per optimizer step)")
+    else:
+        line = (f"gpukit: {where}: the global batch of {batch(per_micro)} does not divide by {ranks} ranks; "
+                f"accumulate_grad_batches {saved_accumulate} -> {new} makes it {batch(new * ranks)} per optimizer "
+                "step (scale the learning rate if it should follow)")
+    return Rescaled(new, exact, line)

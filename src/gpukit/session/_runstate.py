@@ -4,8 +4,10 @@ state that checkpoints carry.
 The Session holds one :class:`RunState` and delegates ``should_stop``, ``save_checkpoint``,
 ``resume``, ``state_dict`` and ``load_state_dict`` to it. ``should_stop`` turns a stop request (SIGTERM/SIGINT caught by
 :mod:`gpukit.worker`) into one answer on every rank; the state is the step counter,
-the precision's (GradScaler) state, the micro-batch size OOM back-off settled on and the schedulers
-of ``setup_scheduler``. ``resume`` keeps what it did in ``resumed`` and says it on rank 0.
+the precision's (GradScaler) state, the micro-batch size OOM back-off settled on, the schedulers
+of ``setup_scheduler`` and the data-parallel size and accumulation it trained with: resumed on
+another number of data-parallel ranks, the accumulation changes to keep the global batch
+(``_batching.rescale_accumulation``). ``resume`` keeps what it did in ``resumed`` and says it on rank 0.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpukit._util.warnings import warn_at_user_code
 from gpukit.errors import CheckpointError
+from gpukit.session._batching import rescale_accumulation
 from gpukit.session._resume import ResumeInfo, loader_position, resume_line
 
 if TYPE_CHECKING:
@@ -35,11 +39,17 @@ class RunState:
         strategy: the Session's (its precision's state is saved and restored).
         steps: the Session's step counter (saved and restored).
         memory: the Session's memory component (its back-off micro-batch size is saved).
+        micro_batch_size: ``Session(micro_batch_size=...)`` (for the line a rescaled accumulation prints).
+        global_batch_given: ``Session(global_batch_size=...)`` was given: the accumulation is the
+            session's own choice for this world size, not rescaled from a checkpoint's.
     """
 
     def __init__(self, *, strategy: Strategy, steps: TrainingSteps, memory: SessionMemory,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, micro_batch_size: int | None = None,
+                 global_batch_given: bool = False) -> None:
         self._strategy = strategy
+        self._micro_batch_size = micro_batch_size
+        self._global_batch_given = global_batch_given
         self._steps = steps
         self._memory = memory
         self._verbose = verbose
@@ -122,9 +132,12 @@ class RunState:
             "precision": self._strategy.precision.state_dict(),
             "oom_micro_batch_size": backoff.micro_batch_size if backoff else None,
             "schedulers": [s.state_dict() for s in self.schedulers],
+            "data_parallel_size": self._strategy.data_parallel_size,
+            "accumulate_grad_batches": self._steps.accumulate_grad_batches,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._keep_global_batch(state)
         self._steps.load_state_dict(state)
         self._strategy.precision.load_state_dict(state.get("precision", {}))
         self._memory.restore_backoff(state.get("oom_micro_batch_size"))
@@ -136,3 +149,25 @@ class RunState:
             )
         for scheduler, scheduler_state in zip(self.schedulers, saved):
             scheduler.load_state_dict(scheduler_state)
+
+    def _keep_global_batch(self, state: dict[str, Any]) -> None:
+        """Resumed on another number of data-parallel ranks: the accumulation that keeps the saved global
+        batch (said on rank 0; a warning where it cannot be kept exactly)."""
+        saved_ranks, saved_accumulate = state.get("data_parallel_size"), state.get("accumulate_grad_batches")
+        if self._global_batch_given or not isinstance(saved_ranks, int) or not isinstance(saved_accumulate, int):
+            return  # Session(global_batch_size=...) chose it for this size; older checkpoints did not say
+        if saved_ranks < 1 or saved_accumulate < 1:
+            raise CheckpointError(
+                f"The session state holds data_parallel_size={saved_ranks} and accumulate_grad_batches="
+                f"{saved_accumulate}; both must be >= 1 (a damaged or hand-edited checkpoint).")
+        steps = self._steps
+        change = rescale_accumulation(saved_accumulate, saved_ranks, steps.accumulate_grad_batches,
+                                      self._strategy.data_parallel_size, self._micro_batch_size)
+        if change is None:
+            return
+        steps.in_window = 0  # set before the saved counts are loaded: the window restarts with the new size
+        steps.accumulate_grad_batches = change.accumulate_grad_batches
+        if not change.exact:
+            warn_at_user_code(UserWarning(change.line.removeprefix("gpukit: ")))
+        elif self._verbose and self._strategy.rank == 0:
+            print(change.line, file=sys.stderr, flush=True)

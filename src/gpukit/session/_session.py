@@ -192,7 +192,9 @@ class Session:
         self._memory = SessionMemory(
             oom, watch_every, strategy=self.strategy, accelerator=self.accelerator, steps=self._steps,
         )
-        self._runstate = RunState(strategy=self.strategy, steps=self._steps, memory=self._memory, verbose=verbose)
+        self._runstate = RunState(strategy=self.strategy, steps=self._steps, memory=self._memory, verbose=verbose,
+                                  micro_batch_size=batches.micro_batch_size,
+                                  global_batch_given=global_batch_size is not None)
         self._auto = SessionAuto(auto_on, refused, self.strategy, precision, compile, loader_steps(self._loaders),
                                  say_on() if verbose and self.is_main else None)
         if self.strategy.launched and verbose and self.is_main:
