@@ -188,5 +188,5 @@ def check_world_size(directory: Path, saved_world: int, world: int, per_rank: Ma
     warn_at_user_code(UserWarning(
         f"{directory} was saved by {saved_world} process(es), resuming with {world}: models, optimizers and "
         "schedulers carry over (sharded state is resharded), a gpukit loader's position is cut over the new "
-        "ranks (every sample not yet seen this epoch is seen once), and each rank's random streams are "
-        "re-derived from the saved ones."))
+        "ranks (every sample not yet seen this epoch is seen once), and random streams continue the saved one where "
+        "every rank shared it, else are re-derived per rank."))
