@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from launch_helpers import SCRIPTS, poll
 
@@ -69,14 +70,18 @@ def test_a_killed_node_leaves_the_other_training_and_a_returning_node_joins(tmp_
         # both nodes train together past a checkpoint, then node 1 is lost mid-epoch
         poll(lambda: any(e["step"] >= SAVE_EVERY + 2 for e in _steps_of(_events(tmp_path), 2)), 180,
              "two nodes training past a checkpoint\n" + (tmp_path / "node0.log").read_text()[-3000:])
+        old_pids = {e["pid"] for e in _events(tmp_path) if e["event"] == "start"}
         killed_at = time.time()
         os.killpg(node1.pid, signal.SIGKILL)
         node1.wait(timeout=30)
-        old_pids = {e["pid"] for e in _events(tmp_path) if e["event"] == "start"}
+        survivor = next(e["pid"] for e in _events(tmp_path) if e["event"] == "start" and e["file"].startswith("events-0-"))
+        poll(lambda: not psutil.pid_exists(survivor), 60, "node 0's worker to stop after losing its peer")
+        stopped_at = time.time()  # within 50 ms: the poll's period
         alone = poll(lambda: [e for e in _events(tmp_path) if e["event"] == "start" and e["world"] == 1], 90,
                      "node 0 re-formed alone\n" + (tmp_path / "node0.log").read_text()[-3000:])[0]
         trained = poll(lambda: _steps_of(_events(tmp_path), 1), 60, "training again on node 0")[0]
-        phases = {"re-formed (new worker started)": alone["process_start"] - killed_at,
+        phases = {"stop detected (node 0's worker ended)": stopped_at - killed_at,
+                  "re-formed (new worker started)": alone["process_start"] - killed_at,
                   "training again (first step)": trained["t"] - killed_at}
         before = [e for e in _steps_of(_events(tmp_path), 2) if e["t"] < killed_at]
         lost = max(e["step"] for e in before) - alone["resumed"]

@@ -395,7 +395,9 @@ class CheckpointManager:
             restore_rng_state(rank_file["rng"])
             if saved_world != dist.world_size and not same_rng:  # per-rank streams: one of its own for each rank
                 rederive_rng_state(rank_file["rng"], dist.rank, dist.world_size)
-        emit("checkpoint", resumed_step=int(marker["step"]), path=str(directory))
+        # the run record shows a change of size: when, from how many processes to how many
+        emit("checkpoint", resumed_step=int(marker["step"]), path=str(directory), saved_world_size=saved_world,
+             world_size=dist.world_size)
         return int(marker["step"])
 
     def _restore(
