@@ -26,7 +26,7 @@ import pytest
 from launch_helpers import SCRIPTS, poll
 
 SCRIPT = SCRIPTS / "elastic_train.py"
-STEPS, SAVE_EVERY, STEP_S = 70, 5, 0.04
+STEPS, SAVE_EVERY, STEP_S = 120, 5, 0.04
 SAMPLES, GLOBAL_BATCH = 240, 8
 
 pytestmark = pytest.mark.slow
@@ -95,7 +95,8 @@ def test_a_killed_node_leaves_the_other_training_and_a_returning_node_joins(tmp_
         rejoined_at = time.time()
         node1 = _agent(1, port, tmp_path, tmp_path / "node1b.log")
         poll(lambda: _steps_of(_events(tmp_path), 2, after=rejoined_at), 120,
-             "two nodes training again\n" + (tmp_path / "node0.log").read_text()[-3000:])
+             "two nodes training again\n" + (tmp_path / "node0.log").read_text()[-3000:]
+             + (tmp_path / "node1b.log").read_text()[-2000:])
         assert node0.wait(timeout=240) == 0, (tmp_path / "node0.log").read_text()[-3000:]
         assert node1.wait(timeout=60) == 0, (tmp_path / "node1b.log").read_text()[-3000:]
     finally:
