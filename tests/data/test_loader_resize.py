@@ -163,3 +163,24 @@ def test_with_loader_workers_the_rest_arrives_whole() -> None:
     for loader in new:
         loader.load_state_dict(old[0].state_dict())
     assert sorted(first + rest_of_pass(new)) == list(range(24))
+
+
+def test_a_users_distributed_sampler_loader_is_resharded_and_resumes_at_another_size() -> None:
+    from torch.utils.data import DataLoader
+
+    def job(world: int) -> list[DeviceLoader]:
+        out = []
+        for rank in range(world):
+            given = DataLoader(Ids(30), batch_size=3,
+                               sampler=DistributedSampler(Ids(30), num_replicas=world, rank=rank, shuffle=True))
+            place = LoaderPlace(CPU, CPUAccelerator(), rank=rank, world_size=world, local_world_size=world, seed=5)
+            out.append(build_loader(given, place, LoaderRequest.of(num_workers=0)))
+        return out
+
+    old = job(2)
+    first = consume(old, 2)
+    new = job(3)
+    for loader in new:
+        assert loader.shard_sampler is not None  # gpukit's own shard of the same dataset, so its position is known
+        loader.load_state_dict(old[0].state_dict())
+    assert sorted(first + rest_of_pass(new)) == list(range(30))
