@@ -56,13 +56,19 @@ def _runs(ranks: dict[int, RankRecord]) -> list[RunInfo]:
 
 def _steps_after_save(before: list[RankRun], saved_step: int) -> int | None:
     """Steps the run ``before`` recorded after it saved ``saved_step`` (the most any rank did); ``None``
-    when its record does not show that save."""
+    when its record does not show that save.
+
+    The save's event carries the record's step count at that moment, which does not yet include the
+    step that ended just before the save (a step's line is written when the next one begins): so the
+    steps after the save are those recorded beyond that count, less that one.
+    """
     redone = None
     for part in before:
-        saves = [e.get("t") for e in part.events
-                 if e.get("kind") == "checkpoint" and e.get("saved_step") == saved_step and e.get("t") is not None]
-        if saves:
-            after = sum(int(s.get("n") or 1) for s in part.steps if (s.get("t") or 0) > max(saves))
+        counts = [e["step"] for e in part.events if e.get("kind") == "checkpoint"
+                  and e.get("saved_step") == saved_step and isinstance(e.get("step"), int)]
+        if counts and part.steps:
+            end = max(int(s["step"]) + int(s.get("n") or 1) for s in part.steps)  # one past the last step
+            after = max(0, end - (max(counts) + 1) - 1)
             redone = after if redone is None else max(redone, after)
     return redone
 
