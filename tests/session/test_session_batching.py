@@ -86,3 +86,14 @@ def test_a_resume_on_other_ranks_keeps_the_global_batch_through_the_accumulation
     assert odd is not None and (odd.accumulate_grad_batches, odd.exact) == (2, False)
     assert "12 micro-batches does not divide by 5 ranks" in odd.line and "makes it 10 micro-batches" in odd.line
     assert rescale_accumulation(1, 1, 1, 8, 4).accumulate_grad_batches == 1  # type: ignore[union-attr]  # never below 1
+
+
+def test_a_restarted_job_rounds_a_global_batch_that_does_not_divide_with_one_warning() -> None:
+    from gpukit.session._batching import restarted_job
+
+    with pytest.raises(ConfigurationError, match="not a whole number"):
+        plan_batches(8, 2, 1, 3)  # a fresh launch: refused, with the nearest sizes
+    with pytest.warns(UserWarning, match="accumulating 1 makes it 6 samples per optimizer step"):
+        assert plan_batches(8, 2, 1, 3, restarted=True).accumulate_grad_batches == 1
+    assert restarted_job({"TORCHELASTIC_RESTART_COUNT": "2"}) and restarted_job({"SLURM_RESTART_COUNT": "1"})
+    assert not restarted_job({"TORCHELASTIC_RESTART_COUNT": "0"}) and not restarted_job({"SLURM_RESTART_COUNT": "x"})

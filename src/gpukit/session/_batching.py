@@ -9,12 +9,15 @@ samples per optimizer step whatever the launch.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpukit._util.warnings import warn_at_user_code
 from gpukit.errors import ConfigurationError
 
-__all__ = ["BatchPlan", "Rescaled", "plan_batches", "rescale_accumulation"]
+__all__ = ["BatchPlan", "Rescaled", "plan_batches", "rescale_accumulation", "restarted_job"]
 
 
 @dataclass(frozen=True)
@@ -33,9 +36,24 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
+def restarted_job(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process belongs to a job restarted at whatever size it got: torch elastic re-formed
+    its group (``TORCHELASTIC_RESTART_COUNT``: a node lost or joined) or SLURM requeued it."""
+    environ = os.environ if environ is None else environ
+    for name in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        value = environ.get(name, "0").strip()
+        if value.isdigit() and int(value) > 0:
+            return True
+    return False
+
+
 def plan_batches(global_batch_size: Any, micro_batch_size: Any, accumulate_grad_batches: Any,
-                 world_size: int) -> BatchPlan:
+                 world_size: int, *, restarted: bool = False) -> BatchPlan:
     """The accumulation that makes ``global_batch_size`` samples a step over ``world_size`` ranks.
+
+    ``restarted`` (a job re-formed at the size it got, :func:`restarted_job`): a global batch that does
+    not divide is not refused (the job would fail at every restart) but rounded to the nearest
+    accumulation, with one warning that gives the new global batch.
 
     Raises:
         ConfigurationError: a size that is not an int >= 1, a global batch without a micro-batch
@@ -57,6 +75,13 @@ def plan_batches(global_batch_size: Any, micro_batch_size: Any, accumulate_grad_
             "one of them; with a global batch the Session works the accumulation out for the world size."
         )
     per_step = micro * world_size
+    if total % per_step and restarted:
+        accumulate = max(1, round(total / per_step))
+        warn_at_user_code(UserWarning(
+            f"global_batch_size={total} is not a whole number of micro-batches of {micro} over the {world_size} "
+            f"ranks this restarted job got: accumulating {accumulate} makes it {accumulate * per_step} samples per "
+            "optimizer step (scale the learning rate if it should follow)."))
+        return BatchPlan(accumulate, micro)
     if total % per_step:
         below, above = (total // per_step) * per_step, (total // per_step + 1) * per_step
         nearest = " or ".join(str(n) for n in (below, above) if n > 0)

@@ -37,7 +37,7 @@ from gpukit.placement import to_device
 from gpukit.precision import Precision, get_precision
 from gpukit.session._auto import SessionAuto, loader_steps, say_on
 from gpukit.session._auto_decide import Decision, check_auto
-from gpukit.session._batching import plan_batches
+from gpukit.session._batching import plan_batches, restarted_job
 from gpukit.session._checks import check_optimizer, check_session_options, choice_banner, not_launched_error
 from gpukit.session._first import main_process_first
 from gpukit.session._fit import FitChoice, SessionFit, fit_at_setup
@@ -160,7 +160,7 @@ class Session:
         self.seed = seed
         # data-parallel coordinates (not rank / world size): the ranks of one tensor group share a batch
         batches = plan_batches(global_batch_size, micro_batch_size, accumulate_grad_batches,
-                               self.strategy.data_parallel_size)
+                               self.strategy.data_parallel_size, restarted=restarted_job())
         self._micro_batch_size = batches.micro_batch_size
         self._loaders = LoaderTracker(self.strategy.data_parallel_size)  # the gpukit loader whose batch is in hand
         self._steps = TrainingSteps(self.strategy, batches.accumulate_grad_batches,
