@@ -105,37 +105,32 @@ class Rescaled:
     line: str
 
 
-def rescale_accumulation(saved_accumulate: int, saved_ranks: int, accumulate: int, ranks: int,
-                         micro_batch_size: int | None) -> Rescaled | None:
-    """Keep a checkpoint's global batch when it resumes on another number of data-parallel ranks.
+def rescale_accumulation(saved_samples_per_step: int, accumulate: int, micro_batch_size: int,
+                         ranks: int, saved_ranks: int) -> Rescaled | None:
+    """Keep a checkpoint's global batch (samples per optimizer step) on this job's ranks and micro-batch.
 
-    The global batch is micro-batch x ranks x accumulation; the micro-batch stays, so the accumulation
-    becomes ``saved_accumulate * saved_ranks / ranks`` where that is a whole number, else the nearest
-    one (at least 1), and the line says the new global batch.
+    The accumulation becomes ``saved_samples_per_step / (micro_batch_size * ranks)`` where that is a whole
+    number, else the nearest one (at least 1), and the line says the new global batch.
 
     Args:
-        saved_accumulate, saved_ranks: what the checkpoint was trained with.
-        accumulate, ranks: this session's.
-        micro_batch_size: samples per micro-batch, for the line (``None``: said in micro-batches).
+        saved_samples_per_step: micro-batch x data-parallel ranks x accumulation when it was saved.
+        accumulate, micro_batch_size, ranks: this session's accumulation, micro-batch and data-parallel ranks.
+        saved_ranks: the data-parallel ranks it was saved by (for the line).
 
     Returns:
-        ``None`` when nothing is to change (the same ranks, or an accumulation that already keeps it).
+        ``None`` when the accumulation already keeps it.
     """
-    per_micro = saved_accumulate * saved_ranks  # micro-batches per optimizer step over all ranks
-    if ranks == saved_ranks or accumulate * ranks == per_micro:
+    per_micro = micro_batch_size * ranks  # samples per micro-step over all ranks
+    if accumulate * per_micro == saved_samples_per_step:
         return None
-    exact = per_micro % ranks == 0
-    new = per_micro // ranks if exact else max(1, round(per_micro / ranks))
-
-    def batch(n: int) -> str:
-        return f"{n * micro_batch_size} samples" if micro_batch_size else f"{n} micro-batches"
-
-    where = f"saved on {saved_ranks} data-parallel rank(s), resumed on {ranks}"
+    exact = saved_samples_per_step % per_micro == 0
+    new = saved_samples_per_step // per_micro if exact else max(1, round(saved_samples_per_step / per_micro))
+    where = f"saved on {saved_ranks} data-parallel rank(s), resumed on {ranks} (micro-batch {micro_batch_size})"
     if exact:
-        line = (f"gpukit: {where}: accumulate_grad_batches {saved_accumulate} -> {new} keeps the global batch "
-                f"({batch(per_micro)} per optimizer step)")
+        line = (f"gpukit: {where}: accumulate_grad_batches {accumulate} -> {new} keeps the global batch "
+                f"({saved_samples_per_step} samples per optimizer step)")
     else:
-        line = (f"gpukit: {where}: the global batch of {batch(per_micro)} does not divide by {ranks} ranks; "
-                f"accumulate_grad_batches {saved_accumulate} -> {new} makes it {batch(new * ranks)} per optimizer "
-                "step (scale the learning rate if it should follow)")
+        line = (f"gpukit: {where}: the global batch of {saved_samples_per_step} samples does not divide into "
+                f"micro-batches of {per_micro}; accumulate_grad_batches {accumulate} -> {new} makes it "
+                f"{new * per_micro} samples per optimizer step (scale the learning rate if it should follow)")
     return Rescaled(new, exact, line)

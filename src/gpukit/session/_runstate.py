@@ -58,6 +58,9 @@ class RunState:
         #: what the last ``resume`` did (``session.resumed``)
         self.resumed: ResumeInfo | None = None
         self._stop_read: tuple[torch.Tensor, Any] | None = None  # the last call's agreement, on its way to the host
+        # the objects of the save / resume under way: their gpukit loader's batch size is the micro-batch
+        self._saving: dict[str, Any] = {}
+        self._resuming: dict[str, Any] = {}
 
     def should_stop(self) -> bool:
         """Whether any rank was asked to stop; every rank gets the same answer (one all-reduce).
@@ -101,8 +104,12 @@ class RunState:
         from gpukit.checkpoint import CheckpointManager
 
         self._steps.warn_if_pending(f"save_checkpoint(step={step}) (those gradients are not saved)")
-        return CheckpointManager(directory, keep_last=keep_last).save(
-            step, extra=extra, background=background, session=self, **objects)
+        self._saving = objects
+        try:
+            return CheckpointManager(directory, keep_last=keep_last).save(
+                step, extra=extra, background=background, session=self, **objects)
+        finally:
+            self._saving = {}
 
     def wait_for_saves(self) -> None:
         """Wait for a background save still writing; raise its failure (every rank alike)."""
@@ -115,7 +122,11 @@ class RunState:
         from gpukit.checkpoint import CheckpointManager
 
         manager = CheckpointManager(directory)
-        step = manager.resume(session=self, **objects)
+        self._resuming = objects
+        try:
+            step = manager.resume(session=self, **objects)
+        finally:
+            self._resuming = {}
         info = None
         if step is not None:
             epoch, batch = loader_position(objects)
@@ -127,6 +138,7 @@ class RunState:
 
     def state_dict(self) -> dict[str, Any]:
         backoff = self._memory.oom_backoff
+        micro = self._micro_for(self._saving)
         return {
             **self._steps.state_dict(),
             "precision": self._strategy.precision.state_dict(),
@@ -134,6 +146,8 @@ class RunState:
             "schedulers": [s.state_dict() for s in self.schedulers],
             "data_parallel_size": self._strategy.data_parallel_size,
             "accumulate_grad_batches": self._steps.accumulate_grad_batches,
+            "samples_per_step": None if micro is None else
+            micro * self._strategy.data_parallel_size * self._steps.accumulate_grad_batches,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -151,18 +165,20 @@ class RunState:
             scheduler.load_state_dict(scheduler_state)
 
     def _keep_global_batch(self, state: dict[str, Any]) -> None:
-        """Resumed on another number of data-parallel ranks: the accumulation that keeps the saved global
-        batch (said on rank 0; a warning where it cannot be kept exactly)."""
-        saved_ranks, saved_accumulate = state.get("data_parallel_size"), state.get("accumulate_grad_batches")
-        if self._global_batch_given or not isinstance(saved_ranks, int) or not isinstance(saved_accumulate, int):
-            return  # Session(global_batch_size=...) chose it for this size; older checkpoints did not say
-        if saved_ranks < 1 or saved_accumulate < 1:
-            raise CheckpointError(
-                f"The session state holds data_parallel_size={saved_ranks} and accumulate_grad_batches="
-                f"{saved_accumulate}; both must be >= 1 (a damaged or hand-edited checkpoint).")
+        """The accumulation that keeps the saved global batch in samples (said on rank 0; a warning where it
+        cannot be kept exactly). Only where the micro-batch is known on both sides -- a gpukit loader among
+        the objects saved and resumed, or ``Session(micro_batch_size=...)``: a script that feeds batches of
+        its own may scale them with the world size itself."""
+        saved_samples, saved_ranks = state.get("samples_per_step"), state.get("data_parallel_size")
+        micro = self._micro_for(self._resuming)
+        if self._global_batch_given or micro is None or not isinstance(saved_samples, int):
+            return  # Session(global_batch_size=...) chose it for this size; not known; an older checkpoint
+        if saved_samples < 1:
+            raise CheckpointError(f"The session state holds samples_per_step={saved_samples}; it must be >= 1 "
+                                  "(a damaged or hand-edited checkpoint).")
         steps = self._steps
-        change = rescale_accumulation(saved_accumulate, saved_ranks, steps.accumulate_grad_batches,
-                                      self._strategy.data_parallel_size, self._micro_batch_size)
+        change = rescale_accumulation(saved_samples, steps.accumulate_grad_batches, micro,
+                                      self._strategy.data_parallel_size, int(saved_ranks or 0))
         if change is None:
             return
         steps.in_window = 0  # set before the saved counts are loaded: the window restarts with the new size
@@ -171,3 +187,11 @@ class RunState:
             warn_at_user_code(UserWarning(change.line.removeprefix("gpukit: ")))
         elif self._verbose and self._strategy.rank == 0:
             print(change.line, file=sys.stderr, flush=True)
+
+    def _micro_for(self, objects: dict[str, Any]) -> int | None:
+        """Samples per micro-batch: the batch size of a gpukit loader (one gpukit shards) among ``objects``,
+        else ``Session(micro_batch_size=...)``, else ``None`` (not known)."""
+        for obj in objects.values():
+            if getattr(obj, "samples_consumed", None) is not None and isinstance(getattr(obj, "batch_size", None), int):
+                return int(obj.batch_size)
+        return self._micro_batch_size
