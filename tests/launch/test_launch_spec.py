@@ -58,3 +58,22 @@ def test_a_function_launch_needs_nproc_and_stays_on_this_machine() -> None:
         launch_function(print, cpu=True, echo=None)
     with pytest.raises(ConfigurationError, match="topology are for scripts"):
         launch_function(print, nproc=1, cpu=True, topology=Topology(nnodes=2, master_addr="h"), echo=None)
+
+
+def test_an_elastic_range_is_checked_and_sets_torchs_rendezvous_bounds() -> None:
+    from gpukit.launch._rendezvous import ELASTIC_LAST_CALL_S, rendezvous_parameters
+    from gpukit.launch._spec import ELASTIC_MAX_RESTARTS
+
+    two = Topology(nnodes=2, master_addr="127.0.0.1")
+    with pytest.raises(ConfigurationError, match="--nnodes 3:2: the fewest nodes"):
+        LaunchSpec(min_nodes=3, topology=two)
+    with pytest.raises(ConfigurationError, match=r"min_nodes \(--nnodes MIN:MAX\) must be an integer >= 1"):
+        LaunchSpec(min_nodes=0, topology=two)
+    spec = LaunchSpec(min_nodes=1, topology=two)
+    assert spec.max_restarts == ELASTIC_MAX_RESTARTS  # re-forming after a lost node is a restart
+    assert LaunchSpec(min_nodes=1, topology=two, max_restarts=3).max_restarts == 3
+    elastic = rendezvous_parameters(two, "run", spec.min_nodes)
+    assert (elastic.min_nodes, elastic.max_nodes) == (1, 2)
+    assert elastic.get_as_int("last_call_timeout") == ELASTIC_LAST_CALL_S
+    fixed = rendezvous_parameters(two, "run")
+    assert (fixed.min_nodes, fixed.max_nodes, fixed.get("last_call_timeout")) == (2, 2, None)
