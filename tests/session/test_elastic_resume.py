@@ -14,7 +14,7 @@ The global batch (24 samples, micro-batches of 2) is kept by the accumulation, a
 is cut over the new ranks, so every step of every launch trains on the same samples as the uninterrupted
 run's step of that number: each launch ends with its weights and Adam state (to float rounding: the
 sums run in another order) and every sample is seen once per epoch across all the switches.
-tests/bench scripts run the full 1..4 grid (bench/elastic_resume_grid.py).
+bench/elastic_resume_grid.py runs the full 1..4 grid with the same worker.
 """
 
 from __future__ import annotations
