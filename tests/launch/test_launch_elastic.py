@@ -97,6 +97,12 @@ def test_a_killed_node_leaves_the_other_training_and_a_returning_node_joins(tmp_
         poll(lambda: _steps_of(_events(tmp_path), 2, after=rejoined_at), 120,
              "two nodes training again\n" + (tmp_path / "node0.log").read_text()[-3000:]
              + (tmp_path / "node1b.log").read_text()[-2000:])
+        grown = [e for e in _events(tmp_path) if e["event"] == "start" and e["t"] > rejoined_at]
+        alone_steps = [e["step"] for e in _steps_of(_events(tmp_path), 1)]
+        redone = max(s for s in alone_steps if s <= max(alone_steps)) - grown[0]["resumed"]
+        print(f"node back: grown at step {grown[0]['resumed']}, {redone} step(s) redone "
+              f"({grown[0]['process_start'] - rejoined_at:.1f} s from its start to the grown group's worker)")
+        assert grown[0]["resumed"] > alone["resumed"]  # at a checkpoint node 0 saved alone
         assert node0.wait(timeout=240) == 0, (tmp_path / "node0.log").read_text()[-3000:]
         assert node1.wait(timeout=60) == 0, (tmp_path / "node1b.log").read_text()[-3000:]
     finally:

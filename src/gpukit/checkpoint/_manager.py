@@ -59,6 +59,7 @@ from gpukit.checkpoint._sharded import (
 from gpukit.checkpoint._snapshot import snapshot
 from gpukit.errors import CheckpointError, ConfigurationError
 from gpukit.monitor import emit
+from gpukit.worker import note_checkpoint
 
 __all__ = ["CheckpointManager", "MARKER_NAME", "SHARED_FILE", "rank_file_name"]
 
@@ -274,6 +275,7 @@ class CheckpointManager:
             raise CheckpointError(f"Checkpoint of step {step} in {self.directory} was not saved: {error}")
         if dist.is_main:
             self._rotate()
+        note_checkpoint(step, dist.rank)  # an elastic launcher grows the group at a complete checkpoint
         emit("checkpoint", saved_step=step, path=str(final))
 
     def _write_files(

@@ -31,6 +31,7 @@ from gpukit.launch._guardian import Guardian
 from gpukit.launch._notebook import frozen_heap
 from gpukit.launch._rendezvous import (
     cheaper_rendezvous,
+    grow_at_checkpoints,
     rendezvous_error,
     rendezvous_parameters,
     rendezvous_where,
@@ -299,6 +300,8 @@ def run_workers(
                 cheaper_rendezvous(topology.single_machine):
             # 1. reach the rendezvous (node 0 hosts it), then start the workers under the agent
             handler = _rendezvous_handler(topology, run_id, grace_s, spec.min_nodes)
+            if spec.min_nodes is not None:  # a returning node joins at the workers' next checkpoint
+                handler = grow_at_checkpoints(handler, run_dir, topology.rdzv_timeout_s / 2)
             agent = _agent(entrypoint, args, nproc, handler, spec, log_dir, start_method)
             close_rendezvous = True
             monitor = StallMonitor(run_dir, stall_threshold_s(collective_timeout_s()), _stderr_line)

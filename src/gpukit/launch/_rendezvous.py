@@ -28,7 +28,7 @@ from gpukit.errors import LaunchError
 from gpukit.launch._topology import Topology
 
 __all__ = ["ELASTIC_LAST_CALL_S", "LOCALHOST", "cheaper_rendezvous", "rendezvous_error", "rendezvous_parameters",
-           "rendezvous_where", "republish_store_address"]
+           "grow_at_checkpoints", "rendezvous_where", "republish_store_address"]
 
 LOCALHOST = "127.0.0.1"
 #: an elastic rendezvous that has its fewest nodes waits this long for more before it completes (torch's
@@ -129,6 +129,41 @@ def republish_store_address(handler: Any) -> Any:
         return info
 
     handler.next_rendezvous = next_rendezvous
+    return handler
+
+
+def grow_at_checkpoints(handler: Any, run_dir: str, patience_s: float) -> Any:
+    """``handler`` telling torch's agent of nodes waiting to join only once this node's workers have saved
+    a checkpoint since they began to wait (or after ``patience_s``, before a joining node's own
+    rendezvous times out).
+
+    torch's agent restarts the group the moment a node waits, so every step since the last checkpoint
+    would be trained again; at a checkpoint none are. Every node's agent sees its own workers note the
+    same (collective) save, so they all restart together.
+    """
+    import time
+
+    from gpukit.worker import checkpoints_seen
+
+    inner = handler.num_nodes_waiting
+    # torch's answer flickers between polls (each one re-reads the rendezvous state): once a node was seen
+    # waiting, it is remembered until the group restarts for it
+    waiting: dict[str, Any] = {"since": None, "seen": None, "count": 0}
+
+    def num_nodes_waiting() -> int:
+        count = inner()
+        if waiting["since"] is None:
+            if count <= 0:
+                return count
+            waiting.update(since=time.monotonic(), seen=checkpoints_seen(run_dir), count=count)
+            return 0
+        waiting["count"] = max(waiting["count"], count)
+        if checkpoints_seen(run_dir) != waiting["seen"] or time.monotonic() - waiting["since"] > patience_s:
+            waiting["since"] = None
+            return waiting["count"]
+        return 0
+
+    handler.num_nodes_waiting = num_nodes_waiting
     return handler
 
 
