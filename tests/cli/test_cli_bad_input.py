@@ -74,6 +74,8 @@ def one_line_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     (["run", "--cpu", "--master-port", "9" * 400, "x.py"], "'--master-port'"),
     (["run", "--cpu", "--master-port", "0", "x.py"], "'--master-port'"),
     (["run", "--cpu", "--nnodes", "0", "x.py"], "'--nnodes'"),
+    (["run", "--cpu", "--nnodes", "3:2", "x.py"], "give 1 <= MIN <= MAX"),
+    (["run", "--cpu", "--nnodes", "1:b", "x.py"], "a range MIN:MAX (1:2)"),
     (["run", "--cpu", "--node-rank", "-1", "x.py"], "'--node-rank'"),
     (["run", "--cpu", "--max-restarts", "9" * 30, "x.py"], "'--max-restarts'"),
     (["run", "--cpu", "--max-requeues", "-1", "x.py"], "'--max-requeues'"),

@@ -84,13 +84,14 @@ def test_break_then_iterate_again_is_the_next_epoch() -> None:
     assert dl.state_dict()["epoch"] == 2
 
 
-def test_state_from_another_world_size_is_refused() -> None:
-    dl = loader(CountingDataset(8))
+def test_mid_epoch_state_of_a_loader_gpukit_does_not_shard_is_refused_under_another_world_size() -> None:
+    custom = DataLoader(CountingDataset(8), batch_size=4, sampler=WeightedRandomSampler([1.0] * 8, 8))
+    dl = loader(custom, batch_size=None, shuffle=None)
     with pytest.raises(CheckpointError, match="world_size=2") as info:
         dl.load_state_dict({"epoch": 0, "batches_consumed": 1, "world_size": 2, "batch_size": 4})
     message = str(info.value)
     assert "same number of processes as the checkpoint (2)" in message
-    assert "new checkpoint directory" in message
+    assert "not sharded by gpukit" in message and "setup_dataloader" in message
 
 
 def test_state_from_an_epoch_boundary_loads_under_another_world_size_and_batch_size() -> None:

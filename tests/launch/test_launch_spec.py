@@ -58,3 +58,41 @@ def test_a_function_launch_needs_nproc_and_stays_on_this_machine() -> None:
         launch_function(print, cpu=True, echo=None)
     with pytest.raises(ConfigurationError, match="topology are for scripts"):
         launch_function(print, nproc=1, cpu=True, topology=Topology(nnodes=2, master_addr="h"), echo=None)
+
+
+def test_an_elastic_range_is_checked_and_sets_torchs_rendezvous_bounds() -> None:
+    from gpukit.launch._rendezvous import ELASTIC_LAST_CALL_S, rendezvous_parameters
+    from gpukit.launch._spec import ELASTIC_MAX_RESTARTS
+
+    two = Topology(nnodes=2, master_addr="127.0.0.1")
+    with pytest.raises(ConfigurationError, match="--nnodes 3:2: the fewest nodes"):
+        LaunchSpec(min_nodes=3, topology=two)
+    with pytest.raises(ConfigurationError, match=r"min_nodes \(--nnodes MIN:MAX\) must be an integer >= 1"):
+        LaunchSpec(min_nodes=0, topology=two)
+    spec = LaunchSpec(min_nodes=1, topology=two)
+    assert spec.max_restarts == ELASTIC_MAX_RESTARTS  # re-forming after a lost node is a restart
+    assert LaunchSpec(min_nodes=1, topology=two, max_restarts=3).max_restarts == 3
+    elastic = rendezvous_parameters(two, "run", spec.min_nodes)
+    assert (elastic.min_nodes, elastic.max_nodes) == (1, 2)
+    assert elastic.get_as_int("last_call_timeout") == ELASTIC_LAST_CALL_S
+    fixed = rendezvous_parameters(two, "run")
+    assert (fixed.min_nodes, fixed.max_nodes, fixed.get("last_call_timeout")) == (2, 2, None)
+
+
+def test_a_returning_node_is_let_in_at_the_workers_next_checkpoint(tmp_path) -> None:
+    from gpukit.launch._rendezvous import grow_at_checkpoints
+    from gpukit.worker import note_checkpoint
+
+    class Handler:  # torch's answers: a node waiting, seen only now and then
+        answers = iter([0, 1, 0, 1, 1, 0, 1])
+
+        def num_nodes_waiting(self) -> int:
+            return next(self.answers)
+
+    handler = grow_at_checkpoints(Handler(), str(tmp_path), patience_s=60)
+    assert [handler.num_nodes_waiting() for _ in range(4)] == [0, 0, 0, 0]  # waiting, no checkpoint yet
+    note_checkpoint(10, 0, tmp_path)
+    assert handler.num_nodes_waiting() == 1  # the workers saved: the group restarts for the node now
+    assert handler.num_nodes_waiting() == 0  # (torch's own answer again once it restarted)
+    impatient = grow_at_checkpoints(type("H", (), {"num_nodes_waiting": lambda self: 1})(), str(tmp_path), 0.0)
+    assert impatient.num_nodes_waiting() == 0 and impatient.num_nodes_waiting() == 1  # no checkpoint: after patience_s

@@ -83,3 +83,17 @@ def test_plots_draw_each_run_as_a_segment_after_the_one_before(three_runs: Path)
     xs = [[float(p.split(",")[0]) for p in seg.replace("L", " ").split()] for seg in segments]
     assert all(a == sorted(a) for a in xs)  # no segment goes back
     assert xs[0][-1] < xs[1][0] and xs[1][-1] < xs[2][0]  # each run starts after the one before ends
+
+
+def test_a_resume_on_another_size_says_the_sizes_and_the_steps_redone(tmp_path: Path) -> None:
+    import json
+
+    assert _train(tmp_path / "rec", tmp_path / "ckpt", "save") is None  # saves step 8, trains on to 16
+    marker_path = tmp_path / "ckpt" / "step_00000008" / "complete.json"
+    marker = json.loads(marker_path.read_text())
+    marker_path.write_text(json.dumps({**marker, "world_size": 2}))  # as if 2 processes had saved it
+    with pytest.warns(UserWarning, match="saved by 2 process"):
+        assert _train(tmp_path / "rec", tmp_path / "ckpt", "resume") == 8
+    run = read_record(tmp_path / "rec").runs[1]
+    assert (run.saved_world_size, run.world_size, run.steps_redone) == (2, 1, STEPS - 8)
+    assert run.label() == f"run 2 (resumed from step 8; 2 -> 1 processes; {STEPS - 8} step(s) redone)"

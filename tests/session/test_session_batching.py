@@ -72,3 +72,29 @@ def test_new_accumulation_applies_to_a_window_already_sized_by_a_backward() -> N
         session.backward(model(torch.ones(1, 3)).sum())
         stepped.append(session.step(optimizer))
     assert stepped == [False, False, False, True]
+
+
+def test_a_resume_on_other_ranks_keeps_the_global_batch_through_the_accumulation() -> None:
+    from gpukit.session._batching import rescale_accumulation
+
+    assert rescale_accumulation(24, 6, 2, 2, 2) is None  # already keeps it
+    grown = rescale_accumulation(24, 6, 2, 3, 2)  # 2 -> 3 ranks, micro-batches of 2
+    assert grown is not None and (grown.accumulate_grad_batches, grown.exact) == (4, True)
+    assert "accumulate_grad_batches 6 -> 4 keeps the global batch (24 samples per optimizer step)" in grown.line
+    other_micro = rescale_accumulation(24, 6, 4, 3, 2)  # a resume with micro-batches of 4 keeps it too
+    assert other_micro is not None and other_micro.accumulate_grad_batches == 2
+    odd = rescale_accumulation(24, 3, 2, 5, 4)  # 24 samples over 5 ranks of 2: 2 each, 20 in all
+    assert odd is not None and (odd.accumulate_grad_batches, odd.exact) == (2, False)
+    assert "does not divide into micro-batches of 10" in odd.line and "makes it 20 samples" in odd.line
+    assert rescale_accumulation(4, 1, 4, 8, 1).accumulate_grad_batches == 1  # type: ignore[union-attr]  # never below 1
+
+
+def test_a_restarted_job_rounds_a_global_batch_that_does_not_divide_with_one_warning() -> None:
+    from gpukit.session._batching import restarted_job
+
+    with pytest.raises(ConfigurationError, match="not a whole number"):
+        plan_batches(8, 2, 1, 3)  # a fresh launch: refused, with the nearest sizes
+    with pytest.warns(UserWarning, match="accumulating 1 makes it 6 samples per optimizer step"):
+        assert plan_batches(8, 2, 1, 3, restarted=True).accumulate_grad_batches == 1
+    assert restarted_job({"TORCHELASTIC_RESTART_COUNT": "2"}) and restarted_job({"SLURM_RESTART_COUNT": "1"})
+    assert not restarted_job({"TORCHELASTIC_RESTART_COUNT": "0"}) and not restarted_job({"SLURM_RESTART_COUNT": "x"})

@@ -94,6 +94,9 @@ def _describe(value: Any) -> str:
             return f"LR scheduler: last_epoch={value['last_epoch']}"
         if {"scale", "growth_factor"} <= keys:
             return f"GradScaler: scale={value['scale']}"
+        if {"epoch", "samples_consumed"} <= keys:  # a gpukit loader's: carries over to any number of ranks
+            return (f"data position: epoch {value['epoch']}, {value['samples_consumed']} sample(s) of its order "
+                    f"consumed ({value.get('batches_consumed')} batch(es) per rank)")
         if {"epoch", "batches_consumed"} <= keys:
             return f"data position: epoch {value['epoch']}, {value['batches_consumed']} batch(es) consumed"
         if {"python", "torch"} <= keys:

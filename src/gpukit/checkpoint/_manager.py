@@ -37,12 +37,13 @@ from gpukit.checkpoint._gather import gather_sharded
 from gpukit.checkpoint._io import _save_here, to_saveable
 from gpukit.checkpoint._resume_checks import open_newest, read_marker
 from gpukit.checkpoint._reuse import REUSE_DIR, clear, retire, take
-from gpukit.checkpoint._rng import capture_rng_state, restore_rng_state
+from gpukit.checkpoint._rng import capture_rng_state, rederive_rng_state, restore_rng_state, rng_digest
 from gpukit.checkpoint._sharded import METADATA_FILE, sharded_state, split_sharded, write_sharded
 from gpukit.checkpoint._snapshot import snapshot
 from gpukit.checkpoint._step_read import SHARED_FILE, open_step, rank_file_name, restore_objects
 from gpukit.errors import CheckpointError, ConfigurationError
 from gpukit.monitor import emit
+from gpukit.worker import note_checkpoint
 
 __all__ = ["CheckpointManager", "MARKER_NAME", "SHARED_FILE", "rank_file_name"]
 
@@ -216,7 +217,10 @@ class CheckpointManager:
             "rng": capture_rng_state(),
             "objects": {n: _state_of(n, o) for n, o in objects.items() if n not in shared},
         }
-        meta = {"step": step, "world_size": dist.world_size, "extra": extra, "ddp_buckets": buckets}
+        # whether every rank draws from one stream: a resume under another world size then gives it to all
+        same_rng = len(set(dist.gather_all(rng_digest(rank_state["rng"])))) == 1
+        meta = {"step": step, "world_size": dist.world_size, "extra": extra, "ddp_buckets": buckets,
+                "rng_same_on_all_ranks": same_rng}
         return {
             "shared": {"objects": shared, "gpukit": meta} if dist.is_main else None,
             "rank": rank_state,
@@ -249,6 +253,7 @@ class CheckpointManager:
             raise CheckpointError(f"Checkpoint of step {step} in {self.directory} was not saved: {error}")
         if dist.is_main:
             self._rotate()
+        note_checkpoint(step, dist.rank)  # an elastic launcher grows the group at a complete checkpoint
         emit("checkpoint", saved_step=step, path=str(final))
 
     def _write_files(
@@ -332,7 +337,8 @@ class CheckpointManager:
 
         Args:
             path: a specific step directory (no fallback); by default the newest usable step.
-            restore_rng: put python, numpy, torch and device generators back (per rank).
+            restore_rng: put python, numpy, torch and device generators back (per rank; under another
+                number of processes, re-derived per rank where the ranks' streams differed: see ``_rng``).
             strict: models must match the saved keys exactly (see ``gpukit.load_state_dict``).
             trust: unpickle every file of the step freely, which can run code hidden in it: only
                 for checkpoints from a source you trust.
@@ -343,9 +349,9 @@ class CheckpointManager:
 
         Raises:
             CheckpointError: ``path`` is incomplete or unreadable, or every complete step is, or
-                the checkpoint lacks one of ``objects``, or was saved mid-epoch by another number
-                of processes (nothing is restored then; one saved at an epoch boundary resumes,
-                with a warning).
+                the checkpoint lacks one of ``objects``, or holds per-process state saved by another
+                number of processes that does not carry over (nothing is restored then; a gpukit
+                loader's position does carry over, with a warning).
             UnsafeCheckpointError: ``path`` needs full unpickling and ``trust`` is False.
             StateDictMismatchError: a model does not fit its saved state.
             CheckpointError: also when a background save of this process failed (said once).
@@ -364,7 +370,12 @@ class CheckpointManager:
         saved_world = int(marker["world_size"])
         with shared_file:
             self.extra = restore_objects(directory, dist, saved_world, shared_file, rank_file, objects, strict, trust)
+            same_rng = shared_file.tree["gpukit"].get("rng_same_on_all_ranks") is True
         if restore_rng:
             restore_rng_state(rank_file["rng"])
-        emit("checkpoint", resumed_step=int(marker["step"]), path=str(directory))
+            if saved_world != dist.world_size and not same_rng:  # per-rank streams: one of its own for each rank
+                rederive_rng_state(rank_file["rng"], dist.rank, dist.world_size)
+        # the run record shows a change of size: when, from how many processes to how many
+        emit("checkpoint", resumed_step=int(marker["step"]), path=str(directory), saved_world_size=saved_world,
+             world_size=dist.world_size)
         return int(marker["step"])

@@ -4,9 +4,10 @@
   A newer step that fails that check (a truncated copy, a disk that filled after the rename)
   is not skipped in silence: resuming warns, naming the file and the step it falls back to.
 - Another number of processes: state shared by all ranks (models, optimizers, schedulers)
-  carries over, and so does a data position saved at an epoch boundary. Per-process state
-  saved mid-epoch does not (the remaining batches would be other samples, or a rank would
-  have no state at all), so that resume is refused before anything is restored.
+  carries over, and so does a gpukit loader's data position (samples of the epoch's global order,
+  re-cut over the new ranks -- or the older per-rank form, which it converts) and any position saved
+  at an epoch boundary. Other per-process state does not (a loader of the user's own counting its
+  batches, a name saved ``per_rank``), so that resume is refused before anything is restored.
 """
 
 from __future__ import annotations
@@ -149,9 +150,12 @@ def check_step_files(directory: Path, shared: Any, per_rank: Any) -> None:
 
 
 def _mid_epoch(state: Any) -> str | None:
-    """Why ``state`` is tied to its number of processes, or ``None`` for an epoch-boundary position."""
+    """Why ``state`` is tied to its number of processes, or ``None`` for a position that carries over."""
     if isinstance(state, Mapping) and state.get("batches_consumed") == 0 and "epoch" in state:
         return None
+    if isinstance(state, Mapping) and "epoch" in state and (
+            "samples_consumed" in state or ("world_size" in state and "batch_size" in state)):
+        return None  # a gpukit loader's: samples of the epoch's order (the loader refuses what it cannot re-cut)
     if isinstance(state, Mapping) and "batches_consumed" in state:
         return f"a data position saved mid-epoch ({state['batches_consumed']} batches into epoch {state.get('epoch')})"
     return "per-process state"
@@ -182,6 +186,7 @@ def check_world_size(directory: Path, saved_world: int, world: int, per_rank: Ma
             f"{directory.parent}). A checkpoint saved at an epoch boundary resumes under any number of processes."
         )
     warn_at_user_code(UserWarning(
-        f"{directory} was saved by {saved_world} process(es), resuming with {world}: it was saved at an epoch "
-        "boundary, so models, optimizers and the epoch carry over; ranks without RNG state of their own use "
-        "rank 0's."))
+        f"{directory} was saved by {saved_world} process(es), resuming with {world}: models, optimizers and "
+        "schedulers carry over (sharded state is resharded), a gpukit loader's position is cut over the new "
+        "ranks (every sample not yet seen this epoch is seen once), and random streams continue the saved one where "
+        "every rank shared it, else are re-derived per rank."))

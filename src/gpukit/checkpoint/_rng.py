@@ -3,10 +3,17 @@
 Python's ``random``, NumPy's global generator, torch's CPU generator, and the generators of
 every accelerator device whose runtime is initialised. States are stored as tensors and plain
 values so the checkpoint stays loadable with ``weights_only=True``.
+
+Under another number of processes a rank's saved stream is not its own any more. Where every rank
+had the same stream when it was saved (``Session(seed=...)`` without ``seed_per_rank``: the models
+build identically everywhere), every rank gets that stream back, exactly. Where they differed, rank
+``r`` of ``M`` seeds every generator from a hash of the stream it read and ``(r, M)``
+(:func:`rederive_rng_state`): distinct per rank, and the same on every rerun of that resume.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import warnings
 from typing import Any
@@ -15,7 +22,7 @@ import torch
 
 from gpukit.accelerators import DEVICE_TYPES, get_accelerator
 
-__all__ = ["capture_rng_state", "restore_rng_state"]
+__all__ = ["capture_rng_state", "rederive_rng_state", "restore_rng_state", "rng_digest"]
 
 
 def _numpy_random() -> Any | None:
@@ -86,3 +93,34 @@ def restore_rng_state(state: dict[str, Any]) -> None:
             )
         if available:
             torch.get_device_module(device_type).set_rng_state_all(saved[:available])
+
+
+def rng_digest(state: dict[str, Any]) -> str:
+    """A short hash of the host generators' states in ``state`` (python, numpy, torch): equal digests,
+    equal streams."""
+    digest = hashlib.blake2b(digest_size=16)
+    if "python" in state:
+        digest.update(state["python"]["internal"].numpy().tobytes())
+    if "numpy" in state:
+        digest.update(state["numpy"]["keys"].numpy().tobytes())
+        digest.update(str(state["numpy"]["pos"]).encode())
+    if "torch" in state:
+        digest.update(state["torch"].numpy().tobytes())
+    return digest.hexdigest()
+
+
+def rederive_rng_state(state: dict[str, Any], rank: int, world_size: int) -> int:
+    """Seed every generator (python, numpy, torch and every device) for rank ``rank`` of ``world_size``
+    from ``state`` (a stream saved under another number of processes) -- a pure function of the three.
+
+    Returns:
+        The seed used.
+    """
+    material = f"{rng_digest(state)}/{rank}/{world_size}".encode()
+    seed = int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "little") >> 1
+    random.seed(seed)
+    np_random = _numpy_random()
+    if np_random is not None:
+        np_random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # the CPU generator and every device's
+    return seed

@@ -30,6 +30,26 @@ RESOLVE_TIMEOUT_S = 5.0
 _DURATION = re.compile(r"^\d+(\.\d+)?\s*[a-zA-Z]+$")  # 10m, 2h, 30s: what --wait is often given
 
 
+class NodeCount(click.ParamType):
+    """``--nnodes``: ``N`` nodes, or ``MIN:MAX`` (elastic: the job goes on with as few as MIN); gives ``(min, max)``."""
+
+    name = "N|MIN:MAX"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, int]:
+        if isinstance(value, tuple):
+            return value
+        text = str(value).strip()
+        low, sep, high = text.partition(":")
+        try:
+            most = int(high if sep else low)
+            fewest = int(low) if sep else most
+        except ValueError:
+            self.fail(f"{text[:40]!r}: give a number of nodes (2) or a range MIN:MAX (1:2).", param, ctx)
+        if not 1 <= fewest <= most <= MAX_HOSTS:
+            self.fail(f"{text[:40]!r}: give 1 <= MIN <= MAX <= {MAX_HOSTS} (e.g. 1:2).", param, ctx)
+        return fewest, most
+
+
 def _is_number(token: str) -> bool:
     try:
         float(token)
@@ -117,7 +137,7 @@ def _check_master_resolves(topology: Any, given: str | None) -> None:
 @click.option("--cpu", is_flag=True, help="Run on the CPU with gloo (how DDP is tried without GPUs).")
 @click.option("--max-restarts", type=click.IntRange(0, 10_000), default=0, show_default=True, help="Restart the workers after a failure.")
 @click.option("--grace", type=FiniteFloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS", help="Seconds from SIGTERM to SIGKILL when stopping.")
-@click.option("--nnodes", type=click.IntRange(1, MAX_HOSTS), help="Machines taking part [default: from SLURM/Kubernetes, else 1].")
+@click.option("--nnodes", type=NodeCount(), help="Machines taking part, or MIN:MAX: go on with as few as MIN when nodes die, grow again when they return [default: from SLURM/Kubernetes, else 1].")
 @click.option("--node-rank", type=click.IntRange(0, MAX_HOSTS - 1), help="This machine's number; node 0 hosts the rendezvous [default: from SLURM/Kubernetes, else 0].")
 @click.option("--master-addr", type=HostName(), metavar="ADDR", help="Address of node 0 (several machines) [default: SLURM's first node].")
 @click.option("--master-port", type=click.IntRange(1, 65535), help="Rendezvous port on node 0 [default: 15000 + SLURM job id % 20000, else 29500].")
@@ -148,7 +168,7 @@ def run(
     cpu: bool,
     max_restarts: int,
     grace: float,
-    nnodes: int | None,
+    nnodes: tuple[int, int] | None,
     node_rank: int | None,
     master_addr: str | None,
     master_port: int | None,
@@ -193,7 +213,8 @@ def run(
     else:
         raise click.UsageError("Give the script to run (gpukit run [OPTIONS] SCRIPT [ARGS]...) or -m MODULE.")
     waiting, wait_timeout_s = _wait_timeout(wait)
-    topology = node_topology(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port,
+    min_nodes = nnodes[0] if nnodes is not None and nnodes[0] < nnodes[1] else None  # elastic
+    topology = node_topology(nnodes=None if nnodes is None else nnodes[1], node_rank=node_rank, master_addr=master_addr, master_port=master_port,
                              local_addr=local_addr, rdzv_timeout_s=rdzv_timeout)
     _check_master_resolves(topology, master_addr)
     spec = LaunchSpec(
@@ -206,6 +227,7 @@ def run(
         wait_timeout_s=wait_timeout_s,
         share_gpus=share,
         max_restarts=max_restarts,
+        min_nodes=min_nodes,
         grace_s=grace,
         topology=topology,
         timeout_s=timeout,

@@ -16,10 +16,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from gpukit.accelerators import Accelerator
-from gpukit.errors import CheckpointError
 from gpukit.placement import device_mover
 from gpukit.data._advice import LoaderFacts, cpu_share_now, diagnose, loader_facts
 from gpukit.data._sampler import ResumableBatchSampler
+from gpukit.data._position import DataPosition, position_of
 from gpukit.data._shard import batches_per_rank, real_samples, shard_note
 from gpukit.data._stall import StallGuard, resolve_data_timeout
 from gpukit.data._timing import PassTotals, StepTimings
@@ -74,8 +74,10 @@ class DeviceLoader:
     Each ``for batch in loader`` is one epoch: the sampler is given the epoch number (so the
     shuffle changes per epoch, identically on every rank), and a pass that started advances
     the epoch when the next one begins. ``set_epoch`` overrides the count.
-    ``state_dict``/``load_state_dict`` carry (epoch, batches consumed, seed): a fresh process
-    that loads them continues with exactly the next batch. Every step is timed into
+    ``state_dict``/``load_state_dict`` carry (epoch, samples of the epoch's global order consumed,
+    seed): a fresh process that loads them continues with exactly the next batch -- under another
+    number of ranks or batch size too, where the rest of the epoch is cut over the ranks there are now
+    (every sample not yet seen this epoch is seen once). Every step is timed into
     ``timings`` (the session's :class:`~gpukit.data.StepTimings`, or the loader's own), and
     each epoch ends with an :class:`~gpukit.data.EpochReport` there (on rank 0, gathered from
     every rank under DDP without a collective: a pass on rank 0 alone does not hang). A wait for a batch longer than
@@ -117,7 +119,13 @@ class DeviceLoader:
         self._gather = EpochGather(self.timings.rank, world_size) if sharded else None
         self.batch_size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
         self._epoch = 0
+        #: batches of this epoch handed out, counted as if the pass had started at the epoch's beginning
+        #: under this job's ranks and batch size (``len(self) - batches left``)
         self._consumed = 0
+        #: a pass resumed at a position saved under other ranks or batch size: the position of the epoch's
+        #: global order it starts at, and how many of this layout's batches that counts as (else 0, 0)
+        self._start = 0
+        self._before = 0
         self._in_progress = False
         self._move: Callable[[Any], Any] | None = None
         self._facts: LoaderFacts | None = None
@@ -135,6 +143,18 @@ class DeviceLoader:
     @property
     def batches_consumed(self) -> int:
         return self._consumed
+
+    @property
+    def samples_consumed(self) -> int | None:
+        """Positions of this epoch's global order consumed by every rank together (a prefix of that order:
+        rank ``r``'s ``p``-th sample is position ``p * W + r`` of the pass's rest); ``None`` when gpukit
+        did not shard the data (an iterable dataset, a sampler of the user's own)."""
+        sampler = self.shard_sampler
+        if sampler is None or self.batch_size is None:
+            return None
+        remaining = max(0, len(sampler.dataset) - self._start)  # type: ignore[arg-type]
+        done = (self._consumed - self._before) * self.batch_size * sampler.num_replicas
+        return self._start + min(done, remaining)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -156,9 +176,9 @@ class DeviceLoader:
         padding repeats (see ``even_batches`` in :mod:`gpukit.data._shard`); ``None`` when gpukit did
         not shard the data."""
         sampler = self.shard_sampler
-        if sampler is None or not self._consumed or self.batch_size is None:
+        if sampler is None or self._consumed <= self._before or self.batch_size is None:
             return None
-        return real_samples(sampler, self._consumed - 1, self.batch_size)
+        return real_samples(sampler, self._consumed - 1 - self._before, self.batch_size, self._start)
 
     def shard_note(self) -> str | None:
         """One line on what sharding does to this dataset (padding, dropping), ``None`` when it divides."""
@@ -166,33 +186,37 @@ class DeviceLoader:
         return None if sampler is None else shard_note(sampler)
 
     def batches_per_rank(self) -> list[int] | None:
-        """Every rank's batches per epoch (they differ only with ``even_batches=False``); ``None``
-        when gpukit did not shard the data."""
+        """Every rank's batches in this pass (the epoch's; they differ only with ``even_batches=False``);
+        ``None`` when gpukit did not shard the data."""
         sampler = self.shard_sampler
         if sampler is None or self.batch_size is None:
             return None
-        return batches_per_rank(sampler, self.batch_size, bool(self._batch_sampler.drop_last))  # type: ignore[union-attr]
+        return batches_per_rank(sampler, self.batch_size, bool(self._batch_sampler.drop_last),  # type: ignore[union-attr]
+                                self._start)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch`` (keeps a restored position in that same epoch)."""
         if epoch != self._epoch:
-            self._epoch, self._consumed = int(epoch), 0
+            self._epoch, self._consumed, self._start, self._before = int(epoch), 0, 0, 0
         self._in_progress = False
 
     def __iter__(self) -> Iterator[Any]:
         self._listener.pass_started(self)  # may refuse the pass (uneven batch counts) before it counts
         if self._in_progress:  # the previous pass was cut short: this is the next epoch
-            self._epoch, self._consumed = self._epoch + 1, 0
+            self._epoch, self._consumed, self._start, self._before = self._epoch + 1, 0, 0, 0
         self._in_progress = True
         skip = self._consumed
-        if not skip:  # a pass resumed mid-way drew these at its start, before the checkpoint's RNG state
+        if not (skip or self._start):  # a pass resumed mid-way drew these at its start, before the checkpoint's RNG state
             for _ in range(self.global_draws[0 if self._passes == 0 else 1]):
                 torch.empty((), dtype=torch.int64).random_()
         self._passes += 1
         batches: Iterator[Any]
         if isinstance(self._batch_sampler, ResumableBatchSampler):
             self._batch_sampler.set_epoch(self._epoch)
-            self._batch_sampler.skip_batches = skip
+            if self._start:  # resumed at a position saved under other ranks or batch size
+                self._batch_sampler.start_sample, self._batch_sampler.first_index = self._start, self._before
+            else:
+                self._batch_sampler.skip_batches = skip
             batches = raw = iter(self.loader)
         else:
             sampler = getattr(self.loader, "sampler", None)
@@ -223,6 +247,7 @@ class DeviceLoader:
         finally:
             guard.end()
         self._epoch, self._consumed, self._in_progress = self._epoch + 1, 0, False
+        self._start = self._before = 0
         listener.pass_ended(self)
 
     def _pass_end(self, totals: PassTotals) -> None:
@@ -237,52 +262,61 @@ class DeviceLoader:
         self.timings.record_epoch(report)
 
     def state_dict(self) -> dict[str, Any]:
-        """Position in the data: ``{"epoch", "batches_consumed", "seed", "batch_size",
-        "world_size"}``; after a finished pass, the next epoch with 0 consumed."""
-        return {
+        """Position in the data: ``{"epoch", "samples_consumed", "batches_consumed", "seed", "batch_size",
+        "world_size", "dataset_size"}``; after a finished pass, the next epoch with 0 consumed.
+        ``samples_consumed`` (positions of the epoch's global order done by all ranks together) is what
+        resuming reads; a loader gpukit does not shard has none (its position is batches drawn)."""
+        state: dict[str, Any] = {
             "epoch": self._epoch,
             "batches_consumed": self._consumed,
             "seed": self.seed,
             "batch_size": self.batch_size,
             "world_size": self.world_size,
         }
+        samples = self.samples_consumed
+        if samples is not None:
+            state["samples_consumed"] = samples
+            state["dataset_size"] = len(self.dataset)  # type: ignore[arg-type]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`: the next pass yields the next unseen batch.
+        """Continue from a :meth:`state_dict`: the next pass yields the next unseen samples.
 
-        A state taken at an epoch boundary (``batches_consumed == 0``) loads under any batch
-        size and world size: only the epoch and the seed carry over.
+        A loader gpukit shards resumes a position saved under any number of ranks and batch size: the
+        rest of that epoch's order is cut over this job's ranks (``gpukit.data._shard``). A state of
+        the older form (batches consumed, with its world size and batch size) counts as
+        ``batches x batch_size x world_size`` samples. A loader gpukit does not shard can only skip
+        batches, so its mid-epoch state needs the same world size and batch size.
 
         Raises:
-            CheckpointError: a mid-epoch state saved with another batch size or world size,
-                where "the next batch" is not the same set of samples.
+            CheckpointError: a mid-epoch state of another dataset size (another order), or of a loader
+                gpukit does not shard saved under another world size or batch size.
         """
-        consumed = int(state.get("batches_consumed", 0) or 0)
-        if consumed:
-            for key in ("batch_size", "world_size"):
-                saved, now = state.get(key), self.state_dict()[key]
-                if saved is None or saved == now:
-                    continue
-                if key == "world_size":
-                    fix = (
-                        f"Resume with the same number of processes as the checkpoint ({saved}), "
-                        "or start from a new checkpoint directory"
-                    )
-                else:
-                    fix = f"Resume with batch_size={saved}, or start from a new checkpoint directory"
-                raise CheckpointError(
-                    f"Data-loader state was saved mid-epoch ({consumed} batches into epoch "
-                    f"{state.get('epoch')}) with {key}={saved}; this run has {key}={now}, so "
-                    "the remaining batches of that epoch are not the same samples. "
-                    f"{fix} (or set the state's batches_consumed to 0 to restart that epoch)."
-                )
-        self._epoch = int(state["epoch"])
-        self._consumed = int(state.get("batches_consumed", 0))
+        sampler = self.shard_sampler
+        position = position_of(state, self.dataset, sharded=sampler is not None, batch_size=self.batch_size,
+                               world_size=self.world_size)
+        self._place(position)
         self._in_progress = False
         if "seed" in state and state["seed"] is not None:
             self.seed = int(state["seed"])
-            if isinstance(self._batch_sampler, ResumableBatchSampler):
-                self._batch_sampler.sampler.seed = self.seed
+            if sampler is not None:
+                sampler.seed = self.seed
+
+    def _place(self, position: DataPosition) -> None:
+        """Put the next pass at ``position`` (as skipped batches where it falls on one of this layout's)."""
+        self._epoch, self._start, self._before = position.epoch, 0, 0
+        self._consumed = position.batches
+        sampler = self.shard_sampler
+        if sampler is None or self.batch_size is None or position.samples is None:
+            return
+        per_batch = self.batch_size * sampler.num_replicas
+        if position.samples % per_batch == 0:  # the same samples as skipping whole batches: the exact path
+            self._consumed = position.samples // per_batch
+            return
+        self._start = position.samples
+        left = batches_per_rank(sampler, self.batch_size, bool(self._batch_sampler.drop_last),  # type: ignore[union-attr]
+                                position.samples)
+        self._before = self._consumed = max(0, len(self) - max(left, default=0))
 
     def __getattr__(self, name: str) -> Any:
         # anything else (batch_size, num_workers, sampler...) is the DataLoader's

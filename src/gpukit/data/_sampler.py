@@ -4,7 +4,10 @@ Shuffling comes from :class:`~torch.utils.data.DistributedSampler`, whose order 
 ``randperm`` seeded with ``seed + epoch`` -- a pure function of (seed, epoch, rank,
 world_size). In one process it is used with ``num_replicas=1`` (same order as a seeded
 RandomSampler would give, but reproducible per epoch). Resuming re-creates that order and skips
-the batches already consumed as lists of indices: no sample is loaded to be thrown away.
+the batches already consumed as lists of indices: no sample is loaded to be thrown away. A position
+saved by another number of ranks (or batch size) is a number of positions of the epoch's global order
+(``start_sample``): the pass then cuts the rest of that order over this job's ranks
+(:func:`~gpukit.data._shard.rank_positions`).
 
 Each batch also carries a seed derived from (seed, rank, epoch, batch index): a loader worker
 re-seeds its generators with it before loading the batch (see ``_workers.seed_batch``), so
@@ -22,6 +25,7 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DistributedSampler
 
+from gpukit.data._shard import rank_positions
 from gpukit.data._workers import seed_batch
 
 __all__ = ["ResumableBatchSampler", "SeededBatch", "batch_seed"]
@@ -57,6 +61,10 @@ class ResumableBatchSampler(BatchSampler):
     def __init__(self, sampler: DistributedSampler, batch_size: int, drop_last: bool) -> None:
         super().__init__(sampler, batch_size, drop_last)
         self.skip_batches = 0
+        #: the next pass starts at this position of the epoch's global order (0: as ``skip_batches`` says),
+        #: and numbers its first batch ``first_index`` (its augmentation seed); for the next pass only
+        self.start_sample = 0
+        self.first_index = 0
         #: give batches their augmentation seeds; only workers use them (``seed_batch`` is a
         #: no-op in the training process), so a loader without workers turns this off
         self.seeded = True
@@ -69,11 +77,26 @@ class ResumableBatchSampler(BatchSampler):
         # iter() is called -- torch's multi-worker iterator calls iter() twice (in __init__ and
         # in _reset) and draws only from the second; clearing on the first call lost the skip.
         skip, self.skip_batches = self.skip_batches, 0
+        start, self.start_sample = self.start_sample, 0
+        first, self.first_index = self.first_index, 0
         s = self.sampler
-        batches = super().__iter__()
+        if start:  # batches numbered from ``first`` on: the batches of this epoch before them are done
+            batches: Iterator[list[int]] = self._batches_from(start)
+            numbered = enumerate(batches, first)
+        else:
+            batches = itertools.islice(super().__iter__(), skip, None)
+            numbered = enumerate(batches, skip)
         if not self.seeded:
-            yield from itertools.islice(batches, skip, None)
+            yield from batches
             return
-        for index, batch in enumerate(batches):
-            if index >= skip:
-                yield SeededBatch(batch, batch_seed(s.seed, s.rank, s.epoch, index))
+        for index, batch in numbered:
+            yield SeededBatch(batch, batch_seed(s.seed, s.rank, s.epoch, index))
+
+    def _batches_from(self, start: int) -> Iterator[list[int]]:
+        """This rank's batches of the rest of the epoch from global position ``start``."""
+        indices = rank_positions(self.sampler, start)
+        size = self.batch_size
+        for begin in range(0, len(indices), size):
+            batch = indices[begin:begin + size]
+            if len(batch) == size or not self.drop_last:
+                yield batch

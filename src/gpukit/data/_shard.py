@@ -13,6 +13,13 @@ one that has finished) -- but a gathered evaluation then counts those samples tw
   ``floor(N / W)``); no sample is seen twice, a few are not seen that epoch.
 * ``False``: no padding and nothing dropped: rank ``r`` gets positions ``r, r + W, ...``, so ranks may
   get different numbers of samples -- and of batches, which under DDP needs ``session.join``.
+
+**Resuming at another size.** A position in the data is a number of the epoch's order's positions
+already consumed (``start``): a checkpoint saved by ``W`` ranks after ``k`` batches of ``B`` holds
+``k * B * W``. The rest of the epoch, positions ``start, start + 1, ...``, is cut the same way over the
+ranks there are now (rank ``r`` takes ``start + r, start + r + W', ...``; padding repeats the epoch's
+first samples, as torch does), so every sample not yet seen this epoch is seen once and none twice,
+whatever the number of ranks before and after. With ``start = 0`` this is exactly the sampler's own order.
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ from torch.utils.data import DistributedSampler
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["UnevenSampler", "batches_per_rank", "make_sampler", "parse_even_batches", "real_samples",
-           "shard_note"]
+__all__ = ["UnevenSampler", "batches_per_rank", "epoch_order", "make_sampler", "parse_even_batches",
+           "rank_positions", "real_samples", "samples_per_rank", "shard_note"]
 
 _MODES = ("pad", "drop", False)
 
@@ -60,14 +67,53 @@ class UnevenSampler(DistributedSampler):
         self.total_size = n
 
     def __iter__(self) -> Iterator[int]:
-        n = len(self.dataset)  # type: ignore[arg-type]
-        if self.shuffle:
-            generator = torch.Generator()
-            generator.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(n, generator=generator).tolist()
-        else:
-            order = list(range(n))
-        return iter(order[self.rank::self.num_replicas])
+        return iter(epoch_order(self)[self.rank::self.num_replicas])
+
+
+def epoch_order(sampler: DistributedSampler) -> list[int]:
+    """The epoch's global order of sample indices: ``randperm`` seeded with ``seed + epoch`` when shuffling
+    (as DistributedSampler), else ``0, 1, ...`` -- the same on every rank, whatever their number."""
+    n = len(sampler.dataset)  # type: ignore[arg-type]
+    if not sampler.shuffle:
+        return list(range(n))
+    generator = torch.Generator()
+    generator.manual_seed(sampler.seed + sampler.epoch)
+    return torch.randperm(n, generator=generator).tolist()
+
+
+def _samples_of(sampler: DistributedSampler, rank: int, remaining: int) -> int:
+    """Samples of ``rank`` when ``remaining`` positions of the epoch's order are left to share out."""
+    world = sampler.num_replicas
+    if isinstance(sampler, UnevenSampler):
+        return len(range(rank, remaining, world))
+    if sampler.drop_last:
+        return remaining // world
+    return math.ceil(remaining / world)
+
+
+def samples_per_rank(sampler: DistributedSampler, start: int = 0) -> list[int]:
+    """Every rank's samples from position ``start`` of the epoch's order to its end (padding included)."""
+    remaining = max(0, len(sampler.dataset) - start)  # type: ignore[arg-type]
+    return [_samples_of(sampler, rank, remaining) for rank in range(sampler.num_replicas)]
+
+
+def rank_positions(sampler: DistributedSampler, start: int) -> list[int]:
+    """This rank's sample indices from position ``start`` of the epoch's order on (see the module docstring).
+
+    ``start = 0`` gives what iterating ``sampler`` gives (DistributedSampler's padding and dropping,
+    or :class:`UnevenSampler`'s shares).
+    """
+    order = epoch_order(sampler)
+    rest = order[start:]
+    world, remaining = sampler.num_replicas, len(rest)
+    share = _samples_of(sampler, sampler.rank, remaining)
+    if not isinstance(sampler, UnevenSampler):
+        total = share * world
+        if total > remaining and order:  # padding: the epoch's first samples again, as torch pads
+            pad = total - remaining
+            rest += (order * math.ceil(pad / len(order)))[:pad]
+        rest = rest[:total]
+    return rest[sampler.rank::world]
 
 
 def make_sampler(dataset: Any, *, world_size: int, rank: int, shuffle: bool, seed: int,
@@ -79,26 +125,25 @@ def make_sampler(dataset: Any, *, world_size: int, rank: int, shuffle: bool, see
                               drop_last=even_batches == "drop")
 
 
-def real_samples(sampler: DistributedSampler, batch_index: int, batch_size: int) -> tuple[int, int]:
-    """``(samples, real)`` of this rank's batch ``batch_index``: its length, and how many of them are
-    not padding repeats.
+def real_samples(sampler: DistributedSampler, batch_index: int, batch_size: int,
+                 start: int = 0) -> tuple[int, int]:
+    """``(samples, real)`` of this rank's batch ``batch_index`` of a pass that began at position ``start``
+    of the epoch's order: its length, and how many of them are not padding repeats.
 
-    Rank ``r``'s position ``p`` is the epoch's position ``p * W + r``; positions from N on repeat
-    earlier samples, so the real ones are the first ``len(range(r, N, W)) - batch_index * B``.
+    Rank ``r``'s ``p``-th sample of the pass is the epoch's position ``start + p * W + r``; positions from
+    N on repeat earlier samples, so the real ones are the first ``len(range(r, N - start, W)) - batch_index * B``.
     """
-    start = batch_index * batch_size
-    in_batch = max(0, min(batch_size, sampler.num_samples - start))
-    real = len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas)) - start  # type: ignore[arg-type]
+    first = batch_index * batch_size
+    remaining = max(0, len(sampler.dataset) - start)  # type: ignore[arg-type]
+    in_batch = max(0, min(batch_size, _samples_of(sampler, sampler.rank, remaining) - first))
+    real = len(range(sampler.rank, remaining, sampler.num_replicas)) - first
     return in_batch, max(0, min(in_batch, real))
 
 
-def batches_per_rank(sampler: DistributedSampler, batch_size: int, drop_last: bool) -> list[int]:
-    """Every rank's number of batches per epoch, for ``sampler``'s setting (the same formula on every rank)."""
-    n, world = len(sampler.dataset), sampler.num_replicas  # type: ignore[arg-type]
-    if isinstance(sampler, UnevenSampler):
-        counts = [len(range(r, n, world)) for r in range(world)]
-    else:
-        counts = [sampler.num_samples] * world
+def batches_per_rank(sampler: DistributedSampler, batch_size: int, drop_last: bool, start: int = 0) -> list[int]:
+    """Every rank's number of batches from position ``start`` of the epoch's order to its end (the whole
+    epoch by default), for ``sampler``'s setting (the same formula on every rank)."""
+    counts = samples_per_rank(sampler, start)
     return [c // batch_size if drop_last else math.ceil(c / batch_size) for c in counts]
 
 

@@ -29,7 +29,14 @@ from typing import Any, cast
 from gpukit.errors import LaunchError
 from gpukit.launch._guardian import Guardian
 from gpukit.launch._notebook import frozen_heap
-from gpukit.launch._rendezvous import cheaper_rendezvous, rendezvous_error, rendezvous_parameters, rendezvous_where
+from gpukit.launch._rendezvous import (
+    cheaper_rendezvous,
+    grow_at_checkpoints,
+    rendezvous_error,
+    rendezvous_parameters,
+    rendezvous_where,
+    republish_store_address,
+)
 from gpukit.launch._signals import (
     RunInterruptedError,
     StopSignal,
@@ -200,12 +207,14 @@ def _stalled(failure: WorkerFailure, stalls: Mapping[int, Stall]) -> WorkerFailu
     return dataclasses.replace(failure, stalled=stall.message(), traceback=stall.stack or None)
 
 
-def _rendezvous_handler(topology: Topology, run_id: str, grace_s: float) -> Any:
+def _rendezvous_handler(topology: Topology, run_id: str, grace_s: float, min_nodes: int | None = None) -> Any:
     """This node's rendezvous handler; a stop or a failure while reaching it is the run's error."""
     from torch.distributed.elastic.rendezvous import RendezvousError, registry
 
     try:
-        return registry.get_rendezvous_handler(rendezvous_parameters(topology, run_id))
+        handler = registry.get_rendezvous_handler(rendezvous_parameters(topology, run_id, min_nodes))
+        # elastic: nodes join later rounds, and must find the workers' store there too
+        return republish_store_address(handler) if min_nodes is not None else handler
     except StopSignal as exc:  # stopped while still reaching the master: no worker ran
         raise RunInterruptedError(exc.signum, preempted=True, grace_s=grace_s,
                                   detail="no worker had started yet, nothing to save") from None
@@ -296,7 +305,9 @@ def run_workers(
         with _environ(env), _quiet_torch_logs(spec.verbose), launcher_signals(spec.preempt_signal), \
                 cheaper_rendezvous(topology.single_machine):
             # 1. reach the rendezvous (node 0 hosts it), then start the workers under the agent
-            handler = _rendezvous_handler(topology, run_id, grace_s)
+            handler = _rendezvous_handler(topology, run_id, grace_s, spec.min_nodes)
+            if spec.min_nodes is not None:  # a returning node joins at the workers' next checkpoint
+                handler = grow_at_checkpoints(handler, run_dir, topology.rdzv_timeout_s / 2)
             agent = _agent(entrypoint, args, nproc, handler, spec, log_dir, start_method)
             close_rendezvous = True
             monitor = StallMonitor(run_dir, stall_threshold_s(collective_timeout_s()), _stderr_line)

@@ -27,9 +27,17 @@ from gpukit.cluster import route_addr
 from gpukit.errors import LaunchError
 from gpukit.launch._topology import Topology
 
-__all__ = ["LOCALHOST", "cheaper_rendezvous", "rendezvous_error", "rendezvous_parameters", "rendezvous_where"]
+__all__ = ["ELASTIC_LAST_CALL_S", "LOCALHOST", "cheaper_rendezvous", "rendezvous_error", "rendezvous_parameters",
+           "grow_at_checkpoints", "rendezvous_where", "republish_store_address"]
 
 LOCALHOST = "127.0.0.1"
+#: an elastic rendezvous that has its fewest nodes waits this long for more before it completes (torch's
+#: default, 30 s, would be 30 s more of a job stopped after a node died)
+ELASTIC_LAST_CALL_S = 5
+#: an elastic node's keep-alive: every this many seconds, and the rendezvous forgets a node after
+#: ELASTIC_KEEP_ALIVE_MISSES missed ones (torch's defaults: 5 s and 3)
+ELASTIC_KEEP_ALIVE_S = 2
+ELASTIC_KEEP_ALIVE_MISSES = 3
 
 
 def _method_name(depth: int = 2) -> str:
@@ -68,7 +76,9 @@ def cheaper_rendezvous(single_machine: bool) -> Iterator[None]:
             setattr(module, name, value)
 
 
-def rendezvous_parameters(topology: Topology, run_id: str) -> Any:
+def rendezvous_parameters(topology: Topology, run_id: str, min_nodes: int | None = None) -> Any:
+    """torch elastic's rendezvous parameters for this node: exactly ``topology.nnodes`` nodes, or (elastic)
+    between ``min_nodes`` and that."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     timeout_s = max(1, math.ceil(topology.rdzv_timeout_s))
@@ -79,17 +89,82 @@ def rendezvous_parameters(topology: Topology, run_id: str) -> Any:
         endpoint = f"[{addr}]:{topology.master_port}" if ":" in addr else f"{addr}:{topology.master_port}"
         is_host = topology.node_rank == 0
         local_addr = topology.local_addr or (addr if is_host else route_addr(addr, topology.master_port))
+    elastic: dict[str, Any] = {}
+    if min_nodes is not None and min_nodes < topology.nnodes:
+        elastic = {"last_call_timeout": ELASTIC_LAST_CALL_S, "keep_alive_interval": ELASTIC_KEEP_ALIVE_S,
+                   "keep_alive_max_attempt": ELASTIC_KEEP_ALIVE_MISSES}
     return RendezvousParameters(
         backend="c10d",
         endpoint=endpoint,
         run_id=run_id,
-        min_nodes=topology.nnodes,
+        min_nodes=topology.nnodes if min_nodes is None else min_nodes,
         max_nodes=topology.nnodes,
         local_addr=local_addr,
         is_host=is_host,
         join_timeout=timeout_s,  # all nodes must arrive within this
         read_timeout=timeout_s,  # reaching the store on node 0
+        **elastic,
     )
+
+
+def republish_store_address(handler: Any) -> Any:
+    """``handler`` with rank 0 publishing the workers' store address in every round, not only its first.
+
+    torch's dynamic rendezvous builds that address once per handler and caches it: rank 0 writes it
+    into the first round's keys only. A node that joins a later round (an elastic job growing again
+    after a lost node) waits for it under the new round's keys and times out after 60 s, and rank 0
+    waits for that node -- the grown group never starts. Writing the cached address again (the same
+    value: the store rank 0's agent hosts) lets the new node read it.
+    """
+    inner = handler.next_rendezvous
+
+    def next_rendezvous() -> Any:
+        info = inner()
+        where = getattr(info, "bootstrap_store_info", None)
+        if getattr(info, "rank", None) == 0 and where is not None:
+            from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
+
+            info.store.set(RendezvousStoreInfo.MASTER_ADDR_KEY, str(where.master_addr).encode())
+            info.store.set(RendezvousStoreInfo.MASTER_PORT_KEY, str(where.master_port).encode())
+        return info
+
+    handler.next_rendezvous = next_rendezvous
+    return handler
+
+
+def grow_at_checkpoints(handler: Any, run_dir: str, patience_s: float) -> Any:
+    """``handler`` telling torch's agent of nodes waiting to join only once this node's workers have saved
+    a checkpoint since they began to wait (or after ``patience_s``, before a joining node's own
+    rendezvous times out).
+
+    torch's agent restarts the group the moment a node waits, so every step since the last checkpoint
+    would be trained again; at a checkpoint none are. Every node's agent sees its own workers note the
+    same (collective) save, so they all restart together.
+    """
+    import time
+
+    from gpukit.worker import checkpoints_seen
+
+    inner = handler.num_nodes_waiting
+    # torch's answer flickers between polls (each one re-reads the rendezvous state): once a node was seen
+    # waiting, it is remembered until the group restarts for it
+    waiting: dict[str, Any] = {"since": None, "seen": None, "count": 0}
+
+    def num_nodes_waiting() -> int:
+        count = inner()
+        if waiting["since"] is None:
+            if count <= 0:
+                return count
+            waiting.update(since=time.monotonic(), seen=checkpoints_seen(run_dir), count=count)
+            return 0
+        waiting["count"] = max(waiting["count"], count)
+        if checkpoints_seen(run_dir) != waiting["seen"] or time.monotonic() - waiting["since"] > patience_s:
+            waiting["since"] = None
+            return waiting["count"]
+        return 0
+
+    handler.num_nodes_waiting = num_nodes_waiting
+    return handler
 
 
 def rendezvous_where(topology: Topology) -> str:

@@ -23,9 +23,12 @@ from gpukit.launch._gpu_request import GpuRequest
 from gpukit.launch._topology import Topology
 from gpukit.worker import parse_preempt_signal
 
-__all__ = ["LaunchSpec", "DEFAULT_GRACE_S", "spec_from"]
+__all__ = ["LaunchSpec", "DEFAULT_GRACE_S", "ELASTIC_MAX_RESTARTS", "spec_from"]
 
 DEFAULT_GRACE_S = 10.0
+#: group restarts an elastic launch (``--nnodes MIN:MAX``) allows when ``--max-restarts`` is not given:
+#: each node lost or joining is one (torch elastic re-forms the group by restarting it)
+ELASTIC_MAX_RESTARTS = 10
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -64,7 +67,13 @@ class LaunchSpec:
             ``gpukit.devices.claim_gpus``); waiting is in the fair queue.
         share_gpus: Also take GPUs other users' processes are using (``--share``); by default
             such a GPU is busy.
-        max_restarts: Restart the whole group this many times after a failure.
+        max_restarts: Restart the whole group this many times after a failure (with ``min_nodes``:
+            after a failure or a change of nodes; 0 there means ``ELASTIC_MAX_RESTARTS``).
+        min_nodes: Elastic (``--nnodes MIN:MAX``): the job goes on with as few as this many of
+            ``topology.nnodes`` nodes -- when a node dies the others stop, re-form without it and
+            restart their workers (which resume from the last complete checkpoint, at the new size),
+            and a node that joins later makes the group restart at the larger size. ``None``: exactly
+            ``topology.nnodes`` nodes, and a lost node ends the job.
         grace_s: Seconds between SIGTERM and SIGKILL when workers are stopped.
         topology: Nodes and rendezvous; ``None``: from SLURM/Kubernetes, else this machine only.
         timeout_s: The workers' collective timeout (``GPUKIT_TIMEOUT_S``; default: a Session's 1800).
@@ -91,6 +100,7 @@ class LaunchSpec:
     wait_timeout_s: float | None = None
     share_gpus: bool = False
     max_restarts: int = 0
+    min_nodes: int | None = None
     grace_s: float = DEFAULT_GRACE_S
     topology: Topology | None = None
     timeout_s: float | None = None
@@ -104,6 +114,15 @@ class LaunchSpec:
             _check_int("nproc (--nproc)", self.nproc, 1)
             _check_nproc_cap(self.nproc)
         _check_int("max_restarts (--max-restarts)", self.max_restarts, 0)
+        if self.min_nodes is not None:
+            _check_int("min_nodes (--nnodes MIN:MAX)", self.min_nodes, 1)
+            most = self.topology.nnodes if self.topology is not None else None
+            if most is not None and self.min_nodes > most:
+                raise ConfigurationError(
+                    f"--nnodes {self.min_nodes}:{most}: the fewest nodes ({self.min_nodes}) is more than the most "
+                    f"({most}); give MIN <= MAX, e.g. --nnodes 1:{most}.")
+            if self.max_restarts == 0:  # re-forming after a lost node is a restart of the group
+                object.__setattr__(self, "max_restarts", ELASTIC_MAX_RESTARTS)
         if not isinstance(self.share_gpus, bool):
             raise ConfigurationError(f"share_gpus (--share) must be True or False, got {self.share_gpus!r}.")
         grace_s = self.grace_s

@@ -129,6 +129,8 @@ class _RankReader:
         kinds[kind] += 1
         if line["kind"] == "checkpoint" and isinstance(line.get("resumed_step"), int):
             run.resumed_step = line["resumed_step"]
+            saved = line.get("saved_world_size")
+            run.resumed_from_world = saved if isinstance(saved, int) and not isinstance(saved, bool) else None
         if self.events < MAX_EVENTS_PER_RANK:
             self.events += 1
             run.events.append(line)

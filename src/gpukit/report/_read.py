@@ -45,8 +45,32 @@ def _runs(ranks: dict[int, RankRecord]) -> list[RunInfo]:
         if last is not None:
             end = last + info.step_offset
             plotted_max = end if plotted_max is None else max(plotted_max, end)
+        worlds = [w for p in parts if isinstance(w := p.meta.get("world_size"), int)]
+        info.world_size = max(worlds) if worlds else None
+        info.saved_world_size = next((p.resumed_from_world for p in parts if p.resumed_from_world), None)
+        if resumed is not None and k > 0:
+            info.steps_redone = _steps_after_save([r.runs[k - 1] for r in ranks.values() if len(r.runs) >= k], resumed)
         runs.append(info)
     return runs
+
+
+def _steps_after_save(before: list[RankRun], saved_step: int) -> int | None:
+    """Steps the run ``before`` recorded after it saved ``saved_step`` (the most any rank did); ``None``
+    when its record does not show that save.
+
+    The save's event carries the record's step count at that moment, which does not yet include the
+    step that ended just before the save (a step's line is written when the next one begins): so the
+    steps after the save are those recorded beyond that count, less that one.
+    """
+    redone = None
+    for part in before:
+        counts = [e["step"] for e in part.events if e.get("kind") == "checkpoint"
+                  and e.get("saved_step") == saved_step and isinstance(e.get("step"), int)]
+        if counts and part.steps:
+            end = max(int(s["step"]) + int(s.get("n") or 1) for s in part.steps)  # one past the last step
+            after = max(0, end - (max(counts) + 1) - 1)
+            redone = after if redone is None else max(redone, after)
+    return redone
 
 
 def read_record(directory: str | os.PathLike[str]) -> RunRecord:

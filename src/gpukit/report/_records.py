@@ -22,6 +22,8 @@ class RankRun:
     first_t: float | None = None
     last_t: float | None = None
     resumed_step: int | None = None
+    #: the number of processes that saved the checkpoint it resumed (``None``: not said)
+    resumed_from_world: int | None = None
 
     def see(self, t: float) -> None:
         self.first_t = t if self.first_t is None else min(self.first_t, t)
@@ -79,6 +81,10 @@ class RunInfo:
         start_t, end_t: its first and last time stamp (unix seconds).
         resumed_step: the checkpoint step it resumed from (``None``: a fresh start).
         restart_count: torchelastic's restart count in its header.
+        world_size: processes of the run (its headers'); ``saved_world_size``: of the checkpoint it
+            resumed, where the record says (another size: a node lost or added, a requeue elsewhere).
+        steps_redone: steps the run before it had recorded after saving the checkpoint this run resumed
+            (trained again here); ``None`` where not known.
         finished: every rank that took part wrote its ``end`` line.
         step_offset: added to its step numbers in step plots, so that each run is drawn after the
             runs before it (a process counts its steps from 0) instead of on top of them.
@@ -92,6 +98,9 @@ class RunInfo:
     finished: bool
     ranks: int
     step_offset: int = 0
+    world_size: int | None = None
+    saved_world_size: int | None = None
+    steps_redone: int | None = None
 
     @property
     def duration_s(self) -> float:
@@ -100,6 +109,13 @@ class RunInfo:
     def label(self) -> str:
         how = (f"resumed from step {self.resumed_step:,}" if self.resumed_step is not None
                else f"restart {self.restart_count}" if self.restart_count else "fresh start")
+        if self.resumed_step is not None and self.restart_count:
+            how += f" after restart {self.restart_count} (a worker or node failed, or nodes changed)"
+        if self.saved_world_size is not None and self.world_size is not None \
+                and self.saved_world_size != self.world_size:
+            how += f"; {self.saved_world_size} -> {self.world_size} processes"
+        if self.steps_redone:
+            how += f"; {self.steps_redone:,} step(s) redone"
         return f"run {self.index} ({how})"
 
 

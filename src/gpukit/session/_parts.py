@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from gpukit.data import StepTimings
 from gpukit.precision import get_precision
 from gpukit.session._auto import SessionAuto, loader_steps, say_on
-from gpukit.session._batching import plan_batches
+from gpukit.session._batching import plan_batches, restarted_job
 from gpukit.session._checks import choice_banner
 from gpukit.session._fit import SessionFit
 from gpukit.session._loaders import LoaderTracker
@@ -91,7 +91,7 @@ def build_parts(config: SessionConfig, worker: WorkerEnv) -> SessionParts:
     fit = SessionFit.create(config.fit, config, strategy, verbose=verbose)
     # data-parallel coordinates (not rank / world size): the ranks of one tensor group share a batch
     batches = plan_batches(config.global_batch_size, config.micro_batch_size, config.accumulate_grad_batches,
-                           strategy.data_parallel_size)
+                           strategy.data_parallel_size, restarted=restarted_job())
     loaders = LoaderTracker(strategy.data_parallel_size)  # the gpukit loader whose batch is in hand
     steps = TrainingSteps(strategy, batches.accumulate_grad_batches, loaders=loaders,
                           step_at_loader_end=config.step_at_loader_end)
@@ -117,7 +117,9 @@ def build_parts(config: SessionConfig, worker: WorkerEnv) -> SessionParts:
     mfu.recorder = services.recorder
     memory = SessionMemory(config.oom, config.watch_every_n_steps, strategy=strategy, accelerator=accelerator,
                            steps=steps)
-    runstate = RunState(strategy=strategy, steps=steps, memory=memory, verbose=verbose)
+    runstate = RunState(strategy=strategy, steps=steps, memory=memory, verbose=verbose,
+                        micro_batch_size=batches.micro_batch_size,
+                        global_batch_given=config.global_batch_size is not None)
     is_main = strategy.rank == 0
     auto = SessionAuto(config.auto_on, config.refused, strategy, config.precision, config.compile,
                        loader_steps(loaders), say_on() if verbose and is_main else None)

@@ -4,8 +4,10 @@ state that checkpoints carry.
 The Session holds one :class:`RunState` and delegates ``should_stop``, ``save_checkpoint``,
 ``resume``, ``state_dict`` and ``load_state_dict`` to it. ``should_stop`` turns a stop request (SIGTERM/SIGINT caught by
 :mod:`gpukit.worker`) into one answer on every rank; the state is the step counter,
-the precision's (GradScaler) state, the micro-batch size OOM back-off settled on and the schedulers
-of ``setup_scheduler``. ``resume`` keeps what it did in ``resumed`` and says it on rank 0.
+the precision's (GradScaler) state, the micro-batch size OOM back-off settled on, the schedulers
+of ``setup_scheduler`` and the data-parallel size and accumulation it trained with: resumed on
+another number of data-parallel ranks, the accumulation changes to keep the global batch
+(``_batching.rescale_accumulation``). ``resume`` keeps what it did in ``resumed`` and says it on rank 0.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpukit._util.warnings import warn_at_user_code
 from gpukit.errors import CheckpointError
+from gpukit.session._batching import rescale_accumulation
 from gpukit.session._resume import ResumeInfo, loader_position, resume_line
 
 if TYPE_CHECKING:
@@ -35,11 +39,17 @@ class RunState:
         strategy: the Session's (its precision's state is saved and restored).
         steps: the Session's step counter (saved and restored).
         memory: the Session's memory component (its back-off micro-batch size is saved).
+        micro_batch_size: ``Session(micro_batch_size=...)`` (for the line a rescaled accumulation prints).
+        global_batch_given: ``Session(global_batch_size=...)`` was given: the accumulation is the
+            session's own choice for this world size, not rescaled from a checkpoint's.
     """
 
     def __init__(self, *, strategy: Strategy, steps: TrainingSteps, memory: SessionMemory,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, micro_batch_size: int | None = None,
+                 global_batch_given: bool = False) -> None:
         self._strategy = strategy
+        self._micro_batch_size = micro_batch_size
+        self._global_batch_given = global_batch_given
         self._steps = steps
         self._memory = memory
         self._verbose = verbose
@@ -48,6 +58,9 @@ class RunState:
         #: what the last ``resume`` did (``session.resumed``)
         self.resumed: ResumeInfo | None = None
         self._stop_read: tuple[torch.Tensor, Any] | None = None  # the last call's agreement, on its way to the host
+        # the objects of the save / resume under way: their gpukit loader's batch size is the micro-batch
+        self._saving: dict[str, Any] = {}
+        self._resuming: dict[str, Any] = {}
 
     def should_stop(self) -> bool:
         """Whether any rank was asked to stop; every rank gets the same answer (one all-reduce).
@@ -91,8 +104,12 @@ class RunState:
         from gpukit.checkpoint import CheckpointManager
 
         self._steps.warn_if_pending(f"save_checkpoint(step={step}) (those gradients are not saved)")
-        return CheckpointManager(directory, keep_last=keep_last).save(
-            step, extra=extra, background=background, session=self, **objects)
+        self._saving = objects
+        try:
+            return CheckpointManager(directory, keep_last=keep_last).save(
+                step, extra=extra, background=background, session=self, **objects)
+        finally:
+            self._saving = {}
 
     def wait_for_saves(self) -> None:
         """Wait for a background save still writing; raise its failure (every rank alike)."""
@@ -105,7 +122,11 @@ class RunState:
         from gpukit.checkpoint import CheckpointManager
 
         manager = CheckpointManager(directory)
-        step = manager.resume(session=self, **objects)
+        self._resuming = objects
+        try:
+            step = manager.resume(session=self, **objects)
+        finally:
+            self._resuming = {}
         info = None
         if step is not None:
             epoch, batch = loader_position(objects)
@@ -117,14 +138,20 @@ class RunState:
 
     def state_dict(self) -> dict[str, Any]:
         backoff = self._memory.oom_backoff
+        micro = self._micro_for(self._saving)
         return {
             **self._steps.state_dict(),
             "precision": self._strategy.precision.state_dict(),
             "oom_micro_batch_size": backoff.micro_batch_size if backoff else None,
             "schedulers": [s.state_dict() for s in self.schedulers],
+            "data_parallel_size": self._strategy.data_parallel_size,
+            "accumulate_grad_batches": self._steps.accumulate_grad_batches,
+            "samples_per_step": None if micro is None else
+            micro * self._strategy.data_parallel_size * self._steps.accumulate_grad_batches,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._keep_global_batch(state)
         self._steps.load_state_dict(state)
         self._strategy.precision.load_state_dict(state.get("precision", {}))
         self._memory.restore_backoff(state.get("oom_micro_batch_size"))
@@ -136,3 +163,35 @@ class RunState:
             )
         for scheduler, scheduler_state in zip(self.schedulers, saved):
             scheduler.load_state_dict(scheduler_state)
+
+    def _keep_global_batch(self, state: dict[str, Any]) -> None:
+        """The accumulation that keeps the saved global batch in samples (said on rank 0; a warning where it
+        cannot be kept exactly). Only where the micro-batch is known on both sides -- a gpukit loader among
+        the objects saved and resumed, or ``Session(micro_batch_size=...)``: a script that feeds batches of
+        its own may scale them with the world size itself."""
+        saved_samples, saved_ranks = state.get("samples_per_step"), state.get("data_parallel_size")
+        micro = self._micro_for(self._resuming)
+        if self._global_batch_given or micro is None or not isinstance(saved_samples, int):
+            return  # Session(global_batch_size=...) chose it for this size; not known; an older checkpoint
+        if saved_samples < 1:
+            raise CheckpointError(f"The session state holds samples_per_step={saved_samples}; it must be >= 1 "
+                                  "(a damaged or hand-edited checkpoint).")
+        steps = self._steps
+        change = rescale_accumulation(saved_samples, steps.accumulate_grad_batches, micro,
+                                      self._strategy.data_parallel_size, int(saved_ranks or 0))
+        if change is None:
+            return
+        steps.in_window = 0  # set before the saved counts are loaded: the window restarts with the new size
+        steps.accumulate_grad_batches = change.accumulate_grad_batches
+        if not change.exact:
+            warn_at_user_code(UserWarning(change.line.removeprefix("gpukit: ")))
+        elif self._verbose and self._strategy.rank == 0:
+            print(change.line, file=sys.stderr, flush=True)
+
+    def _micro_for(self, objects: dict[str, Any]) -> int | None:
+        """Samples per micro-batch: the batch size of a gpukit loader (one gpukit shards) among ``objects``,
+        else ``Session(micro_batch_size=...)``, else ``None`` (not known)."""
+        for obj in objects.values():
+            if getattr(obj, "samples_consumed", None) is not None and isinstance(getattr(obj, "batch_size", None), int):
+                return int(obj.batch_size)
+        return self._micro_batch_size

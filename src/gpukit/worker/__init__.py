@@ -24,6 +24,8 @@ from gpukit.worker._run_dir import (
     EarlyError,
     StopMarker,
     read_early_errors,
+    checkpoints_seen,
+    note_checkpoint,
     read_heartbeats,
     read_markers,
     stack_path,
@@ -75,6 +77,8 @@ __all__ = [
     "max_requeues_from_env",
     # the run's directory, read by the launcher
     "read_markers",
+    "note_checkpoint",
+    "checkpoints_seen",
     "stop_markers",
     "StopMarker",
     "BEFORE_START",

@@ -21,6 +21,8 @@ their readers -- every file name of the directory is here.
 * ``early-error-pid{PID}.json`` -- the error that ended a worker before any of gpukit's code could
   record it elsewhere (a spawned function worker importing the launcher's script again: see
   :mod:`gpukit.worker._spawn_main`), by the worker's pid, for the launcher's summary;
+* ``saved-rank{R}`` -- the step of the last checkpoint it saved completely (every rank's files
+  committed): an elastic launcher lets returning nodes join at a checkpoint (no steps redone);
 * ``warned-<hash>`` -- an empty claim on a warning's text, so that one rank prints a warning every
   rank gives (see :mod:`gpukit.worker._warnings`).
 """
@@ -37,6 +39,7 @@ __all__ = [
     "AGREED", "FINISHED", "BEFORE_START", "COMPLETED", "StopMarker", "write_marker", "read_markers",
     "stop_markers",
     "heartbeat_path", "stack_path", "read_heartbeats", "EarlyError", "write_early_error", "read_early_errors",
+    "note_checkpoint", "checkpoints_seen",
 ]
 
 AGREED = "agreed"
@@ -105,6 +108,39 @@ def stop_markers(directory: str | os.PathLike[str]) -> dict[int, str]:
     script completed without a stop is not one)."""
     return {rank: marker.signal_name for rank, marker in read_markers(directory).items()
             if marker.state != COMPLETED}
+
+
+_SAVED_PREFIX = "saved-rank"
+
+
+def note_checkpoint(step: int, rank: int, directory: str | os.PathLike[str] | None = None) -> None:
+    """Record that rank ``rank`` saved the checkpoint of ``step`` completely, in ``directory`` (by default
+    the run's, ``GPUKIT_RUN_DIR``; nothing without one)."""
+    if directory is None:
+        from gpukit.worker._env import WorkerEnv
+
+        directory = WorkerEnv.from_env().run_dir
+    if not directory:
+        return
+    final = os.path.join(os.fspath(directory), f"{_SAVED_PREFIX}{rank}")
+    temporary = f"{final}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "w") as out:
+            out.write(f"{int(step)}\n")
+        os.replace(temporary, final)
+    except OSError:  # the launcher's directory is gone: nobody is waiting for it
+        pass
+
+
+def checkpoints_seen(directory: str | os.PathLike[str]) -> tuple[int, ...]:
+    """A value that changes whenever a worker of ``directory`` notes a checkpoint (their files' times)."""
+    stamps = []
+    for path in Path(directory).glob(f"{_SAVED_PREFIX}*"):
+        try:
+            stamps.append(path.stat().st_mtime_ns)
+        except OSError:
+            continue
+    return tuple(sorted(stamps))
 
 
 def heartbeat_path(directory: str | os.PathLike[str], rank: int) -> Path:
