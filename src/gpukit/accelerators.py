@@ -215,6 +215,28 @@ class Accelerator:
         self.counts.syncs += 1
         event.synchronize()
 
+    # -- weights streamed onto the device while it computes (gpukit.inference) -----------------
+    def side_stream(self, device: torch.device) -> Any | None:
+        """A stream for copies that overlap the compute stream; ``None`` where work is not queued
+        (the host computes as it is told: a copy is done when it returns)."""
+        return None
+
+    def copy_on_stream(self, dest: torch.Tensor, source: torch.Tensor, stream: Any | None,
+                       after: Any | None = None) -> Any | None:
+        """Copy ``source`` into ``dest`` on ``stream``, once the compute stream has passed ``after``
+        (an event from :meth:`compute_event`: ``dest`` is free again); returns the event the compute
+        stream must wait on before reading ``dest`` (``None``: the copy is done)."""
+        with torch.no_grad():
+            dest.copy_(source)
+        return None
+
+    def compute_event(self, device: torch.device) -> Any | None:
+        """An event recorded on ``device``'s compute stream now (``None`` on the host: done already)."""
+        return None
+
+    def wait_on_compute(self, event: Any | None, device: torch.device) -> None:
+        """Make the compute stream wait for ``event`` without the host waiting (no-op for ``None``)."""
+
     def supports_bf16(self, device: torch.device | None = None) -> bool:
         return True
 
@@ -416,6 +438,33 @@ class CUDAAccelerator(Accelerator):
 
     def oom_error_types(self) -> tuple[type[BaseException], ...]:
         return (torch.cuda.OutOfMemoryError,)
+
+    def side_stream(self, device: torch.device) -> Any | None:
+        return torch.cuda.Stream(device=device)
+
+    def copy_on_stream(self, dest: torch.Tensor, source: torch.Tensor, stream: Any | None,
+                       after: Any | None = None) -> Any | None:
+        if stream is None:
+            return super().copy_on_stream(dest, source, stream, after)
+        with torch.no_grad(), torch.cuda.stream(stream):
+            if after is not None:
+                stream.wait_event(after)
+            dest.copy_(source, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        self.counts.events += 2 if after is not None else 1
+        return done
+
+    def compute_event(self, device: torch.device) -> Any | None:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        self.counts.events += 1
+        return event
+
+    def wait_on_compute(self, event: Any | None, device: torch.device) -> None:
+        if event is not None:
+            torch.cuda.current_stream(device).wait_event(event)
+            self.counts.events += 1
 
     def memory_stats(self, device: torch.device | None = None) -> dict[str, Any]:
         stats = super().memory_stats(device)

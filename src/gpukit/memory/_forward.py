@@ -197,8 +197,13 @@ def _simulate_forward(model: nn.Module, batch: Any, dtype: torch.dtype,
         handles.append(module.register_forward_hook(leave(name)))
     try:
         with _quiet_fake_tensor_log(), _CountingFakeMode(tracker), torch.no_grad():
-            state = {n: torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype)
-                     for n, t in [*model.named_parameters(), *model.named_buffers()]}
+            fakes: dict[int, torch.Tensor] = {}  # one fake per tensor: tied names share it
+            state = {n: fakes.setdefault(id(t), torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype))
+                     for n, t in [*model.named_parameters(remove_duplicate=False),
+                                  *model.named_buffers(remove_duplicate=False)]}
+            for fake in fakes.values():  # known, not counted: views of weights (a transpose) are no new memory
+                tracker.track(fake)
+            tracker.live = tracker.peak = 0
             inputs = tree_map(lambda t: _fake_input(t, dtype, tracker), batch)
             from torch.nn.utils.stateless import _reparametrize_module
 
