@@ -105,6 +105,10 @@ class _Load:
         decode = self.kv_full + unit.kv_full_bytes + max(self.layer, unit.kv_full_bytes)
         return self.weights + unit.weights_bytes + self.buffers + max(prefill, decode)
 
+    def peak(self) -> int:
+        """What the device holds with no further unit."""
+        return self.weights + self.buffers + max(self.kv_prompt + self.act, self.kv_full + self.layer)
+
     def add(self, unit: UnitCost) -> None:
         self.weights += unit.weights_bytes
         self.kv_prompt += unit.kv_prompt_bytes
@@ -137,6 +141,8 @@ def _pack(units: Sequence[UnitCost], devices: Sequence[DeviceBudget], share: flo
             taken += 1
         if not taken and position < len(devices) - 1 and index < len(units):
             return None  # a device left empty before the end
+        if load.peak() > limit:
+            return None  # what it runs for the offloaded units alone does not fit
     return out if index == len(units) else None
 
 
@@ -179,19 +185,19 @@ def place(units: Sequence[UnitCost], devices: Sequence[DeviceBudget], prefetch: 
     runners = gpus or ([cpu] if cpu is not None else [])
     if not runners:
         return None
-    execution = runners[0].name
+    execution = runners[-1].name  # offloaded units come after the last resident ones: no extra hop
     for split in range(len(units), -1, -1):
         head, tail = list(units[:split]), list(units[split:])
         resident = {t.name for t in head}
         head += [u for u in tail if u.tied_to in resident]  # a tied unit sits with the tensor it shares
         tail = [u for u in tail if u.tied_to not in resident]
-        if tail and len(gpus) > split:
-            continue  # fewer resident units than GPUs: one would stay empty while others offload
+        if tail and split < len(gpus) - 1:
+            continue  # a GPU would hold nothing while units are offloaded (the last one runs them)
         offload = _offload(tail, cpu if gpus else None, disk, prefetch)
         if offload is None:
             continue
         extra = {execution: (tail, _buffers(tail, prefetch))} if tail else {}
-        if head and _pack(head, runners, 1.0, extra) is None:
+        if _pack(head, runners, 1.0, extra) is None:
             continue
         device_of = (_balanced(head, runners, extra) or {}) if head else {}
         device_of.update(offload)
@@ -203,22 +209,24 @@ def place(units: Sequence[UnitCost], devices: Sequence[DeviceBudget], prefetch: 
 def _offload(tail: list[UnitCost], cpu: DeviceBudget | None, disk: DeviceBudget | None,
              prefetch: int) -> dict[str, str] | None:
     """Offloaded units into CPU RAM (only when GPUs run them) while they fit, then disk; ``None``
-    when they fit in neither."""
-    out: dict[str, str] = {}
-    held = 0
-    for unit in tail:
-        if cpu is not None and cpu.budget_bytes is not None and held + unit.weights_bytes <= cpu.budget_bytes:
-            out[unit.name] = cpu.name
-            held += unit.weights_bytes
-        elif disk is not None:
-            out[unit.name] = disk.name
-        else:
-            return None
-    if disk is not None and cpu is not None and any(d == disk.name for d in out.values()):
-        staging = _buffers([u for u in tail if out[u.name] == disk.name], prefetch)
-        if cpu.budget_bytes is not None and held + staging > cpu.budget_bytes:
-            return None  # the host must also hold the buffers disk reads land in
-    return out
+    when they fit in neither. With disk in use the host also holds the buffers disk reads land in."""
+    room = cpu.budget_bytes if cpu is not None and cpu.budget_bytes is not None else 0
+    for reserve in (0, _buffers(tail, prefetch)):
+        out: dict[str, str] = {}
+        held = 0
+        for unit in tail:
+            if cpu is not None and held + unit.weights_bytes <= room - reserve:
+                out[unit.name] = cpu.name
+                held += unit.weights_bytes
+            elif disk is not None:
+                out[unit.name] = disk.name
+            else:
+                return None
+        if cpu is None or all(d != DISK for d in out.values()):
+            return out
+        if held + _buffers([u for u in tail if out[u.name] == DISK], prefetch) <= room:
+            return out
+    return None
 
 
 def _peaks(units: Sequence[UnitCost], devices: Sequence[DeviceBudget], device_of: dict[str, str],

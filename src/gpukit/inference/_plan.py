@@ -59,7 +59,7 @@ class InferencePlan:
         workload: what it was planned for.
         device_map: unit name -> device (``"cuda:0"``, ``"cpu"``, ``"disk"``).
         devices: per device: budget, predicted peak, weights, units.
-        execution_device: where the offloaded units run (the first GPU; the CPU without GPUs).
+        execution_device: where the offloaded units run (the last GPU; the CPU without GPUs).
         offloaded: units streamed to the execution device for every forward.
         prefetch: offloaded units read ahead of the one computing.
         tokens_per_s_bound: decode tokens/s this placement cannot beat (bytes each token reads over

@@ -1,0 +1,28 @@
+"""Tiny Hugging Face models saved as sharded safetensors (no download), for the inference tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+
+def tiny_llama(tied: bool = True, layers: int = 4) -> Any:
+    transformers = pytest.importorskip("transformers", reason="transformers (in the test extra) is not installed")
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
+                                      max_position_embeddings=128)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """A tied-embedding Llama saved in several safetensors shards with their index, and the model itself."""
+    model = tiny_llama()
+    folder = tmp_path_factory.mktemp("llama")
+    model.save_pretrained(folder, max_shard_size="60KB")
+    assert (folder / "model.safetensors.index.json").exists()
+    return folder, model
