@@ -2,10 +2,11 @@
 
 Each offloaded unit's tensors are laid out in one flat byte buffer (64-byte aligned views); there
 are ``prefetch + 1`` such *slots* on the execution device, and unit ``j`` of the offloaded order
-uses slot ``j % (prefetch + 1)``. When unit ``j`` starts (a forward pre-hook), it waits for its slot
-to be filled, binds its parameters to views of the slot, and asks for unit ``j + prefetch`` to be
-filled into the slot unit ``j - 1`` just left. When it ends (a forward hook) its parameters go back
-to the meta placeholders and the slot is marked free (an event on the compute stream, so a copy
+takes a free slot, or one holding a unit outside the window of the one computing and the
+``prefetch`` after it. When unit ``j`` starts (a forward pre-hook), it waits for its slot to be
+filled, binds its parameters to views of the slot, and asks for the ``prefetch`` units after it
+(cyclically: the next forward starts over) -- in steady state into the slot unit ``j - 1`` just
+left. When it ends (a forward hook) its parameters go back to the meta placeholders and the slot is marked free (an event on the compute stream, so a copy
 into it waits for the compute that reads it, never the host).
 
 Where the bytes come from:
@@ -105,6 +106,7 @@ class UnitStreamer:
         self._stream = accelerator.side_stream(device)
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpukit-offload") if on_disk else None
         self._placeholders: dict[int, dict[tuple[int, str], Any]] = {}
+        self._current = 0
         self._lock = threading.Lock()
         self.bytes_streamed = 0
         self.wait_s = 0.0  # compute time spent waiting for a slot to fill
@@ -125,6 +127,8 @@ class UnitStreamer:
         """Put unit ``index``'s bytes into ``slot`` (background thread for disk); returns the event
         the compute stream waits on."""
         unit = self.units[index]
+        with self._lock:
+            self.bytes_streamed += sum(t.nbytes for t in unit.tensors)
         if unit.host is not None:
             return self.accelerator.copy_on_stream(slot.device[:unit.host.numel()], unit.host, self._stream, slot.freed)
         target = slot.staging if slot.staging is not None else slot.device
@@ -132,8 +136,6 @@ class UnitStreamer:
             self.accelerator.wait_event(slot.staged_copy)  # this thread waits, not the GPU
         for t in unit.tensors:
             self._read(t.key, _view(target, t))
-        with self._lock:
-            self.bytes_streamed += sum(t.nbytes for t in unit.tensors)
         if slot.staging is None:
             return None
         size = max(t.offset + t.nbytes for t in unit.tensors)
@@ -141,19 +143,24 @@ class UnitStreamer:
                                                            slot.freed)
         return slot.staged_copy
 
+    def _window(self) -> set[int]:
+        """The unit computing and the ``prefetch`` after it (cyclically: the next forward starts over)."""
+        return {(self._current + ahead) % len(self.units) for ahead in range(self.prefetch + 1)}
+
     def _request(self, index: int) -> _Slot:
-        slot = self.slots[index % len(self.slots)]
-        if slot.unit == index:
-            return slot
+        for slot in self.slots:
+            if slot.unit == index:
+                return slot
+        keep = self._window()
+        slot = next((s for s in self.slots if s.unit is None), None) or next(
+            (s for s in self.slots if s.unit not in keep), None) or next(
+            s for s in self.slots if s.unit != self._current)
         if slot.ready is not None:
             slot.ready.result()  # a fill still running into this slot: let it finish first
         slot.unit = index
         if self.units[index].host is not None or self._reader is None:
             done: Future[Any] = Future()
             done.set_result(self._fill(index, slot))
-            if self.units[index].host is not None:
-                with self._lock:
-                    self.bytes_streamed += self.units[index].host.numel()
             slot.ready = done
         else:
             slot.ready = self._reader.submit(self._fill, index, slot)
@@ -162,6 +169,7 @@ class UnitStreamer:
     # -- hooks ----------------------------------------------------------------------------------
     def _enter(self, index: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any) -> None:
+            self._current = index
             slot = self._request(index)
             start = time.perf_counter()
             event = slot.ready.result() if slot.ready is not None else None
@@ -170,7 +178,7 @@ class UnitStreamer:
             self._bind(index, slot)
             for ahead in range(1, self.prefetch + 1):
                 following = (index + ahead) % len(self.units)
-                if following != index and following % len(self.slots) != index % len(self.slots):
+                if following != index:
                     self._request(following)
         return hook
 
