@@ -6,8 +6,9 @@ takes a free slot, or one holding a unit outside the window of the one computing
 ``prefetch`` after it. When unit ``j`` starts (a forward pre-hook), it waits for its slot to be
 filled, binds its parameters to views of the slot, and asks for the ``prefetch`` units after it
 (cyclically: the next forward starts over) -- in steady state into the slot unit ``j - 1`` just
-left. When it ends (a forward hook) its parameters go back to the meta placeholders and the slot is marked free (an event on the compute stream, so a copy
-into it waits for the compute that reads it, never the host).
+left. When it ends (a forward hook) its parameters go back to the meta placeholders and the slot
+is marked free (an event on the compute stream, so a copy into it waits for the compute that
+reads it, never the host).
 
 Where the bytes come from:
 
