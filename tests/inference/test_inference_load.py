@@ -13,7 +13,7 @@ from torch import nn
 from gpukit.errors import CheckpointError, MemoryPlanError, StateDictMismatchError
 from gpukit.inference import WorkloadError, load_for_inference
 
-from .conftest import tiny_llama
+from inference_models import tiny_llama
 
 IDS = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(1))
 

@@ -11,7 +11,7 @@ from gpukit.errors import ConfigurationError, MemoryPlanError
 from gpukit.inference import budgets, plan_inference
 from gpukit.memory import forward_units, kv_shape, model_units
 
-from .conftest import tiny_llama
+from inference_models import tiny_llama
 
 MIB = 2**20
 
