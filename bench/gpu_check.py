@@ -56,6 +56,8 @@ PARTS = (
     Part("precision", 90, "32-true / bf16-mixed / 16-mixed (GradScaler, an inf step skipped) / bf16-true loss curves"),
     Part("memory", 120, "planner vs torch.cuda.max_memory_allocated: MLP, CNN, transformer, HF Llama"),
     Part("checkpoint", 60, "CUDA tensors: save, resume on the GPU, load where CUDA is hidden (map_location)"),
+    Part("inference", 120, "issue 40: a model over a cuda:0 budget half its size, CPU + disk offload streamed: "
+                           "bit-exact vs whole, predicted vs measured peak, tokens/s vs the plan's bound"),
     Part("suite", 300, "what time is left: the CPU suite with a GPU visible (tests whose paths change with CUDA)"),
 )
 _STATUS_ORDER = ("fail", "warn", "ok", "info", "skip")

@@ -55,7 +55,7 @@ def test_streamed_layers_compute_what_the_resident_model_does(accelerator: objec
     with torch.no_grad():
         for _ in range(3):  # every pass streams every layer again, ahead of its use
             assert torch.equal(model(x), want)
-    layer_bytes = 32 * 33 * 4
+    layer_bytes = 32 * 33 * 4  # weight and bias
     assert streamer.bytes_streamed == (3 * 7 + prefetch) * layer_bytes  # and the next pass's first, read ahead
     assert all(layer.weight.is_meta for layer in model)  # nothing stays bound between passes
     assert any(name.startswith("gpukit-offload") for name in streamer.readers)  # disk reads off the compute thread

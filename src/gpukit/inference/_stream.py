@@ -1,8 +1,8 @@
 """Offloaded units streamed onto the execution device, ``prefetch`` units ahead of the one computing.
 
-Each offloaded unit's tensors are laid out in one flat byte buffer (64-byte aligned views); there
-are ``prefetch + 1`` such *slots* on the execution device, and unit ``j`` of the offloaded order
-takes a free slot, or one holding a unit outside the window of the one computing and the
+Each offloaded unit's tensors are laid out in one flat byte buffer (views 512-byte aligned, as the
+CUDA allocator aligns tensors); there are ``prefetch + 1`` such *slots* on the execution device,
+and unit ``j`` of the offloaded order takes a free slot, or one holding a unit outside the window of the one computing and the
 ``prefetch`` after it. When unit ``j`` starts (a forward pre-hook), it waits for its slot to be
 filled, binds its parameters to views of the slot, and asks for the ``prefetch`` units after it
 (cyclically: the next forward starts over) -- in steady state into the slot unit ``j - 1`` just
@@ -36,7 +36,7 @@ from gpukit.accelerators import Accelerator
 
 __all__ = ["StreamedTensor", "StreamedUnit", "UnitStreamer"]
 
-_ALIGN = 64
+_ALIGN = 512  # as CUDA's allocator aligns: kernels see the alignment they would in a resident model
 
 
 @dataclass
