@@ -39,7 +39,7 @@ from gpukit.checkpoint._lazy import LazyCheckpoint
 from gpukit.checkpoint._untrusted import is_plain_name, read_json
 from gpukit.errors import CheckpointError, StateDictMismatchError
 
-__all__ = ["TensorFiles", "open_tensor_files"]
+__all__ = ["TensorFiles", "open_tensor_files", "safetensors_entries"]
 
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 _MAX_FILES = 100_000
@@ -164,13 +164,21 @@ class TensorFiles:
                     dest.copy_(got)
 
 
-def _safetensors_entries(path: Path, size: int) -> dict[str, torch.Tensor]:
-    from gpukit.checkpoint._direct import _contiguous_stride
+def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, out = 1, []
+    for dim in reversed(shape):
+        out.append(stride)
+        stride *= max(dim, 1)
+    return tuple(reversed(out))
 
+
+def safetensors_entries(path: Path, size: int) -> OrderedDict[str, torch.Tensor]:
+    """A safetensors file's tensors as meta tensors whose storages record their offset in the file
+    (as ``torch.load`` with ``map_location="meta"`` records a zip entry's): read by ``LazyCheckpoint``."""
     header = read_safetensors_header(path, size)  # refuses absurd sizes and offsets before anything is read
     with open(path, "rb") as handle:
         data_start = 8 + int.from_bytes(handle.read(8), "little")
-    out: dict[str, torch.Tensor] = {}
+    out: OrderedDict[str, torch.Tensor] = OrderedDict()
     for key, entry in header.items():
         if key == "__metadata__":
             continue
@@ -186,7 +194,7 @@ def _safetensors_entries(path: Path, size: int) -> dict[str, torch.Tensor]:
 def _open_file(path: Path, trust: bool) -> tuple[LazyCheckpoint, dict[str, torch.Tensor]]:
     size = check_readable_file(path)
     if sniff_format(path, size) == SAFETENSORS:
-        tree = _safetensors_entries(path, size)
+        tree = safetensors_entries(path, size)
         return LazyCheckpoint(path, size, tree), tree
     from gpukit.checkpoint._read import load_lazy
 
@@ -236,11 +244,11 @@ def open_tensor_files(path: str | os.PathLike[str], *, select: str | None = None
     """
     source = Path(path)
     if source.is_dir() and os.path.lexists(source / ".metadata"):
-        from gpukit.checkpoint._merge import _chosen
+        from gpukit.checkpoint._sharded_objects import chosen_object
         from gpukit.checkpoint._sharded import read_metadata
 
         metadata = read_metadata(source, trust)
-        name, chosen = _chosen(metadata, select, source)
+        name, chosen = chosen_object(metadata, select, source)
         entries = {k: _Entry(torch.empty(tuple(v.size), dtype=v.properties.dtype, device="meta"), None)
                    for k, v in chosen.items()}
         return TensorFiles(source, entries, {}, (source, metadata, f"{name}."))
