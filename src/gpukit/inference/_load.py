@@ -130,7 +130,8 @@ def load_for_inference(
         checkpoint = model_or_factory
     files = open_tensor_files(checkpoint, trust=trust)
     try:
-        disk_speed = _disk_speed(files)
+        lists_disk = offload_dir is not None or any(str(k).strip().lower() == "disk" for k in (max_memory or {}))
+        disk_speed = _disk_speed(files) if lists_disk else None  # a cold read of the checkpoint: only if needed
         plan = plan_inference(model, batch_size=batch_size, prompt_len=prompt_len, new_tokens=new_tokens, dtype=dtype,
                               example_input=example_input, max_memory=max_memory, offload_dir=offload_dir,
                               prefetch=prefetch, disk_bytes_per_s=disk_speed)
@@ -152,7 +153,7 @@ def load_for_inference(
 def _disk_speed(files: TensorFiles) -> float | None:
     names = list(files.meta_tree())
     where = files.location(names[0]) if names else None
-    return read_bandwidth(where[0]) if where is not None else None
+    return read_bandwidth(where[0], limit_bytes=64 * 2**20) if where is not None else None
 
 
 def _holders(model: nn.Module, names: list[str]) -> dict[int, list[tuple[nn.Module, str, bool]]]:
