@@ -50,6 +50,18 @@ def _rss_bytes() -> int:
     return psutil.Process().memory_info().rss
 
 
+def _peak_rss_bytes() -> int:
+    """This process's peak RSS: VmHWM (``ru_maxrss`` would keep the parent's peak from before exec)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def child(kind: str, folder: Path, budget_bytes: int, prompt: int, new: int, offload: Path) -> dict:
     """One contender in this process: load, generate, report (JSON on stdout)."""
     import torch
@@ -89,7 +101,7 @@ def child(kind: str, folder: Path, budget_bytes: int, prompt: int, new: int, off
                                 pad_token_id=0)
         elapsed = time.perf_counter() - start
     out.update(tokens=tokens[0, prompt:].tolist(), tokens_per_s=new / elapsed,
-               peak_rss_above_base_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base_rss,
+               peak_rss_above_base_bytes=_peak_rss_bytes() - base_rss,
                base_rss_bytes=base_rss)
     if kind == "gpukit":
         streamer = model.gpukit_inference.streamer

@@ -18,6 +18,7 @@ never copied.
 
 from __future__ import annotations
 
+import mmap
 import os
 import warnings
 from collections import OrderedDict
@@ -60,6 +61,7 @@ class TensorFiles:
         self._entries = entries
         self._files = files
         self._dcp = dcp
+        self._maps: dict[Path, mmap.mmap] = {}
 
     def __enter__(self) -> TensorFiles:
         return self
@@ -70,6 +72,42 @@ class TensorFiles:
     def close(self) -> None:
         for lazy in self._files.values():
             lazy.close()
+        for mapping in self._maps.values():
+            try:
+                mapping.close()
+            except BufferError:  # tensors over it are still alive: it closes when they go
+                pass
+        self._maps.clear()
+
+    def mapped(self, name: str) -> torch.Tensor | None:
+        """``name`` as a tensor over a private memory map of its file: no copy, its pages read when
+        first touched (and dropped again by :meth:`release`); ``None`` when it has no byte range of
+        its own or its offset does not suit its dtype."""
+        where = self.location(name)
+        if where is None or where[1] % self._entries[name].meta.element_size():
+            return None
+        path, offset, nbytes = where
+        meta = self._entries[name].meta
+        if nbytes == 0:
+            return torch.empty(meta.shape, dtype=meta.dtype)
+        mapping = self._maps.get(path)
+        if mapping is None:
+            with open(path, "rb") as handle:  # checked a regular file of this size when opened
+                mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+            self._maps[path] = mapping
+        if offset + nbytes > len(mapping):
+            raise CheckpointError(f"{path} is shorter than when it was opened (changed while in use?).")
+        raw = torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=offset)
+        return raw.view(meta.dtype).view(meta.shape)
+
+    def release(self, name: str) -> None:
+        """Drop ``name``'s pages from this process's memory (they are read from the file again if used)."""
+        where = self.location(name)
+        mapping = self._maps.get(where[0]) if where is not None else None
+        if mapping is None or not hasattr(mapping, "madvise"):
+            return
+        start = where[1] - where[1] % mmap.PAGESIZE
+        mapping.madvise(mmap.MADV_DONTNEED, start, where[1] + where[2] - start)
 
     def meta_tree(self) -> OrderedDict[str, torch.Tensor]:
         """Every tensor as a meta tensor (shape, dtype), by its name in the checkpoint."""

@@ -46,6 +46,7 @@ class InferenceRun:
 
     plan: InferencePlan
     streamer: UnitStreamer | None = None
+    files: TensorFiles | None = None  # open while disk units stream from them
     handles: list[Any] = field(default_factory=list)
     measured_tokens_per_s: float | None = None
     verbose: bool = False
@@ -77,6 +78,8 @@ class InferenceRun:
         """Stop streaming and remove gpukit's hooks (the model keeps its resident weights)."""
         if self.streamer is not None:
             self.streamer.close()
+        if self.files is not None:
+            self.files.close()
         for handle in self.handles:
             handle.remove()
 
@@ -145,6 +148,8 @@ def load_for_inference(
     run.verbose = verbose
     if run.streamer is None:
         files.close()  # nothing is read from the files again
+    else:
+        run.files = files
     run.handles += install_guard(model, plan, example_input)
     model.gpukit_inference = run  # type: ignore[assignment]
     return model.eval()
@@ -197,7 +202,7 @@ def _materialize(model: nn.Module, files: TensorFiles, keys: dict[int, str], pla
     run = InferenceRun(plan)
     if streamed:
         run.streamer = UnitStreamer(streamed, execution, accelerator, lambda key, view: _read_view(files, key, view),
-                                    prefetch)
+                                    prefetch, files.release)
     if len({d for d in plan.device_map.values()} - {"disk"} | {plan.execution_device}) > 1:
         run.handles += _align_devices(model, plan)
     return run
@@ -245,6 +250,10 @@ def _streamed(unit: str, model: nn.Module, tensors: dict[int, torch.Tensor], hol
                 "planned dtype (gpukit ckpt convert ... --dtype).")
         parts.append(StreamedTensor(keys[ident], tuple(tensor.shape), dtype, holders=holders[ident]))
     streamed = StreamedUnit(unit, model.get_submodule(unit) if unit else model, parts)
+    if place == "disk" and accelerator.is_host:  # the host computes on the file's own pages
+        views = {part.key: files.mapped(part.key) for part in parts}
+        if all(v is not None for v in views.values()):
+            streamed.mapped = views  # type: ignore[assignment]
     if place == "cpu":  # its bytes in one pinned host buffer, laid out as its slot
         size = streamed.layout()
         streamed.host = accelerator.pinned_empty((size,), torch.uint8)

@@ -13,8 +13,11 @@ reads it, never the host).
 Where the bytes come from:
 
 - CPU RAM (GPU execution): each unit's weights sit in one pinned host buffer, copied on a side stream;
-- disk: read from the original checkpoint file (``preadv`` into the slot on the CPU, into a pinned
-  staging buffer then a side-stream copy on a GPU) by one background thread: reads overlap compute.
+- disk, computed on by the host: the tensors are views of a private memory map of the original
+  file (no copy); the background thread touches the next units' pages so the kernel reads them
+  while the current one computes, and a unit's pages are dropped from the process when it ends;
+- disk, for a GPU: read from the original file (``preadv``) into a pinned staging buffer, then a
+  side-stream copy, by one background thread: reads overlap compute.
 
 A unit that runs out of the expected order (a model that skips a layer) is filled when it starts:
 correct, only slower. Only ``gpukit.accelerators`` knows which backend does what.
@@ -63,6 +66,7 @@ class StreamedUnit:
     module: nn.Module
     tensors: list[StreamedTensor]
     host: torch.Tensor | None = None  # its bytes in (pinned) host memory; None: read from disk
+    mapped: dict[str, torch.Tensor] | None = None  # zero-copy views of the file (the host computes on them)
 
     def layout(self) -> int:
         """Give each tensor its offset; returns the unit's slot bytes."""
@@ -91,12 +95,14 @@ class UnitStreamer:
     """Streams ``units`` (in forward order) onto ``device`` (see the module docstring)."""
 
     def __init__(self, units: list[StreamedUnit], device: torch.device, accelerator: Accelerator,
-                 read: Callable[[str, torch.Tensor], None], prefetch: int = 1) -> None:
+                 read: Callable[[str, torch.Tensor], None], prefetch: int = 1,
+                 release: Callable[[str], None] | None = None) -> None:
         self.units = units
         self.device = device
         self.accelerator = accelerator
         self._read = read  # (checkpoint key, CPU uint8/dtype view) -> fills it from the file
-        self.slot_bytes = max((u.layout() for u in units), default=0)
+        self._release = release  # (checkpoint key) -> a mapped tensor's pages leave this process
+        self.slot_bytes = max((u.layout() for u in units if u.mapped is None), default=0)
         count = min(prefetch + 1, len(units))
         gpu_side = not accelerator.is_host
         on_disk = any(u.host is None for u in units)
@@ -130,6 +136,12 @@ class UnitStreamer:
         unit = self.units[index]
         with self._lock:
             self.bytes_streamed += sum(t.nbytes for t in unit.tensors)
+        if unit.mapped is not None:  # the host computes on the file's pages: fault them in ahead
+            for view in unit.mapped.values():
+                flat = view.reshape(-1).view(torch.uint8)
+                if flat.numel():
+                    flat[::4096].sum()  # one byte per page: the kernel reads the page (torch lets go of the GIL)
+            return None
         if unit.host is not None:
             return self.accelerator.copy_on_stream(slot.device[:unit.host.numel()], unit.host, self._stream, slot.freed)
         target = slot.staging if slot.staging is not None else slot.device
@@ -186,13 +198,17 @@ class UnitStreamer:
     def _leave(self, index: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             self._unbind(index)
+            if self.units[index].mapped is not None and self._release is not None:
+                for key in self.units[index].mapped:
+                    self._release(key)
             self.slots[index % len(self.slots)].freed = self.accelerator.compute_event(self.device)
         return hook
 
     def _bind(self, index: int, slot: _Slot) -> None:
         saved: dict[tuple[int, str], Any] = {}
+        mapped = self.units[index].mapped
         for t in self.units[index].tensors:
-            view = _view(slot.device, t)
+            view = mapped[t.key] if mapped is not None else _view(slot.device, t)
             value: Any = nn.Parameter(view, requires_grad=False)
             for module, attr, is_param in t.holders:
                 table = module._parameters if is_param else module._buffers
