@@ -278,6 +278,8 @@ def _bound(reads: dict[str, int], kind: dict[str, str], execution: str, disk_byt
                 notes.append("disk bandwidth not measured (it is when loading): no tokens/s bound")
                 return None
             stream_s += nbytes / disk_bytes_per_s
+            notes.append(f"disk reads at {disk_bytes_per_s / 1e9:.3g} GB/s, measured cold: what the page cache "
+                         "serves arrives faster, and a run can beat this bound")
             if kind.get(execution) == CPU:
                 compute_s += nbytes / host_memory_bandwidth()
     if kind.get(execution) == CPU and compute_s:
