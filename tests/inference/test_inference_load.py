@@ -128,3 +128,12 @@ def test_bfloat16_weights_match_the_model_cast_whole(llama_folder: tuple[Path, A
         param.data = param.data.to(torch.bfloat16)
     with torch.no_grad():
         assert torch.equal(model(IDS).logits, reference(IDS).logits)
+
+
+def test_a_model_id_not_in_the_local_cache_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpukit.errors import ConfigurationError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ConfigurationError, match="neither a model folder nor a model id"):
+        load_for_inference("nobody/no-such-model", batch_size=1, prompt_len=4, max_memory={"cpu": "100MiB"})

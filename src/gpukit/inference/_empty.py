@@ -3,7 +3,8 @@
 A module's parameters are replaced by meta ones as they are registered, so none of them holds
 memory for longer than its own construction; buffers (a rotary table computed in ``__init__``,
 which no checkpoint holds) stay as the module made them. Hugging Face folders are built from their
-``config.json`` the same way (``transformers`` is needed only then).
+``config.json`` the same way (``transformers`` is needed only then); a model id is looked up in the
+local Hugging Face cache, never downloaded.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import nn
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["build_empty", "empty_parameters"]
+__all__ = ["build_empty", "empty_parameters", "model_folder"]
 
 _lock_depth = [0]
 
@@ -54,7 +55,7 @@ def build_empty(model_or_factory: nn.Module | Callable[[], Any] | str | os.PathL
     if isinstance(model_or_factory, nn.Module):
         return model_or_factory
     if isinstance(model_or_factory, (str, os.PathLike)):
-        return _from_config(Path(model_or_factory))
+        return _from_config(model_folder(model_or_factory))
     if not callable(model_or_factory):
         raise ConfigurationError(f"model_or_factory={model_or_factory!r}: expected an nn.Module, a function that "
                                  "builds one, or a Hugging Face model folder (with config.json).")
@@ -63,6 +64,30 @@ def build_empty(model_or_factory: nn.Module | Callable[[], Any] | str | os.PathL
     if not isinstance(built, nn.Module):
         raise ConfigurationError(f"The factory returned {type(built).__name__}, not a torch.nn.Module.")
     return built
+
+
+def model_folder(name: str | os.PathLike[str]) -> Path:
+    """A Hugging Face model folder: the path itself, or a model id already in the local Hugging Face
+    cache (nothing is downloaded).
+
+    Raises:
+        ConfigurationError: neither a folder nor an id in the cache.
+    """
+    folder = Path(name)
+    if folder.is_dir():
+        return folder
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        raise ConfigurationError(f"{str(name)!r} is not a folder (and huggingface_hub, which finds model ids in the "
+                                 "local cache, is not installed).") from None
+    try:
+        return Path(snapshot_download(str(name), local_files_only=True))
+    except (LocalEntryNotFoundError, ValueError, OSError) as exc:
+        raise ConfigurationError(f"{str(name)!r} is neither a model folder nor a model id in the local Hugging Face "
+                                 f"cache ({type(exc).__name__}); download it first (huggingface-cli download "
+                                 f"{name}) or give its folder.") from None
 
 
 def _from_config(folder: Path) -> nn.Module:

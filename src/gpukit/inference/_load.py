@@ -30,7 +30,7 @@ from gpukit.accelerators import Accelerator, get_accelerator
 from gpukit.checkpoint import TensorFiles, open_tensor_files
 from gpukit.errors import CheckpointError
 from gpukit.inference._bandwidth import read_bandwidth
-from gpukit.inference._empty import build_empty
+from gpukit.inference._empty import build_empty, model_folder
 from gpukit.inference._guard import install_guard
 from gpukit.inference._plan import InferencePlan, plan_inference
 from gpukit.inference._stream import StreamedTensor, StreamedUnit, UnitStreamer
@@ -103,7 +103,8 @@ def load_for_inference(
 
     Args:
         model_or_factory: a module (best with meta parameters), a function that builds one (called with
-            its parameters on meta), or a Hugging Face model folder on disk (built from config.json).
+            its parameters on meta), or a Hugging Face model folder or id already on disk (built from
+            config.json; an id is found in the local Hugging Face cache, never downloaded).
         checkpoint: a safetensors or torch file, a folder of shards (with or without their index), or a
             gpukit sharded (DCP) step directory; default: the model folder.
         max_memory: budget per device, e.g. ``{"cuda:0": "20GiB", "cpu": "48GiB", "disk": "1TiB"}``;
@@ -130,7 +131,7 @@ def load_for_inference(
     if checkpoint is None:
         if not isinstance(model_or_factory, (str, os.PathLike)):
             raise CheckpointError("checkpoint=... is needed: the weights file or folder to load.")
-        checkpoint = model_or_factory
+        checkpoint = model_folder(model_or_factory)
     files = open_tensor_files(checkpoint, trust=trust)
     try:
         lists_disk = offload_dir is not None or any(str(k).strip().lower() == "disk" for k in (max_memory or {}))
