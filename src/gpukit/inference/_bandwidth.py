@@ -14,7 +14,7 @@ __all__ = ["HOST_TO_GPU_BYTES_PER_S", "gpu_memory_bandwidth", "host_memory_bandw
 
 #: pinned host -> GPU copies over PCIe 4.0 x16, effective (an assumption the plan states)
 HOST_TO_GPU_BYTES_PER_S = 25e9
-_HOST_PROBE_BYTES = 64 * 2**20
+_HOST_PROBE_BYTES = 32 * 2**20  # past the caches, and little to hold (it counts in peak RSS)
 _host_cache: list[float] = []
 
 
@@ -31,7 +31,7 @@ def gpu_memory_bandwidth(index: int) -> float | None:
 
 
 def host_memory_bandwidth() -> float:
-    """Bytes/s one host-memory copy streams (a 64 MiB copy, best of three; measured once per process).
+    """Bytes/s one host-memory copy streams (a 32 MiB copy, best of three; measured once per process).
 
     A forward on the CPU reads every weight once per token: this is its ceiling."""
     if not _host_cache:
@@ -57,7 +57,7 @@ def read_bandwidth(path: str | os.PathLike[str], limit_bytes: int = 256 * 2**20)
             return None
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, size, os.POSIX_FADV_DONTNEED)
-        buffer = bytearray(min(size, 16 * 2**20))
+        buffer = bytearray(min(size, 4 * 2**20))
         view, done = memoryview(buffer), 0
         start = time.perf_counter()
         while done < size:
