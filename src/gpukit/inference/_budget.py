@@ -9,9 +9,7 @@ sent to disk because nothing was said.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping
-from pathlib import Path
 
 from gpukit._util.units import format_bytes, parse_size
 from gpukit.errors import ConfigurationError
@@ -95,14 +93,6 @@ def _host_available_bytes() -> int:
     import psutil
 
     return int(psutil.virtual_memory().available)
-
-
-def disk_free_bytes(offload_dir: str | os.PathLike[str]) -> int:
-    """Free space where ``offload_dir`` is (or would be created)."""
-    path = Path(offload_dir)
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return shutil.disk_usage(path).free
 
 
 def describe_budgets(devices: list[DeviceBudget]) -> str:

@@ -65,6 +65,7 @@ class InferencePlan:
         tokens_per_s_bound: decode tokens/s this placement cannot beat (bytes each token reads over
             the bandwidth that carries them); ``None`` when a bandwidth is unknown.
         bytes_per_token: bytes read per decode token by where they come from.
+        unit_bytes: each unit's weights (a tied tensor counted in its first unit only).
         notes: assumptions the figures rest on.
     """
 
