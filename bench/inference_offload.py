@@ -9,7 +9,8 @@ a fresh process (so each one's peak RSS is its own):
 - ``accelerate``: transformers' ``from_pretrained(device_map="auto", max_memory={"cpu": BUDGET},
   offload_folder=...)`` (skipped, with the reason, where accelerate is not installed).
 
-Printed: tokens/s of each and the ratio gpukit / accelerate, whether the tokens equal the whole
+Each contender runs ``--rounds`` times, interleaved, and its best run is kept (on a shared machine
+other work only slows a run down). Printed: tokens/s of each and the ratio gpukit / accelerate, whether the tokens equal the whole
 model's, peak RSS above the interpreter's own (its libraries loaded and warmed by a tiny model's
 ``generate``) against the
 budget, gpukit's predicted peak against that, and the disk-read bound: bytes each token reads from
@@ -136,6 +137,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved runs of each contender; the best is kept")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--peer-python", default=None, help="python with accelerate [default: this one]")
     parser.add_argument("--child", default=None)
@@ -147,7 +149,7 @@ def main() -> None:
         print(json.dumps(child(args.child, Path(args.folder), args.budget, args.prompt, args.new, Path(args.offload))))
         return
     if args.quick:
-        args.layers, args.hidden, args.vocab, args.new, args.prompt = 4, 128, 1000, 4, 8
+        args.layers, args.hidden, args.vocab, args.new, args.prompt, args.rounds = 4, 128, 1000, 4, 8, 1
     import torch
     import transformers
 
@@ -168,14 +170,24 @@ def main() -> None:
               f"{budget / 2**20:.0f} MiB ({args.budget_share:.0%}), prompt {args.prompt}, {args.new} new tokens, "
               f"{args.threads} torch threads; disk reads {disk_bps / 1e9:.2f} GB/s cold; load average "
               f"{load[0]:.1f} on {os.cpu_count()} CPUs")
-        results = {k: _run(k, sys.executable, args, folder, budget, Path(tmp) / f"offload-{k}") for k in ("whole", "gpukit")}
         peer_python = args.peer_python or sys.executable
         version = _has_accelerate(peer_python)
+        kinds = {"whole": sys.executable, "gpukit": sys.executable}
         if version is None:
             print(f"  accelerate: skipped ({peer_python} cannot import accelerate and transformers; make the peer "
                   "venv as docs/inference.md says, or pass --peer-python)")
         else:
-            results["accelerate"] = _run("accelerate", peer_python, args, folder, budget, Path(tmp) / "offload-acc")
+            kinds["accelerate"] = peer_python
+        # rounds interleaved, the best of each kept: other work on the machine only ever slows a run down
+        results: dict[str, dict | None] = {}
+        for _ in range(args.rounds):
+            for kind, python in kinds.items():
+                got = _run(kind, python, args, folder, budget, Path(tmp) / f"offload-{kind}")
+                best = results.get(kind)
+                if got is not None and (best is None or got["tokens_per_s"] > best["tokens_per_s"]):
+                    results[kind] = got
+                else:
+                    results.setdefault(kind, best)
     reference = (results.get("whole") or {}).get("tokens")
     for kind, got in results.items():
         if got is None:
