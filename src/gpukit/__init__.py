@@ -42,6 +42,8 @@ _LAZY: dict[str, str] = {
     "show_utilization": "gpukit.memory",
     "find_batch_size": "gpukit.memory",
     "estimate_memory": "gpukit.memory",
+    # big-model inference
+    "load_for_inference": "gpukit.inference",
 }
 
 __all__ = [
@@ -61,6 +63,7 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from gpukit.checkpoint import CheckpointManager, load, load_state_dict, save
     from gpukit.devices import FakeNvml, claim_gpus, list_gpus, select_gpus, use_gpus
+    from gpukit.inference import load_for_inference
     from gpukit.memory import estimate_memory, find_batch_size, memory_report, show_utilization
     from gpukit.placement import resolve_device, to_device, unwrap_model
     from gpukit.session import Session

@@ -132,6 +132,33 @@ class CUDAAccelerator(Accelerator):
     def oom_error_types(self) -> tuple[type[BaseException], ...]:
         return (torch.cuda.OutOfMemoryError,)
 
+    def side_stream(self, device: torch.device) -> Any | None:
+        return torch.cuda.Stream(device=device)
+
+    def copy_on_stream(self, dest: torch.Tensor, source: torch.Tensor, stream: Any | None,
+                       after: Any | None = None) -> Any | None:
+        if stream is None:
+            return super().copy_on_stream(dest, source, stream, after)
+        with torch.no_grad(), torch.cuda.stream(stream):
+            if after is not None:
+                stream.wait_event(after)
+            dest.copy_(source, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        self.counts.events += 2 if after is not None else 1
+        return done
+
+    def compute_event(self, device: torch.device) -> Any | None:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        self.counts.events += 1
+        return event
+
+    def wait_on_compute(self, event: Any | None, device: torch.device) -> None:
+        if event is not None:
+            torch.cuda.current_stream(device).wait_event(event)
+            self.counts.events += 1
+
     def memory_stats(self, device: torch.device | None = None) -> dict[str, Any]:
         stats = super().memory_stats(device)
         if not torch.cuda.is_initialized():

@@ -165,6 +165,28 @@ class Accelerator:
         self.counts.syncs += 1
         event.synchronize()
 
+    # -- weights streamed onto the device while it computes (gpukit.inference) -----------------
+    def side_stream(self, device: torch.device) -> Any | None:
+        """A stream for copies that overlap the compute stream; ``None`` where work is not queued
+        (the host computes as it is told: a copy is done when it returns)."""
+        return None
+
+    def copy_on_stream(self, dest: torch.Tensor, source: torch.Tensor, stream: Any | None,
+                       after: Any | None = None) -> Any | None:
+        """Copy ``source`` into ``dest`` on ``stream``, once the compute stream has passed ``after``
+        (an event from :meth:`compute_event`: ``dest`` is free again); returns the event the compute
+        stream must wait on before reading ``dest`` (``None``: the copy is done)."""
+        with torch.no_grad():
+            dest.copy_(source)
+        return None
+
+    def compute_event(self, device: torch.device) -> Any | None:
+        """An event recorded on ``device``'s compute stream now (``None`` on the host: done already)."""
+        return None
+
+    def wait_on_compute(self, event: Any | None, device: torch.device) -> None:
+        """Make the compute stream wait for ``event`` without the host waiting (no-op for ``None``)."""
+
     def supports_bf16(self, device: torch.device | None = None) -> bool:
         return True
 

@@ -11,6 +11,8 @@
   write, :func:`last_save_timings` says how long training waited.
 - :func:`export_pretrained`: a folder Hugging Face ``from_pretrained`` loads (sharded
   safetensors with an index above a size, plus the model's config).
+- :func:`open_tensor_files`: a model's tensors by name in a file, a folder of shards or a sharded
+  step directory, each read straight into place when asked for (big-model inference reads through it).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gpukit.checkpoint._manager import CheckpointManager
 from gpukit.checkpoint._prefixes import detect_prefixes, strip_wrapper_prefixes
 from gpukit.checkpoint._read import auto_map_location
 from gpukit.checkpoint._rng import capture_rng_state, restore_rng_state
+from gpukit.checkpoint._tensor_files import TensorFiles, open_tensor_files
 
 __all__ = [
     "save",
@@ -43,4 +46,6 @@ __all__ = [
     "inspect_checkpoint",
     "convert_checkpoint",
     "atomic_write",
+    "open_tensor_files",
+    "TensorFiles",
 ]

@@ -22,16 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpukit.checkpoint._formats import (
-    SAFETENSORS,
-    SAFETENSORS_DTYPES,
-    check_readable_file,
-    read_safetensors_header,
-    sniff_format,
-)
+from gpukit.checkpoint._formats import SAFETENSORS, check_readable_file, sniff_format
 from gpukit.checkpoint._lazy import LazyCheckpoint
 from gpukit.checkpoint._prefixes import match_state_dict
 from gpukit.checkpoint._read import load_lazy
+from gpukit.checkpoint._tensor_files import safetensors_entries
 
 __all__ = ["load_state_dict", "load_into"]
 
@@ -90,27 +85,7 @@ def load_into(model: nn.Module, path: str | os.PathLike[str], *, strict: bool = 
 def _from_safetensors(model: nn.Module, path: Path, size: int, strict: bool) -> Any:
     """A safetensors file read as a torch one is: its header gives every tensor's place in the
     file, and the same in-place reader (``LazyCheckpoint``) reads each one into the model's."""
-    header = read_safetensors_header(path, size)  # refuses absurd sizes and offsets before anything is read
-    with open(path, "rb") as handle:
-        data_start = 8 + int.from_bytes(handle.read(8), "little")
-    tree: dict[str, torch.Tensor] = OrderedDict()
-    for key, entry in header.items():
-        if key == "__metadata__":
-            continue
-        dtype = getattr(torch, SAFETENSORS_DTYPES[entry["dtype"]][0])  # names checked by the header reader
-        begin, end = entry["data_offsets"]
-        storage = torch.UntypedStorage(end - begin, device="meta")
-        storage._checkpoint_offset = data_start + begin  # type: ignore[attr-defined] # what torch.load records
-        shape = tuple(entry["shape"])
-        tree[key] = torch.empty(0, dtype=dtype, device="meta").set_(storage, 0, shape, _contiguous_stride(shape))
+    tree = safetensors_entries(path, size)  # refuses absurd sizes and offsets before anything is read
     with LazyCheckpoint(path, size, tree) as lazy:
         inner, remapped, own = match_state_dict(model, tree, strict=strict)
         return inner.load_state_dict(OrderedDict(lazy.fill_state_dict(remapped, own)), strict=strict)
-
-
-def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
-    stride, out = 1, []
-    for dim in reversed(shape):
-        out.append(stride)
-        stride *= max(dim, 1)
-    return tuple(reversed(out))

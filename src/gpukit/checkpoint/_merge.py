@@ -24,22 +24,17 @@ import torch
 from gpukit.checkpoint._atomic import atomic_write
 from gpukit.checkpoint._formats import SAFETENSORS_DTYPES, format_for_save, safetensors_metadata
 from gpukit.checkpoint._io import save
+from gpukit.checkpoint._sharded_objects import chosen_object as _chosen
+from gpukit.checkpoint._sharded_objects import is_optimizer as _is_optimizer
+from gpukit.checkpoint._sharded_objects import tensor_entries as _tensors
 from gpukit.checkpoint._sharded import METADATA_FILE, read_metadata
 from gpukit.checkpoint._untrusted import check_output
-from gpukit.errors import CheckpointError, ConfigurationError
+from gpukit.errors import CheckpointError
 
 __all__ = ["describe_sharded", "merge_sharded", "DEFAULT_BUDGET_BYTES"]
 
 DEFAULT_BUDGET_BYTES = 256 * 2**20
 _SAFETENSORS_CODES = {getattr(torch, name): code for code, (name, _) in SAFETENSORS_DTYPES.items() if hasattr(torch, name)}
-
-
-def _tensors(metadata: Any) -> dict[str, Any]:
-    return {k: v for k, v in metadata.state_dict_metadata.items() if hasattr(v, "chunks")}
-
-
-def _is_optimizer(keys: list[str], name: str) -> bool:
-    return any(k.startswith((f"{name}.state.", f"{name}.param_groups.")) for k in keys)
 
 
 def describe_sharded(step_dir: Path, world_size: int, trust: bool = False) -> dict[str, Any]:
@@ -61,25 +56,6 @@ def describe_sharded(step_dir: Path, world_size: int, trust: bool = False) -> di
     return {"format": "torch.distributed.checkpoint", "world_size": world_size,
             "shard_files": len(shard_files), "shard_bytes": sum(p.stat().st_size for p in shard_files),
             "index_file": METADATA_FILE, "objects": objects}
-
-
-def _chosen(metadata: Any, select: str | None, source: Path) -> tuple[str, dict[str, Any]]:
-    tensors = _tensors(metadata)
-    keys = list(metadata.state_dict_metadata)
-    names = sorted({k.split(".", 1)[0] for k in keys})
-    models = [n for n in names if not _is_optimizer(keys, n)]
-    if select is None:
-        if len(models) != 1:
-            raise ConfigurationError(
-                f"{source} holds the sharded objects {', '.join(names)}; choose one to merge with "
-                "--select NAME (e.g. --select model).")
-        select = models[0]
-    prefix = f"{select}."
-    chosen = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-    if not chosen:
-        raise ConfigurationError(f"--select {select!r}: {source} has no sharded object or tensors under that "
-                                 f"name; it holds: {', '.join(names)}.")
-    return select, chosen
 
 
 def _groups(chosen: dict[str, Any], budget_bytes: int) -> Iterator[list[str]]:

@@ -179,10 +179,19 @@ def _visible_gpu_count() -> int:
 @click.option("--jobs", type=click.IntRange(1, 256), default=None,
               help="With --fit: processes planning side by side (the same figures) [default: the CPUs this "
                    "process may use, at most 8].")
+@click.option("--inference", is_flag=True, help="Plan inference instead: the units' placement over the GPUs, CPU "
+              "RAM and disk, each device's peak, the tokens/s bound (see docs/inference.md).")
+@click.option("--max-memory", "max_memory", multiple=True, metavar="DEVICE=SIZE",
+              help="With --inference: a device's budget, e.g. cuda:0=20GiB, cpu=64GiB, disk=1TiB (repeat) "
+                   "[default: what is free now, less a margin].")
+@click.option("--prompt-len", type=click.IntRange(1, MAX_BATCH), default=None,
+              help="With --inference: the prompt's length in tokens [default: --batch-shape's second number].")
+@click.option("--new-tokens", type=click.IntRange(0, MAX_BATCH), default=0, help="With --inference: tokens generated.")
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")
 def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], dtypes: tuple[str, ...], precision: str,
          optimizer: str, device: str, strategy: str, nproc: int | None, fit_memory: str | None,
-         node_gpus: int | None, jobs: int | None, as_json: bool) -> None:
+         node_gpus: int | None, jobs: int | None, inference: bool, max_memory: tuple[str, ...],
+         prompt_len: int | None, new_tokens: int, as_json: bool) -> None:
     """Predict peak training memory of MODEL (a 'module:factory' returning an nn.Module).
 
     The inputs: --batch-shape (positional), --input NAME=SHAPE[:DTYPE] (keyword; a Hugging Face
@@ -226,6 +235,11 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
                                  "(no such device is needed: nothing is allocated).") from None
     dtype_names = dtypes or ("float32",) * len(shapes)
     built, example = _build(model, factory)
+    if inference:  # forward-only placement (issue 40), in a module of its own
+        from gpukit.cli._plan_inference import print_inference_plan
+
+        print_inference_plan(built, example, dims, dtypes, max_memory, prompt_len, new_tokens, as_json)
+        return
     if example is not None and (shapes or named):
         raise ConfigurationError(f"{model!r} returns its own example inputs; drop --batch-shape/--input, or return "
                                  "the model alone.")

@@ -33,7 +33,7 @@ _LAZY: dict[str, str] = {
     "FAKE_ENV": "_nvml", "driver_version": "_nvml", "unavailable_reason": "_nvml",
     "is_fake_backend": "_nvml", "silence_notice": "_nvml",
     "GpuHealth": "_health", "gpu_health": "_health", "persistence_mode": "_health",
-    "DensePeak": "_peaks", "dense_peak": "_peaks", "peak_table": "_peaks", "PEAK_DTYPES": "_peaks",
+    "DensePeak": "_peaks", "dense_peak": "_peaks", "memory_bandwidth_gbps": "_peaks", "peak_table": "_peaks", "PEAK_DTYPES": "_peaks",
 }
 
 __all__ = [*_LAZY]
@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from gpukit.devices._health import GpuHealth, gpu_health, persistence_mode
     from gpukit.devices._nvml import FAKE_ENV, driver_version, is_fake_backend, silence_notice, unavailable_reason
     from gpukit.devices._criteria import ORDERS
-    from gpukit.devices._peaks import PEAK_DTYPES, DensePeak, dense_peak, peak_table
+    from gpukit.devices._peaks import PEAK_DTYPES, DensePeak, dense_peak, memory_bandwidth_gbps, peak_table
     from gpukit.devices._select import select_gpus
     from gpukit.devices._snapshot import GpuProcess, GpuSnapshot, list_gpus, selectable_units
     from gpukit.devices._spec import FakeSpec

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["PEAK_DTYPES", "DensePeak", "dense_peak", "peak_table"]
+__all__ = ["PEAK_DTYPES", "DensePeak", "dense_peak", "memory_bandwidth_gbps", "peak_table"]
 
 #: the dtypes the table has figures for
 PEAK_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -113,3 +113,24 @@ def dense_peak(gpu_name: str | None, dtype: str) -> DensePeak | None:
 def peak_table() -> list[tuple[str, bool, dict[str, float]]]:
     """Every row of the table: ``(model, family fallback?, {dtype: dense TFLOP/s})`` (for docs and tests)."""
     return [(model, family, dict(figures)) for _, model, family, figures in _ROWS]
+
+
+# data-sheet memory bandwidth, GB/s (10^9 bytes/s), most specific name first
+_MEMORY_GBPS: tuple[tuple[str, float], ...] = (
+    (r"\bb200\b", 8000.0), (r"\bh200\b", 4800.0), (r"\bh100 nvl\b", 3900.0), (r"\bh100 pcie\b", 2000.0),
+    (r"\bh100\b", 3350.0), (r"\bh800\b", 3350.0), (r"\ba100\b.*80gb.*pcie|\ba100\b.*pcie.*80gb", 1935.0),
+    (r"\ba100\b.*80gb", 2039.0), (r"\ba100\b", 1555.0), (r"\ba30\b", 933.0), (r"\ba40\b", 696.0),
+    (r"\ba10\b", 600.0), (r"\bl40s?\b", 864.0), (r"\bl4\b", 300.0), (r"\brtx 4090\b", 1008.0),
+    (r"\brtx 3090\b(?! ti)", 936.0), (r"\brtx a6000\b", 768.0), (r"\bv100s\b", 1134.0), (r"\bv100\b", 900.0),
+    (r"\bt4\b", 320.0),
+)
+
+
+def memory_bandwidth_gbps(gpu_name: str | None) -> float | None:
+    """The data sheet's memory bandwidth of the GPU called ``gpu_name`` in GB/s (10^9 bytes/s);
+    ``None`` when the name is not in the table."""
+    lowered = " ".join((gpu_name or "").lower().split())
+    for pattern, gbps in _MEMORY_GBPS:
+        if re.search(pattern, lowered):
+            return gbps
+    return None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from gpukit.devices import dense_peak
+from gpukit.devices import dense_peak, memory_bandwidth_gbps
 
 __all__ = ["COPY_FLOOR_SHARE", "MATMUL_FLOOR_SHARE", "MEMORY_FLOOR_SHARE", "copy_floor_gbps", "matmul_reference",
            "memory_reference_gbps"]
@@ -41,17 +41,6 @@ _MEASURED_BF16: tuple[tuple[str, float, str], ...] = (
     (r"\bh200\b(?! nvl)", 750.0, "H200 SXM, 698-798 TFLOP/s measured on the same chip (H100 SXM)"),
     (r"\bh100\b.*\b(sxm|hbm3)", 750.0, "H100 SXM, 698-798 TFLOP/s measured"),
 )
-
-# data-sheet memory bandwidth, GB/s (10^9 bytes/s), most specific name first
-_MEMORY_GBPS: tuple[tuple[str, float], ...] = (
-    (r"\bb200\b", 8000.0), (r"\bh200\b", 4800.0), (r"\bh100 nvl\b", 3900.0), (r"\bh100 pcie\b", 2000.0),
-    (r"\bh100\b", 3350.0), (r"\bh800\b", 3350.0), (r"\ba100\b.*80gb.*pcie|\ba100\b.*pcie.*80gb", 1935.0),
-    (r"\ba100\b.*80gb", 2039.0), (r"\ba100\b", 1555.0), (r"\ba30\b", 933.0), (r"\ba40\b", 696.0),
-    (r"\ba10\b", 600.0), (r"\bl40s?\b", 864.0), (r"\bl4\b", 300.0), (r"\brtx 4090\b", 1008.0),
-    (r"\brtx 3090\b(?! ti)", 936.0), (r"\brtx a6000\b", 768.0), (r"\bv100s\b", 1134.0), (r"\bv100\b", 900.0),
-    (r"\bt4\b", 320.0),
-)
-
 
 def _lower(name: str | None) -> str:
     return " ".join((name or "").lower().split())
@@ -77,8 +66,4 @@ def matmul_reference(gpu_name: str | None, dtype: str) -> tuple[float, str] | No
 
 def memory_reference_gbps(gpu_name: str | None) -> float | None:
     """The data sheet's memory bandwidth of this model in GB/s; ``None`` when not in the table."""
-    lowered = _lower(gpu_name)
-    for pattern, gbps in _MEMORY_GBPS:
-        if re.search(pattern, lowered):
-            return gbps
-    return None
+    return memory_bandwidth_gbps(gpu_name)

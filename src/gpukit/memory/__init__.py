@@ -8,6 +8,7 @@ Entry points for :class:`gpukit.Session` (each works on its own as well):
   (``session.watch_memory(...)``), ``inference_guard(model)`` per set-up model.
 * ``OomBackoff(micro_batch_size, device=..., zero_grad=..., parameters=..., no_sync=...)``
   with ``.run(step_fn, batch)`` (``Session(oom="backoff")`` + ``session.run_step``).
+* ``forward_units(model, example, dtype)``: the forward-only (inference) plan's per-unit figures.
 * ``fit(model, example_input, memory="24GiB", devices=N)``: the cheapest configuration that fits
   (tensor-parallel groups included: ``tensor_split(model, degree)`` finds what a degree splits, for the
   planner and for the strategy that splits it).
@@ -42,6 +43,7 @@ from gpukit.memory._blocks import (
     unit_param_counts,
     units_to_shard,
 )
+from gpukit.memory._forward import ForwardUnit, KvShape, check_workload, forward_units, kv_shape, model_units, unit_tensor_names
 from gpukit.memory._free import free_memory
 from gpukit.memory._inference_guard import InferenceGradWarning, InferenceGuard, inference_guard
 from gpukit.memory._leaks import LeakFinding, LeakWatcher, MemoryLeakWarning, watch
@@ -86,6 +88,13 @@ __all__ = [
     "BatchSizeResult",
     "BatchSizeTrial",
     "estimate_memory",
+    "forward_units",
+    "ForwardUnit",
+    "KvShape",
+    "kv_shape",
+    "model_units",
+    "unit_tensor_names",
+    "check_workload",
     "shard_estimate",
     "TensorSplit",
     "TensorSplitError",

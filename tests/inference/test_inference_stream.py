@@ -1,0 +1,77 @@
+"""UnitStreamer on its own: the GPU path (pinned host units, disk reads staged then copied on a side
+stream) run with FakeCUDAAccelerator, whose copies and events behave as CUDA's on the host."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from gpukit.accelerators import CPUAccelerator, FakeCUDAAccelerator
+from gpukit.inference._stream import StreamedTensor, StreamedUnit, UnitStreamer
+
+
+def _stream(model: nn.Sequential, accelerator: object, prefetch: int, from_host: set[int]) -> UnitStreamer:
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    readers: set[str] = set()
+
+    def read(key: str, view: torch.Tensor) -> None:
+        readers.add(threading.current_thread().name)
+        view.copy_(weights[key])
+
+    units = []
+    for index, layer in enumerate(model):
+        parts = []
+        for attr in ("weight", "bias"):
+            tensor = getattr(layer, attr)
+            parts.append(StreamedTensor(f"{index}.{attr}", tuple(tensor.shape), tensor.dtype, holders=[(layer, attr, True)]))
+            layer._parameters[attr] = nn.Parameter(torch.empty(tensor.shape, device="meta"), requires_grad=False)
+        unit = StreamedUnit(str(index), layer, parts)
+        if index in from_host:
+            size = unit.layout()
+            unit.host = accelerator.pinned_empty((size,), torch.uint8)  # type: ignore[attr-defined]
+            for part in parts:
+                read(part.key, unit.host[part.offset:part.offset + part.nbytes].view(part.dtype).view(part.shape))
+        units.append(unit)
+    streamer = UnitStreamer(units, torch.device("cpu"), accelerator, read, prefetch)  # type: ignore[arg-type]
+    streamer.readers = readers  # type: ignore[attr-defined]
+    return streamer
+
+
+@pytest.mark.parametrize("accelerator", [CPUAccelerator(), FakeCUDAAccelerator()], ids=["cpu", "fake-cuda"])
+@pytest.mark.parametrize("prefetch", [1, 2])
+def test_streamed_layers_compute_what_the_resident_model_does(accelerator: object, prefetch: int) -> None:
+    torch.manual_seed(0)
+    whole = nn.Sequential(*[nn.Linear(32, 32) for _ in range(7)]).eval()
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        want = whole(x)
+    model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(7)]).eval()
+    model.load_state_dict(whole.state_dict())
+    streamer = _stream(model, accelerator, prefetch, from_host={1, 4})
+    assert len(streamer.slots) == prefetch + 1
+    with torch.no_grad():
+        for _ in range(3):  # every pass streams every layer again, ahead of its use
+            assert torch.equal(model(x), want)
+    layer_bytes = 32 * 33 * 4  # weight and bias
+    assert streamer.bytes_streamed == (3 * 7 + prefetch) * layer_bytes  # and the next pass's first, read ahead
+    assert all(layer.weight.is_meta for layer in model)  # nothing stays bound between passes
+    assert any(name.startswith("gpukit-offload") for name in streamer.readers)  # disk reads off the compute thread
+    assert (streamer.slots[0].staging is not None) == (not accelerator.is_host)  # type: ignore[attr-defined]
+    streamer.close()
+
+
+def test_a_layer_run_out_of_order_is_filled_when_it_starts() -> None:
+    torch.manual_seed(0)
+    whole = nn.Sequential(*[nn.Linear(16, 16) for _ in range(5)]).eval()
+    model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(5)]).eval()
+    model.load_state_dict(whole.state_dict())
+    streamer = _stream(model, CPUAccelerator(), 1, from_host=set())
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        assert torch.equal(model[3](x), whole[3](x))
+        assert torch.equal(model[0](x), whole[0](x))
+        assert torch.equal(model(x), whole(x))
+    streamer.close()
