@@ -317,7 +317,8 @@ class SessionFit:
             other = rank(self.precisions[-1:], self.plan_strategy, self.checkpointing, "auto").best
             if other is not None and other.layout.tensor > 1:
                 hints.append(f"tensor_parallel={other.layout.tensor} would fit ({format_bytes(other.peak_bytes)}): "
-                             "each layer split over a group of processes that share a batch")
+                             "each layer split over a group of processes that share a batch; or "
+                             "tensor_parallel='auto' to let fit choose it at setup")
         hints.append("a smaller batch per process, more processes, or a device with more memory")
         return "\n".join(lines + [f"  fix: {h}." for h in hints])
 
