@@ -169,5 +169,9 @@ def test_session_fit_plans_its_tensor_group_and_names_a_degree_that_would_fit() 
     assert "tensor_parallel=2" in choice.option.session_line()
     plain = gpukit.Session(accelerator="cpu", devices=2, strategy="ddp", precision="32-true", fit=budget,
                            verbose=False)
-    with pytest.raises(MemoryPlanError, match=r"fix: tensor_parallel=2 would fit \("):
+    with pytest.raises(MemoryPlanError, match=r"fix: tensor_parallel=2 would fit \(.*or tensor_parallel='auto'"):
         plain._fit._choose(model, optimizer, ids, budget, "given")
+    auto = gpukit.Session(accelerator="cpu", devices=2, tensor_parallel="auto", precision="32-true", fit=budget,
+                          verbose=False)  # the degree left to fit: the one that fits
+    assert auto.strategy.layout == Layout(replicas=2)
+    assert auto._fit._choose(model, optimizer, ids, budget, "given").option.layout == Layout(tensor=2)

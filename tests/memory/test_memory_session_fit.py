@@ -163,3 +163,94 @@ def test_fit_true_budgets_the_free_gpu_memory() -> None:
     assert choice.micro_batch == BATCH and choice.peak_bytes <= choice.budget_bytes
     _train_one_step(session, model, optimizer)
     assert torch.cuda.max_memory_allocated() <= choice.budget_bytes
+
+
+# -- Session(tensor_parallel="auto", fit=...): the degree chosen at setup (the gloo run that trains with it:
+# tests/strategies/test_tensor_parallel_multiprocess.py); here the choice and the refusals, in one process
+
+def _two_process_tensor_strategy() -> gpukit.strategies.TensorParallelStrategy:
+    """What ``Session(tensor_parallel="auto")`` builds in a process of a 2-process job (not launched here)."""
+    from gpukit.strategies import TensorParallelStrategy, select_strategy
+
+    base = select_strategy("cpu")
+    return TensorParallelStrategy(base.accelerator, base.root_device, None, 2, degree=1)
+
+
+def _token_mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(16, 16), torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 16), torch.nn.Linear(16, 32), torch.nn.GELU(),
+                               torch.nn.Linear(32, 16))
+
+
+def test_tensor_parallel_auto_chooses_groups_only_where_nothing_fits_without() -> None:
+    from gpukit.session._config import SessionConfig
+    from gpukit.session._fit import FitNothingFitsError, SessionFit
+
+    model, ids = _token_mlp(), torch.randint(0, 16, (2, 6))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    common = dict(device="cpu", devices=2, precisions=["32-true"], optimizer=optimizer, top=1)
+    split = fit(model, ids, memory="1GiB", global_batch=2, strategies=["tp2"], **common).best
+    smallest_ddp = fit(model, ids, memory="1GiB", global_batch=4, strategies=["ddp"], **{**common, "top": 50})
+    unsplit_peak = min(o.peak_bytes for o in smallest_ddp.options)
+    assert split.peak_bytes < unsplit_peak  # split in two, each rank holds about half
+    strategy = _two_process_tensor_strategy()
+
+    def choose(budget: int) -> object:
+        config = SessionConfig("cpu", precision="32-true", tensor_parallel="auto", fit=budget)
+        session_fit = SessionFit(budget, config=config, strategy=strategy, accelerator=strategy.accelerator,
+                                 verbose=False)
+        return session_fit._choose(model, optimizer, ids, budget, "given")
+
+    roomy = choose(2**30)  # both fit: the session keeps its data-parallel layout
+    assert roomy.option.layout.tensor == 1 and "tensor_parallel=1" in roomy.chosen
+    tight = choose((split.peak_bytes + unsplit_peak) // 2)  # only the split model fits
+    assert tight.option.layout.tensor == 2 and "tensor_parallel=2" in tight.chosen
+    assert tight.option.micro_batch == 2 and tight.kept[0] == "strategy ddp x2"
+    with pytest.raises(FitNothingFitsError, match=r"tried: .*; tensor_parallel 1, 2; every micro-batch"):
+        choose(split.peak_bytes // 2)
+
+
+def test_tensor_parallel_auto_refusals_say_what_to_do() -> None:
+    with pytest.raises(ConfigurationError, match=r"tensor_parallel='auto'\): there is nothing that chooses it"):
+        gpukit.Session("cpu", tensor_parallel="auto")
+    with pytest.raises(ConfigurationError, match=r"global_batch_size is divided .* micro_batch_size"):
+        gpukit.Session("cpu", tensor_parallel="auto", fit="1GiB", global_batch_size=8)
+    with pytest.raises(ConfigurationError, match=r"oom='backoff' cannot split"):
+        gpukit.Session("cpu", tensor_parallel="auto", fit="1GiB", oom="backoff")
+    with pytest.raises(ConfigurationError, match=r"tensor_parallel='two'\): give a whole number >= 1, or 'auto'"):
+        gpukit.Session("cpu", tensor_parallel="two", fit="1GiB")
+
+
+def test_tensor_parallel_auto_in_one_process_is_plain_fit(tight_budget: int) -> None:
+    model, optimizer = _model_and_optimizer()
+    session = gpukit.Session("cpu", tensor_parallel="auto", fit=tight_budget, verbose=False)
+    model, optimizer = session.setup(model, optimizer, example_input=torch.randn(BATCH, 64))
+    assert session.strategy.name == "single" and session.fit_choice.option.layout.tensor == 1
+    _train_one_step(session, model, optimizer)
+
+
+def test_tensor_parallel_auto_refuses_a_loader_set_up_first_and_a_built_mesh() -> None:
+    from types import SimpleNamespace
+
+    from gpukit.session._loaders import LoaderTracker
+    from gpukit.session._seeding import RankSeeding
+    from gpukit.session._setup import _regroup
+
+    strategy = _two_process_tensor_strategy()
+    loaders = LoaderTracker(strategy.data_parallel_size)
+    parts = SimpleNamespace(strategy=strategy, loaders=loaders,
+                            seeding=RankSeeding(0, 1, 2, strategy.accelerator, per_rank=False))
+    loaders.made = 1
+    with pytest.raises(ConfigurationError, match=r"chose tensor_parallel=2 at setup, but 1 loader\(s\) were set up "
+                                                 r"before it, sharded over 2 .*before session.setup_dataloader"):
+        _regroup(parts, 2)
+    assert strategy.layout.tensor == 1  # nothing changed
+    loaders.made = 0
+    _regroup(parts, 2)
+    assert (strategy.data_parallel_size, loaders.world_size, parts.seeding.world_size) == (1, 1, 1)
+    assert parts.seeding.rank == 0
+    fresh = _two_process_tensor_strategy()
+    fresh.tp.mesh = object()  # a model was split already: the mesh's shape is fixed
+    with pytest.raises(ConfigurationError, match=r"mesh was built for an earlier model"):
+        fresh.choose_degree(2)

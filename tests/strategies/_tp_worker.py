@@ -9,7 +9,8 @@ collectives of one forward and backward (torch's CommDebugMode), the final full 
 layout; the small transformer is saved with ``session.save_checkpoint`` to <out>/ckpt (the Llama block of one
 tensor group exported with ``export_pretrained`` to <out>/hf), and a one-process
 checkpoint in <out>/single (when there) is resumed into the split MLP stack. The run of one tensor group
-(strategy "auto") is also a ``Session(fit=...)``: the choice it made is recorded, and one more small
+(strategy "auto") is ``Session(tensor_parallel="auto", fit=...)`` with a budget the MLP stack fits only split:
+the degree fit chose (2) is what it trains with; the choice it made is recorded, and one more small
 transformer's training steps are measured (``measure_step_memory``: this rank's peak) for the test to hold
 against the planner's prediction. Writes <out>/rank<R>.pt.
 """
@@ -158,8 +159,12 @@ def full(value: torch.Tensor) -> torch.Tensor:
     return (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu().clone()
 
 
-#: Session(fit=...)'s budget in the run of one tensor group: room for everything (the choice is recorded)
+#: a budget with room for everything (the test plans the small transformer's tensor x2 rank with it)
 FIT_BUDGET = "4GiB"
+#: Session(tensor_parallel="auto", fit=...)'s budget in the run of one tensor group, per process: the MLP stack
+#: (set up first, SGD with momentum, batch 2, fp32) is planned at 39,352 B per process under DDP x2 even at
+#: micro-batch 1 and 17,256 B per rank split over a tensor group of 2, so fit must choose tensor_parallel=2
+AUTO_FIT_BUDGET = 30_000
 
 
 def example_ids() -> torch.Tensor:
@@ -167,12 +172,13 @@ def example_ids() -> torch.Tensor:
     return make_data().tensors[0][:BATCH]
 
 
-def train(session: gpukit.Session, family: str, checkpoint: Path | None = None, export: Path | None = None) -> dict:
+def train(session: gpukit.Session, family: str, checkpoint: Path | None = None, export: Path | None = None,
+          fit: bool = False) -> dict:
     from torch.distributed.tensor.debug import CommDebugMode
 
     model = make_model(family)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    fitting = session.fit_choice is None and session.strategy.layout.data_parallel_size == 1
+    fitting = fit and session.fit_choice is None  # the first model set up decides
     model, optimizer = session.setup(model, optimizer, **({"example_input": example_ids()} if fitting else {}))
     loader = session.setup_dataloader(make_data(), batch_size=BATCH, shuffle=False)
     record: dict = {"indices": [], "norms": []}
@@ -225,17 +231,20 @@ def measured_peak(session: gpukit.Session) -> int:
 
 def main(out_dir: Path, strategy: str, families: list[str], accumulate: int, checkpointing: bool) -> None:
     one_group = strategy == "auto"
-    session = gpukit.Session(accelerator="cpu", strategy=strategy, tensor_parallel=2, seed=0, verbose=False,
-                             accumulate_grad_batches=accumulate,
+    # one group: the degree is fit's (AUTO_FIT_BUDGET: the MLP stack, set up first, fits only split in two)
+    session = gpukit.Session(accelerator="cpu", strategy=strategy, tensor_parallel="auto" if one_group else 2,
+                             seed=0, verbose=False, accumulate_grad_batches=accumulate,
                              activation_checkpointing={Block} if checkpointing else None,
-                             fit=FIT_BUDGET if one_group else None)
-    layout = session.strategy.layout
-    record: dict = {"layout": (layout.replicas, layout.shards, layout.tensor), "name": session.strategy.name,
-                    "dp_rank": session.strategy.data_parallel_rank}
+                             fit=AUTO_FIT_BUDGET if one_group else None,
+                             precision="32-true" if one_group else "auto")
+    record: dict = {"layout_before_setup": session.strategy.layout}
     for family in families:
         record[family] = train(session, family, out_dir / "ckpt" if family == "block" else None,
-                               out_dir / "hf" if family == "llama" and one_group else None)
+                               out_dir / "hf" if family == "llama" and one_group else None, fit=one_group)
         record[family]["checkpointed"] = list(session.strategy.checkpointed)
+    layout = session.strategy.layout
+    record.update(layout=(layout.replicas, layout.shards, layout.tensor), name=session.strategy.name,
+                  dp_rank=session.strategy.data_parallel_rank)
     if (out_dir / "single").exists():  # a checkpoint one process saved: resumed into the split MLP stack
         model = make_model("mlp")
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -245,7 +254,8 @@ def main(out_dir: Path, strategy: str, families: list[str], accumulate: int, che
     if one_group:
         choice = session.fit_choice
         record["fit"] = {"layout": choice.option.layout, "line": choice.option.session_line(),
-                         "precision": choice.precision, "micro": choice.micro_batch}
+                         "precision": choice.precision, "micro": choice.micro_batch, "chosen": choice.chosen,
+                         "peak": choice.peak_bytes}
         record["measured_peak"] = measured_peak(session)
     session.barrier()
     torch.save(record, out_dir / f"rank{session.rank}.pt")

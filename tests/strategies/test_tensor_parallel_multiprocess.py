@@ -1,6 +1,7 @@
 """Tensor parallelism with real processes (`gpukit run --cpu --nproc N`, gloo): one launch per layout.
 
-- world 2, ``Session(tensor_parallel=2)``: one tensor group (Layout(tensor=2));
+- world 2, ``Session(tensor_parallel="auto", fit=...)`` under a budget only a split model fits: fit chooses
+  one tensor group (Layout(tensor=2)) at setup;
 - world 4, ``Session(tensor_parallel=2, strategy="fsdp")`` / ``"ddp"``: 2 shards (or replicas) x 2 tensor on a
   ("dp", "tp") mesh.
 
@@ -133,12 +134,18 @@ def test_tensor_parallel_equals_one_process(tensor_only: list[dict], family: str
     _check(tensor_only, family)
 
 
-def test_fit_plans_the_sessions_tensor_group(tensor_only: list[dict]) -> None:
-    """``Session(tensor_parallel=2, fit=...)``: fit plans the session's layout (one rank's shard of the model)."""
+def test_fit_chooses_the_sessions_tensor_group(tensor_only: list[dict]) -> None:
+    """``Session(tensor_parallel="auto", fit=...)`` under a budget the MLP stack fits only split: fit chose
+    tensor_parallel=2 at setup (the session was built data parallel x2), and the session trained with it
+    (test_tensor_parallel_equals_one_process: every family equal to one process)."""
     from gpukit.layout import Layout
 
     for rec in tensor_only:
+        assert rec["layout_before_setup"] == Layout(replicas=2)  # built before the model was seen
+        assert rec["layout"] == (1, 1, 2) and rec["dp_rank"] == 0
         assert rec["fit"]["layout"] == Layout(tensor=2)
+        assert "tensor_parallel=2" in rec["fit"]["chosen"]
+        assert rec["fit"]["peak"] <= worker.AUTO_FIT_BUDGET
         assert "tensor_parallel=2" in rec["fit"]["line"] and rec["fit"]["precision"] == "32-true"
         assert rec["fit"]["micro"] == worker.BATCH  # room for the whole batch: not split
 

@@ -97,7 +97,9 @@ class SessionConfig:
         refuse: setting names to keep off, e.g. ``refuse=("compile", "channels_last")``.
         tensor_parallel, tensor_plan: split each layer over groups of that many processes (which see
             the same batch), with the plan found by structure or the given ``{name: ParallelStyle}``;
-            ``strategy`` "ddp"/"fsdp" replicates/shards the groups (docs/sessions.md, "Tensor parallelism").
+            ``strategy`` "ddp"/"fsdp" replicates/shards the groups (docs/sessions.md, "Tensor parallelism");
+            ``tensor_parallel="auto"`` with ``fit``: the degree is chosen at setup (groups only where nothing
+            fits without them; docs/memory.md).
 
     Attributes:
         (each argument above, as given), and the checked forms:
@@ -134,7 +136,7 @@ class SessionConfig:
     flops_per_step: int | None = None
     auto: bool = True
     refuse: Iterable[str] = ()
-    tensor_parallel: int = 1
+    tensor_parallel: int | str = 1
     tensor_plan: dict[str, Any] | None = None
     # the checked forms (not arguments: a worker rebuilds them from the arguments)
     watch_every_n_steps: int | None = field(init=False, repr=False)
@@ -154,6 +156,7 @@ class SessionConfig:
         object.__setattr__(self, "refused", refused)
         timeout_s = None if self.timeout_s is None else parse_timeout_s(self.timeout_s)
         object.__setattr__(self, "collective_timeout_s", timeout_s)
+        check_tensor_auto(self)
 
     def arguments(self) -> dict[str, Any]:
         """The arguments as given, by name: ``Session(**config.arguments())`` builds an equal session."""
@@ -172,6 +175,31 @@ class SessionConfig:
         logged = {name: _plain(value) for name, value in self.arguments().items()}
         logged.update(chosen)
         return logged
+
+
+def check_tensor_auto(config: SessionConfig) -> None:
+    """``tensor_parallel="auto"``: only with ``fit`` (which chooses it), and without the settings fixed by
+    the data-parallel size before the model is seen.
+
+    Raises:
+        ConfigurationError: another string, or "auto" without ``fit`` / with ``global_batch_size`` or
+            ``oom="backoff"``.
+    """
+    given = config.tensor_parallel
+    if not isinstance(given, str):
+        return
+    if given != "auto":
+        raise ConfigurationError(f"Session(tensor_parallel={given!r}): give a whole number >= 1, or 'auto' with "
+                                 "fit=... (the degree chosen at setup).")
+    why = ("there is nothing that chooses it: add fit='20GiB' (or fit=True on a GPU), or give the degree"
+           if config.fit in (None, False) else
+           "global_batch_size is divided by the data-parallel size when the Session is built, before the degree "
+           "is chosen: give micro_batch_size / accumulate_grad_batches instead, or the degree"
+           if config.global_batch_size is not None else
+           "oom='backoff' cannot split batches under tensor groups: use oom='raise' (or None), or give the degree"
+           if config.oom == "backoff" else None)
+    if why is not None:
+        raise ConfigurationError(f"Session(tensor_parallel='auto'): {why} (tensor_parallel=2).")
 
 
 def _plain(value: Any) -> Any:

@@ -17,7 +17,11 @@ groups: ``Session(tensor_parallel=2, fit=...)`` plans each rank's shard of the m
 collectives, as ``gpukit plan --fit`` does). The tensor-parallel degree itself is the session's too:
 the data-parallel coordinates (the loader's shards, the seeds, the global batch) follow from it when the
 Session is built, before the model is seen; where no configuration fits and a degree would, the error
-says which one (``Session(tensor_parallel=N)``). Among what is left open, the
+says which one (``Session(tensor_parallel=N)``). ``Session(tensor_parallel="auto", fit=...)`` leaves the
+degree to fit: tensor groups only where nothing fits without them (the smallest degree that fits; each
+process keeps its batch, which the ranks of a group then share), applied at setup before the model is
+split -- the strategy's layout, the loader tracker's and the seeding's data-parallel coordinates -- and
+refused when a loader was set up first (it was sharded for the coordinates of then). Among what is left open, the
 cheapest predicted step whose planned peak fits wins (:func:`gpukit.memory.fit`). Rank 0 decides
 on the smallest budget of any rank and broadcasts, so every rank applies the same choice.
 
@@ -28,7 +32,8 @@ process or swapping, not an error, and processes share the RAM, so no free-memor
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -148,7 +153,11 @@ class SessionFit:
                 "fit='20GiB' or bytes, or leave it out (None).")
         self._strategy, self._accelerator, self._verbose = strategy, accelerator, verbose
         self.plan_strategy = _plan_strategy(strategy)
-        self.kept: list[str] = [f"strategy {strategy.name}" + (f" x{strategy.world_size}" if strategy.world_size > 1 else "")]
+        #: ``tensor_parallel="auto"``: the degrees tried (in order) where nothing fits without tensor groups
+        self.degrees = ([t for t in range(2, strategy.world_size + 1) if strategy.world_size % t == 0]
+                        if config.tensor_parallel == "auto" else [])
+        name = self.plan_strategy if self.degrees else strategy.name  # "auto": "tp" x1 is DDP or FSDP so far
+        self.kept: list[str] = [f"strategy {name}" + (f" x{strategy.world_size}" if strategy.world_size > 1 else "")]
         precision = strategy.precision
         if config.precision == "auto":
             self.precisions = _preferred_precisions(precision.name, accelerator, strategy.root_device)
@@ -180,9 +189,11 @@ class SessionFit:
             return None
         return cls(fit, config=config, strategy=strategy, accelerator=strategy.accelerator, verbose=verbose)
 
-    def apply(self, model: nn.Module, optimizer: Any, example_input: Any, *, memory: SessionMemory) -> None:
+    def apply(self, model: nn.Module, optimizer: Any, example_input: Any, *, memory: SessionMemory,
+              regroup: Callable[[int], None] | None = None) -> None:
         """Choose (rank 0, broadcast) and apply: the precision and checkpointing to the strategy, which
-        owns them (every component reads the precision through it), the micro-batch to ``memory``."""
+        owns them (every component reads the precision through it), the micro-batch to ``memory``, a
+        tensor-parallel degree (``tensor_parallel="auto"``) to ``regroup``."""
         from gpukit.precision import get_precision
 
         if example_input is None:
@@ -205,6 +216,10 @@ class SessionFit:
         if isinstance(outcome, BaseException):
             raise outcome
         self.choice = choice = outcome
+        if choice.option.layout.tensor != self._strategy.layout.tensor:
+            if regroup is None:
+                raise ConfigurationError("Session(fit=...) chose tensor groups but cannot apply them here")
+            regroup(choice.option.layout.tensor)
         if self._verbose and self._strategy.rank == 0:
             print(choice, file=sys.stderr, flush=True)
         self._strategy.activation_checkpointing = choice.activation_checkpointing
@@ -240,22 +255,39 @@ class SessionFit:
         groups = self._strategy.data_parallel_size  # the ranks of a tensor group share one batch
 
         def rank(precisions: list[str], strategy: str, checkpointing: list[str],
-                 tensor: tuple[int, ...] | str = ()) -> FitResult:
+                 tensor: tuple[int, ...] | str = (), groups: int = groups) -> FitResult:
             return fit(plain, example, memory=budget, devices=n, global_batch=batch * groups, strategies=[strategy],
                        precisions=precisions, checkpointing=checkpointing, top=1, planner=planner,
                        device=self._accelerator.type, optimizer=optimizer, tensor_parallel=tensor)
 
-        result = None
-        for index, precision in enumerate(self.precisions):
-            result = rank([precision], self.plan_strategy, self.checkpointing)
-            if result.best is not None:
-                chosen = ["precision"] if len(self.precisions) > 1 else []
-                chosen += ["activation checkpointing"] if len(self.checkpointing) > 1 else []
-                chosen.append("micro-batch")
-                return FitChoice(result.best, budget, source, batch, tuple(chosen), tuple(self.kept),
-                                 result.cheaper_rejected)
-        assert result is not None
-        raise FitNothingFitsError(self._nothing_fits(result, budget, source, rank))
+        first: FitResult | None = None
+        # tensor groups (tensor_parallel="auto") only where nothing fits without: a process keeps its batch
+        for degree in [1, *self.degrees]:
+            label, degree_groups = self._layout_with(degree)
+            for precision in self.precisions:
+                result = rank([precision], label, self.checkpointing, (degree,) if degree > 1 else (),
+                              degree_groups)
+                first = result if degree == 1 else first  # the closest without groups, as without "auto"
+                if result.best is not None:
+                    chosen = ["precision"] if len(self.precisions) > 1 else []
+                    chosen += ["activation checkpointing"] if len(self.checkpointing) > 1 else []
+                    chosen += ["micro-batch"] + ([f"tensor_parallel={degree}"] if self.degrees else [])
+                    return FitChoice(result.best, budget, source, batch, tuple(chosen), tuple(self.kept),
+                                     result.cheaper_rejected)
+        assert first is not None
+        raise FitNothingFitsError(self._nothing_fits(first, budget, source, rank))
+
+    def _layout_with(self, degree: int) -> tuple[str, int]:
+        """The planner's name for the session's layout with tensor groups of ``degree`` (1: as it is), and
+        its data-parallel size."""
+        layout = self._strategy.layout
+        if degree == 1:
+            return self.plan_strategy, layout.data_parallel_size
+        groups = self._strategy.world_size // degree
+        grouped = replace(layout, tensor=degree, **({"shards": groups} if layout.shards > 1 else {"replicas": groups}))
+        label = plan_name_of(grouped)
+        assert label is not None  # DDP or FSDP over tensor groups: registered layouts
+        return label, groups
 
     def _nothing_fits(self, result: FitResult, budget: int, source: str, rank: Any) -> str:
         closest = result.closest
@@ -263,8 +295,10 @@ class SessionFit:
         if closest is not None:
             lines.append(f"  closest: {closest.describe()}: needs {format_bytes(closest.peak_bytes - budget)} more "
                          f"({closest.peak_bytes / budget:.2f}x the budget).")
+        tensor = f"; tensor_parallel {', '.join(map(str, [1, *self.degrees]))}" if self.degrees else ""
         lines.append(f"  tried: precision {', '.join(self.precisions)}; activation checkpointing "
-                     f"{', '.join(self.checkpointing)}; every micro-batch down to 1. Kept as set: {', '.join(self.kept)}.")
+                     f"{', '.join(self.checkpointing)}{tensor}; every micro-batch down to 1. Kept as set: "
+                     f"{', '.join(self.kept)}.")
         hints = []
         if len(self.precisions) == 1 and self.precisions[0] != "bf16-true":  # the user fixed the precision
             other = rank(["bf16-true"], self.plan_strategy, self.checkpointing).best
@@ -279,23 +313,24 @@ class SessionFit:
             if other is not None:
                 hints.append(f"strategy='fsdp' would fit ({format_bytes(other.peak_bytes)}): it shards parameters, "
                              "gradients and optimizer state")
-        if self._strategy.world_size > 1 and self._strategy.layout.tensor == 1:
+        if self._strategy.world_size > 1 and self._strategy.layout.tensor == 1 and not self.degrees:
             other = rank(self.precisions[-1:], self.plan_strategy, self.checkpointing, "auto").best
             if other is not None and other.layout.tensor > 1:
                 hints.append(f"tensor_parallel={other.layout.tensor} would fit ({format_bytes(other.peak_bytes)}): "
-                             "each layer split over a group of processes that share a batch")
+                             "each layer split over a group of processes that share a batch; or "
+                             "tensor_parallel='auto' to let fit choose it at setup")
         hints.append("a smaller batch per process, more processes, or a device with more memory")
         return "\n".join(lines + [f"  fix: {h}." for h in hints])
 
 
 def fit_at_setup(fit: SessionFit | None, model: nn.Module, optimizer: Any, example_input: Any, *,
-                 memory: SessionMemory) -> None:
+                 memory: SessionMemory, regroup: Callable[[int], None] | None = None) -> None:
     """``session.setup``'s part for ``fit``: the first model set up decides, later ones follow it."""
     if fit is None:
         raise ConfigurationError("session.setup(example_input=...) is for Session(fit=...), which this session was "
                                  "not given: add fit='20GiB' (or fit=True on a GPU), or drop example_input.")
     if fit.choice is None:
-        fit.apply(model, optimizer, example_input, memory=memory)
+        fit.apply(model, optimizer, example_input, memory=memory, regroup=regroup)
 
 
 def _plan_strategy(strategy: Strategy) -> str:

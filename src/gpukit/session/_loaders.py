@@ -39,6 +39,8 @@ class LoaderTracker(LoaderListener):
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
+        #: loaders ``session.setup_dataloader`` built (sharded by the data-parallel coordinates of then)
+        self.made = 0
         self.current: DeviceLoader | None = None
         #: inside ``session.join``: ranks may run different numbers of batches
         self.joined = False

@@ -86,6 +86,11 @@ class RankSeeding:
         self._accelerator = accelerator
         self._checked = seed is None or world_size == 1 or self.per_rank
 
+    def regroup(self, rank: int, world_size: int) -> None:
+        """New data-parallel coordinates (``tensor_parallel="auto"`` chose tensor groups at setup)."""
+        self.rank, self.world_size = rank, world_size
+        self._checked = self.seed is None or world_size == 1 or self.per_rank
+
     def after_setup(self) -> None:
         """Switch to ``seed + rank`` (``seed_per_rank=True``)."""
         if self.per_rank and self.seed is not None:

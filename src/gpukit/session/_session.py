@@ -66,7 +66,7 @@ class Session:
         global_batch_size: int | None = None, micro_batch_size: int | None = None,
         step_at_loader_end: bool = True, log_with: Any = None, peak_tflops: float | None = None,
         flops_per_step: int | None = None, auto: bool = True, refuse: Iterable[str] = (),
-        tensor_parallel: int = 1, tensor_plan: dict[str, Any] | None = None,
+        tensor_parallel: int | str = 1, tensor_plan: dict[str, Any] | None = None,
     ) -> None:
         # every argument as one checked value: what the parts read, and what launch() sends to the workers
         config = SessionConfig(

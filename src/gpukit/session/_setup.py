@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpukit.data import DeviceLoader, LoaderPlace, LoaderRequest, build_loader
+from gpukit.errors import ConfigurationError
 from gpukit.session._checks import check_optimizer
 from gpukit.session._fit import fit_at_setup
 from gpukit.session._seeding import fresh_seed
@@ -39,7 +40,8 @@ def set_up_model(parts: SessionParts, model: nn.Module, optimizer: torch.optim.O
     if optimizer is not None:
         check_optimizer(model, optimizer)
     if parts.fit is not None or example_input is not None:  # Session(fit=...): choose before wrapping
-        fit_at_setup(parts.fit, model, optimizer, example_input, memory=parts.memory)
+        fit_at_setup(parts.fit, model, optimizer, example_input, memory=parts.memory,
+                     regroup=lambda degree: _regroup(parts, degree))
     model, compiling = compile_request(model, compile_options)  # a torch.compile wrapper comes off here
     model = strategy.materialise_meta(model)  # built on the meta device: allocated, initialised
     model = strategy.prepare_module(model)
@@ -80,7 +82,27 @@ def set_up_loader(parts: SessionParts, seed: int | None, data: Any, batch_size: 
                         seed=int(seed), broadcast=strategy.broadcast, timings=parts.timings, listener=parts.loaders)
     request = LoaderRequest.of(batch_size, shuffle, num_workers, even_batches, **kwargs)
     loader = build_loader(data, place, request)
+    parts.loaders.made += 1
     note = loader.shard_note()  # padding or dropping: said once, on rank 0
     if note and parts.timings.report and strategy.rank == 0:
         print(f"gpukit: {note}", flush=True)
     return loader
+
+
+def _regroup(parts: SessionParts, degree: int) -> None:
+    """Apply the tensor-parallel degree ``Session(tensor_parallel="auto", fit=...)`` chose: the strategy's
+    layout, then the data-parallel coordinates the loader tracker and the seeding hold.
+
+    Raises:
+        ConfigurationError: a loader was set up before the model, sharded for the coordinates of then.
+    """
+    strategy = parts.strategy
+    if parts.loaders.made:
+        raise ConfigurationError(
+            f"Session(tensor_parallel='auto', fit=...) chose tensor_parallel={degree} at setup, but "
+            f"{parts.loaders.made} loader(s) were set up before it, sharded over {strategy.data_parallel_size} "
+            "data-parallel ranks: call session.setup(model, ..., example_input=...) before "
+            "session.setup_dataloader(...), or give the degree (Session(tensor_parallel=N)).")
+    strategy.choose_degree(degree)  # type: ignore[attr-defined]  # only a TensorParallelStrategy is "auto"
+    parts.loaders.world_size = strategy.data_parallel_size
+    parts.seeding.regroup(strategy.data_parallel_rank, strategy.data_parallel_size)

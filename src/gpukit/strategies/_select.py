@@ -51,11 +51,12 @@ def select_strategy(
     *,
     sync_batchnorm: bool = False,
     environ: Mapping[str, str] | None = None,
-    tensor_parallel: int = 1,
+    tensor_parallel: int | str = 1,
     tensor_plan: dict[str, Any] | None = None,
 ) -> Strategy:
     """The strategy for these settings in this process (``tensor_parallel > 1``: its layers split over
-    groups of that many processes, see ``strategies/tensor.py``).
+    groups of that many processes, see ``strategies/tensor.py``; ``"auto"``: the degree is chosen at
+    setup by ``Session(fit=...)``, one process keeps its strategy).
 
     Raises:
         ConfigurationError: an unknown string or a contradictory combination.
@@ -67,6 +68,10 @@ def select_strategy(
         return strategy
     from gpukit.strategies.tensor import with_tensor_parallel
 
+    if tensor_parallel == "auto":
+        if strategy.world_size == 1 and not strategy.layout.one_process:  # one process: no group to split over
+            return strategy
+        return with_tensor_parallel(strategy, 1, tensor_plan, chosen_later=True)
     return with_tensor_parallel(strategy, tensor_parallel, tensor_plan)
 
 

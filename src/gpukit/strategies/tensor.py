@@ -89,6 +89,19 @@ class _TensorParallel:
         self.plan = plan
         return module
 
+    def choose(self, degree: int, world_size: int) -> None:
+        """Set the degree ``Session(tensor_parallel="auto", fit=...)`` chose, before the mesh exists.
+
+        Raises:
+            ConfigurationError: the mesh was built already (a model was split), or a degree that does not
+                divide ``world_size``.
+        """
+        if self.mesh is not None and degree != self.degree:
+            raise ConfigurationError(
+                f"tensor_parallel={degree} was chosen after the ({world_size // self.degree} x {self.degree}) mesh "
+                "was built for an earlier model: set up the model Session(fit=...) plans first.")
+        self.degree = check_degree(degree, world_size)
+
     def describe(self) -> str:
         return f"tensor x{self.degree} ({self.plan.describe() if self.plan else 'layers split at setup'})"
 
@@ -168,7 +181,8 @@ class TensorParallelStrategy(FSDPStrategy):
     def setup_module(self, module: nn.Module) -> nn.Module:
         module = unwrap_model(module).to(self.root_device)
         names = {**{id(p): n for n, p in module.named_parameters()}, **self._meta_names}
-        module = self.tp.split(module, self.root_device.type, self.world_size)
+        if self.tp.degree > 1:  # degree 1: tensor_parallel="auto" chose no groups (data parallel only)
+            module = self.tp.split(module, self.root_device.type, self.world_size)
         if self.sharded:
             module = super().setup_module(module)
         else:
@@ -184,6 +198,11 @@ class TensorParallelStrategy(FSDPStrategy):
                 print(f"gpukit: {self.describe()}", file=sys.stderr)
         self._param_names = names  # the optimizer holds the parameters from before the split
         return module
+
+    def choose_degree(self, degree: int) -> None:
+        """The tensor-parallel degree ``Session(tensor_parallel="auto", fit=...)`` chose at setup: the
+        layout, and so the data-parallel rank and size, follow it (see :meth:`_TensorParallel.choose`)."""
+        self.tp.choose(degree, self.world_size)
 
     def clip_gradients(self, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
         """Clip by the norm of the whole gradient: each shard counted once, copies of it not again."""
@@ -221,15 +240,20 @@ def _refuse_shared_gpu(shares_gpu: bool, processes: int) -> None:
         )
 
 
-def with_tensor_parallel(strategy: Strategy, degree: int, plan: dict[str, Any] | None) -> Strategy:
+def with_tensor_parallel(strategy: Strategy, degree: int, plan: dict[str, Any] | None, *,
+                         chosen_later: bool = False) -> Strategy:
     """``strategy`` (DDP or FSDP, placed for this process) with its layers split over groups of ``degree``.
+
+    ``chosen_later`` (``tensor_parallel="auto"``): degree 1 for now, the data-parallel groups on FSDP2
+    (``replicate`` / ``fully_shard`` over the whole job); ``Session(fit=...)`` sets the degree at setup
+    (:meth:`TensorParallelStrategy.choose_degree`).
 
     Raises:
         ConfigurationError: a strategy that cannot be combined with tensor parallelism, or a degree that does
             not divide the processes.
     """
     check_degree(degree)
-    if degree == 1:
+    if degree == 1 and not chosen_later:
         raise ConfigurationError("tensor_plan= was given with tensor_parallel=1: give the degree too, e.g. "
                                  "Session(tensor_parallel=2, tensor_plan={...}).")
     if isinstance(strategy, TensorParallelStrategy):
