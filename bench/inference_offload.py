@@ -205,6 +205,13 @@ def main() -> None:
                      f"(measured {got['tokens_per_s'] / bound:.2f}x of it); plan's bound "
                      f"{got['bound_tokens_per_s'] or float('nan'):.2f}; compute waited {got['read_wait_s']:.2f} s on reads")
         print(line)
+    if results.get("gpukit") and results.get("whole"):  # the whole model in RAM: the reference speed
+        whole = results["whole"]["tokens_per_s"]
+        line = f"  gpukit / whole model in RAM: {results['gpukit']['tokens_per_s'] / whole:.2f}x"
+        if results.get("accelerate"):
+            peer = results["accelerate"]["tokens_per_s"]
+            line += f"; accelerate / whole: {peer / whole:.2f}x"
+        print(line)
     if results.get("gpukit") and results.get("accelerate"):
         print(f"  gpukit / accelerate {version}: {results['gpukit']['tokens_per_s'] / results['accelerate']['tokens_per_s']:.2f}x "
               "tokens/s (goal >= 2x)")

@@ -10,11 +10,15 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["HOST_TO_GPU_BYTES_PER_S", "gpu_memory_bandwidth", "host_memory_bandwidth", "read_bandwidth"]
+__all__ = ["HOST_PROBE_BYTES", "HOST_TO_GPU_BYTES_PER_S", "gpu_memory_bandwidth", "host_memory_bandwidth",
+           "host_probe_pending", "read_bandwidth"]
 
 #: pinned host -> GPU copies over PCIe 4.0 x16, effective (an assumption the plan states)
 HOST_TO_GPU_BYTES_PER_S = 25e9
-_HOST_PROBE_BYTES = 32 * 2**20  # past the caches, and little to hold (it counts in peak RSS)
+#: the host-bandwidth probe's one buffer: as large as a server's last-level cache (32 MiB on this
+#: project's EPYC) so the reads come mostly from DRAM; it is held only while the probe runs, before any
+#: weight is read, and a plan that runs the probe counts it in the host's peak
+HOST_PROBE_BYTES = 32 * 2**20
 _host_cache: list[float] = []
 
 
@@ -30,19 +34,26 @@ def gpu_memory_bandwidth(index: int) -> float | None:
     return None if gbps is None else gbps * 1e9
 
 
-def host_memory_bandwidth() -> float:
-    """Bytes/s one host-memory copy streams (a 32 MiB copy, best of three; measured once per process).
+def host_probe_pending() -> bool:
+    """Whether the next ``host_memory_bandwidth()`` call runs the probe (it runs once per process)."""
+    return not _host_cache
 
-    A forward on the CPU reads every weight once per token: this is its ceiling."""
+
+def host_memory_bandwidth() -> float:
+    """Bytes/s the host reads from memory (a sum over one filled ``HOST_PROBE_BYTES`` buffer, best of
+    three; measured once per process, the buffer freed before it returns).
+
+    A forward on the CPU reads every weight once per token: this is its ceiling. One buffer read,
+    not a copy between two: a decode step reads weights, and the probe holds half the memory."""
     if not _host_cache:
-        source = torch.empty(_HOST_PROBE_BYTES, dtype=torch.uint8)
-        target = torch.empty_like(source)
+        buffer = torch.ones(HOST_PROBE_BYTES // 4, dtype=torch.float32)  # filled: its pages are real, not zero pages
         best = float("inf")
         for _ in range(3):
             start = time.perf_counter()
-            target.copy_(source)
+            buffer.sum()
             best = min(best, time.perf_counter() - start)
-        _host_cache.append(_HOST_PROBE_BYTES / max(best, 1e-9))
+        del buffer
+        _host_cache.append(HOST_PROBE_BYTES / max(best, 1e-9))
     return _host_cache[0]
 
 

@@ -14,7 +14,8 @@ from torch import nn
 
 from gpukit._util.units import format_bytes
 from gpukit.errors import ConfigurationError, MemoryPlanError
-from gpukit.inference._bandwidth import HOST_TO_GPU_BYTES_PER_S, gpu_memory_bandwidth, host_memory_bandwidth
+from gpukit.inference._bandwidth import (HOST_PROBE_BYTES, HOST_TO_GPU_BYTES_PER_S, gpu_memory_bandwidth,
+                                         host_memory_bandwidth, host_probe_pending)
 from gpukit.inference._budget import budgets, describe_budgets
 from gpukit.inference._placement import CPU, DISK, GPU, DeviceBudget, Placement, UnitCost, place
 from gpukit.memory import check_workload, forward_units, kv_shape
@@ -236,9 +237,6 @@ def _refusal(model: nn.Module, costs: list[UnitCost], devices: list[DeviceBudget
 def _result(model: nn.Module, costs: list[UnitCost], devices: list[DeviceBudget], placement: Placement,
             workload: Workload, prefetch: int, disk_bytes_per_s: float | None) -> InferencePlan:
     device_of = placement.device_of
-    plans = tuple(DevicePlan(d.name, d.kind, d.budget_bytes, placement.peak_bytes[d.name],
-                             sum(c.weights_bytes for c in costs if device_of[c.name] == d.name),
-                             tuple(c.name for c in costs if device_of[c.name] == d.name)) for d in devices)
     kind = {d.name: d.kind for d in devices}
     reads: dict[str, int] = {}
     for c in costs:  # every weight is read once per decode token, with the KV cache of its layer
@@ -246,7 +244,17 @@ def _result(model: nn.Module, costs: list[UnitCost], devices: list[DeviceBudget]
         reads[source] = reads.get(source, 0) + c.weights_bytes
         reads[placement.execution_device] = reads.get(placement.execution_device, 0) + c.kv_full_bytes
     notes: list[str] = []
+    probe_pending = host_probe_pending()
     bound = _bound(reads, kind, placement.execution_device, disk_bytes_per_s, notes)
+    peaks = dict(placement.peak_bytes)
+    if probe_pending and not host_probe_pending():  # this plan ran the host probe: the process held its buffer
+        for name in (d.name for d in devices if d.kind == CPU):
+            peaks[name] = max(peaks[name], HOST_PROBE_BYTES)
+        notes.append(f"the host-bandwidth probe held {format_bytes(HOST_PROBE_BYTES)} before any weight was read: "
+                     "the cpu peak is at least that")
+    plans = tuple(DevicePlan(d.name, d.kind, d.budget_bytes, peaks[d.name],
+                             sum(c.weights_bytes for c in costs if device_of[c.name] == d.name),
+                             tuple(c.name for c in costs if device_of[c.name] == d.name)) for d in devices)
     if any(c.tied_to for c in costs):
         notes.append("tied weights counted once, where their first user sits")
     return InferencePlan(type(model).__name__, workload, dict(device_of), plans, placement.execution_device,
