@@ -186,12 +186,7 @@ def _peers_left_a_stopped_run(exc: BaseException) -> bool:
     torch.distributed), not by the message's words."""
     if not stop_requested() or stop_signal_name() not in ("SIGTERM", "SIGINT"):
         return False
-    tb = exc.__traceback__
-    frames = []
-    while tb is not None:
-        frames.append(tb.tb_frame.f_code.co_filename)
-        tb = tb.tb_next
-    if not frames or _DISTRIBUTED_DIR not in frames[-1]:
+    if not any(_raised_in_torch_distributed(e) for e in _chain(exc)):
         return False
     rank = os.environ.get("RANK")
     first = (str(exc).splitlines() or [""])[0]
@@ -200,6 +195,22 @@ def _peers_left_a_stopped_run(exc: BaseException) -> bool:
                      f"ended as the other ranks stopped ({type(exc).__name__}: {first})\n")
     sys.stderr.flush()
     return True
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it was raised from or during (a checkpoint's collective wraps torch's error)."""
+    seen: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in seen) and len(seen) < 16:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return seen
+
+
+def _raised_in_torch_distributed(exc: BaseException) -> bool:
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb.tb_frame.f_code.co_filename, tb.tb_next
+    return last is not None and _DISTRIBUTED_DIR in last
 
 
 def _print_user_traceback(exc: BaseException) -> None:
