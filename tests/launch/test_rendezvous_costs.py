@@ -38,3 +38,40 @@ def test_one_machine_skips_the_join_skew_only_and_torch_is_restored() -> None:
     assert dynamic_rendezvous._delay is original_delay
     with cheaper_rendezvous(single_machine=False):  # several nodes: the skew stays
         assert dynamic_rendezvous._delay is original_delay
+
+
+def _two_rounds(wrap: bool) -> tuple[object, object, bool]:
+    """Two rounds of a real one-node c10d rendezvous; whether a key the first round's workers left in
+    their store is still there for the second round's."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import registry
+
+    from gpukit.launch._rendezvous import fresh_store_per_round, rendezvous_parameters
+    from gpukit.launch._topology import Topology
+
+    handler = registry.get_rendezvous_handler(rendezvous_parameters(Topology(rdzv_timeout_s=30), "rounds"))
+    if wrap:
+        handler = fresh_store_per_round(handler)
+    wait = timedelta(seconds=10)
+    try:
+        with cheaper_rendezvous(single_machine=True):  # no first-join skew
+            first = handler.next_rendezvous().bootstrap_store_info
+            worker = dist.TCPStore(first.master_addr, first.master_port, is_master=False, timeout=wait)
+            worker.set("default_pg/0//cpu/rank_1", "a dead worker's address")  # what gloo leaves there
+            second = handler.next_rendezvous().bootstrap_store_info  # a restart: the next round
+            reader = dist.TCPStore(second.master_addr, second.master_port, is_master=False, timeout=wait)
+            return first, second, reader.check(["default_pg/0//cpu/rank_1"])
+    finally:
+        handler.shutdown()
+
+
+def test_each_rendezvous_round_gives_the_workers_an_empty_store() -> None:
+    # torch alone: one store for every round, the last round's keys in it (torch#135712) -- the cause of the
+    # grown group's "connectFullMesh ... Connection refused". A torch that fixes it makes this fail: drop
+    # fresh_store_per_round then.
+    first, second, stale = _two_rounds(wrap=False)
+    assert (first.master_port, stale) == (second.master_port, True)
+    first, second, stale = _two_rounds(wrap=True)
+    assert first.master_port != second.master_port and not stale

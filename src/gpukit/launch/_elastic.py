@@ -31,11 +31,11 @@ from gpukit.launch._guardian import Guardian
 from gpukit.launch._notebook import frozen_heap
 from gpukit.launch._rendezvous import (
     cheaper_rendezvous,
+    fresh_store_per_round,
     grow_at_checkpoints,
     rendezvous_error,
     rendezvous_parameters,
     rendezvous_where,
-    republish_store_address,
 )
 from gpukit.launch._signals import (
     RunInterruptedError,
@@ -213,8 +213,8 @@ def _rendezvous_handler(topology: Topology, run_id: str, grace_s: float, min_nod
 
     try:
         handler = registry.get_rendezvous_handler(rendezvous_parameters(topology, run_id, min_nodes))
-        # elastic: nodes join later rounds, and must find the workers' store there too
-        return republish_store_address(handler) if min_nodes is not None else handler
+        # every round's workers (a restart, a node lost or back) start on an empty store
+        return fresh_store_per_round(handler)
     except StopSignal as exc:  # stopped while still reaching the master: no worker ran
         raise RunInterruptedError(exc.signum, preempted=True, grace_s=grace_s,
                                   detail="no worker had started yet, nothing to save") from None

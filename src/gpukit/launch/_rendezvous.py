@@ -28,7 +28,7 @@ from gpukit.errors import LaunchError
 from gpukit.launch._topology import Topology
 
 __all__ = ["ELASTIC_LAST_CALL_S", "LOCALHOST", "cheaper_rendezvous", "rendezvous_error", "rendezvous_parameters",
-           "grow_at_checkpoints", "rendezvous_where", "republish_store_address"]
+           "fresh_store_per_round", "grow_at_checkpoints", "rendezvous_where"]
 
 LOCALHOST = "127.0.0.1"
 #: an elastic rendezvous that has its fewest nodes waits this long for more before it completes (torch's
@@ -107,26 +107,32 @@ def rendezvous_parameters(topology: Topology, run_id: str, min_nodes: int | None
     )
 
 
-def republish_store_address(handler: Any) -> Any:
-    """``handler`` with rank 0 publishing the workers' store address in every round, not only its first.
+def fresh_store_per_round(handler: Any) -> Any:
+    """``handler`` giving the workers of every rendezvous round a store of their own.
 
-    torch's dynamic rendezvous builds that address once per handler and caches it: rank 0 writes it
-    into the first round's keys only. A node that joins a later round (an elastic job growing again
-    after a lost node) waits for it under the new round's keys and times out after 60 s, and rank 0
-    waits for that node -- the grown group never starts. Writing the cached address again (the same
-    value: the store rank 0's agent hosts) lets the new node read it.
+    torch's dynamic rendezvous hosts the workers' store (``MASTER_ADDR:MASTER_PORT``,
+    ``TORCHELASTIC_USE_AGENT_STORE``) in rank 0's agent, creates it in the first round and keeps it for
+    every later one, with no prefix per round (torch#135712: the restart count that was meant to
+    separate rounds differs between agents). The workers of a new round then find the keys the
+    previous round's workers left -- among them each gloo rank's listening address. A worker that
+    reads its peer's key before the peer has written it again connects to a dead process ("Gloo
+    connectFullMesh failed ... Connection refused") and the group fails; the agents restart it, the
+    same race runs again. Reproduced here with two ``--nnodes 1:2`` agents: a node lost, then back.
+
+    Forgetting the cached store before each round makes rank 0's agent create a new one (on a port
+    the OS picks: nothing to collide with) and publish its address under the round's own keys, where
+    every node reads it -- a node joining in a later round included. The old store goes with its
+    workers, which the agent stopped before this rendezvous. With a torch that keeps no such cache
+    under these names the handler is returned as it is.
     """
+    if not (hasattr(handler, "_bootstrap_store_info") and hasattr(handler, "_shared_tcp_store_server")):
+        return handler
     inner = handler.next_rendezvous
 
     def next_rendezvous() -> Any:
-        info = inner()
-        where = getattr(info, "bootstrap_store_info", None)
-        if getattr(info, "rank", None) == 0 and where is not None:
-            from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
-
-            info.store.set(RendezvousStoreInfo.MASTER_ADDR_KEY, str(where.master_addr).encode())
-            info.store.set(RendezvousStoreInfo.MASTER_PORT_KEY, str(where.master_port).encode())
-        return info
+        handler._bootstrap_store_info = None
+        handler._shared_tcp_store_server = None
+        return inner()
 
     handler.next_rendezvous = next_rendezvous
     return handler
