@@ -1,6 +1,7 @@
-"""Every N -> M resume of a mid-epoch checkpoint, N, M in 1..4 (issue 39): `gpukit run --cpu` launches.
+"""Every N -> M resume of a mid-epoch checkpoint, N, M in 1..4 or 1,2,4,8 (issue 39): `gpukit run --cpu` launches.
 
-    python bench/elastic_resume_grid.py [--strategy ddp|fsdp] [--sizes 1,2,3,4]
+    python bench/elastic_resume_grid.py [--strategy ddp|fsdp] [--sizes 1,2,3,4] [--micro-batch 2]
+    python bench/elastic_resume_grid.py --sizes 1,2,4,8 --micro-batch 1    # the 8-rank grid
 
 For each N: one uninterrupted N-rank run of tests/session/elastic_resume_worker.py that saves a
 checkpoint mid-epoch (step 6 of 8, 24 samples into its second epoch); then, for every M != N, an M-rank
@@ -8,6 +9,8 @@ launch of the same script (the accumulation the N-rank launch chose) that resume
 whether every step after the switch trained on the uninterrupted run's samples (none lost, none twice:
 the uninterrupted run sees each once per epoch), the accumulation the resume chose, the largest weight
 difference to the uninterrupted run (0 where the sums ran in the same order) and each launch's seconds.
+The global batch (24 samples) must split into micro-batches over every size: with micro-batches of 2 it
+does up to 4 ranks (and 6, 12), with 1 up to 8 (and 3, 6, 12, 24).
 """
 
 from __future__ import annotations
@@ -53,25 +56,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp"))
     parser.add_argument("--sizes", default="1,2,3,4")
+    parser.add_argument("--micro-batch", type=int, default=worker.MICRO_BATCH)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    micro = args.micro_batch
+    unfit = [n for n in sizes if n < 1 or worker.GLOBAL_BATCH % (micro * n)]
+    if unfit:
+        parser.error(f"--sizes {args.sizes}: the global batch of {worker.GLOBAL_BATCH} does not split into "
+                     f"micro-batches of {micro} over {unfit} rank(s); choose sizes that divide "
+                     f"{worker.GLOBAL_BATCH // micro}, or a smaller --micro-batch")
     save_at = 6
     print(f"strategy {args.strategy}; {worker.SAMPLES} samples, global batch {worker.GLOBAL_BATCH}, "
-          f"micro-batch {worker.MICRO_BATCH}, checkpoint at step {save_at} of {worker.EPOCHS * 4} (mid-epoch)")
+          f"micro-batch {micro}, checkpoint at step {save_at} of {worker.EPOCHS * 4} (mid-epoch)")
     print(f"{'N->M':>6} {'same samples':>13} {'accumulate':>11} {'max |dw|':>10} {'full s':>7} {'resume s':>9}")
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         for n in sizes:
-            accumulate = worker.GLOBAL_BATCH // (worker.MICRO_BATCH * n)
-            full_s = launch(out, f"full{n}", n, args.strategy, accumulate, ["--save", f"{out / f'ckpt{n}'}:{save_at}"])
+            accumulate = worker.GLOBAL_BATCH // (micro * n)
+            batch = ["--micro-batch", str(micro)]
+            full_s = launch(out, f"full{n}", n, args.strategy, accumulate,
+                            ["--save", f"{out / f'ckpt{n}'}:{save_at}", *batch])
             full_ids = step_ids(out, f"full{n}", n)
             reference = torch.load(out / f"full{n}.pt")["weights"]
             for m in sizes:
                 if m == n:
                     continue
                 tag = f"r{n}to{m}"
-                resume_s = launch(out, tag, m, args.strategy, accumulate, ["--resume", str(out / f"ckpt{n}")])
+                resume_s = launch(out, tag, m, args.strategy, accumulate, ["--resume", str(out / f"ckpt{n}"), *batch])
                 ids = step_ids(out, tag, m)
                 same = sorted(ids) == [str(s) for s in range(save_at + 1, worker.EPOCHS * 4 + 1)] and all(
                     ids[s] == full_ids[s] for s in ids)

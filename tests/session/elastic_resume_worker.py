@@ -1,7 +1,7 @@
 """One rank of the N -> M resume tests (run by ``gpukit run --cpu --nproc W``; not collected by pytest).
 
     python elastic_resume_worker.py OUT TAG STRATEGY ACCUMULATE [--resume CKPT] [--save CKPT:STEP]
-        [--seed-per-rank]
+        [--seed-per-rank] [--micro-batch B]
 
 Trains EPOCHS epochs (from CKPT's latest checkpoint with --resume), saving a checkpoint of STEP into
 CKPT with --save. The script is the same at every world size, as a requeued job's is:
@@ -53,7 +53,7 @@ def main(args: argparse.Namespace) -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
     model, optimizer = session.setup(model, optimizer)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
-    loader = session.setup_dataloader(Ids(), batch_size=MICRO_BATCH, shuffle=True, num_workers=1,
+    loader = session.setup_dataloader(Ids(), batch_size=args.micro_batch, shuffle=True, num_workers=1,
                                       persistent_workers=False)
     objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader}
     step, report = 0, {"world": session.world_size}
@@ -103,4 +103,6 @@ if __name__ == "__main__":
     parser.add_argument("--resume", type=Path)
     parser.add_argument("--save")
     parser.add_argument("--seed-per-rank", action="store_true")
+    # 1 lets 8 ranks keep GLOBAL_BATCH (24 = 1 x 3 x 8; with 2, 24 samples do not split over 8 ranks)
+    parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH)
     main(parser.parse_args())

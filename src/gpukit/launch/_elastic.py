@@ -50,7 +50,14 @@ from gpukit.launch._stall import Stall, StallMonitor, stall_threshold_s
 from gpukit.launch._stop_report import interrupted_outcome, report_stop, training_completed
 from gpukit.launch._summary import WorkerFailedError, WorkerFailure, with_early_errors
 from gpukit.launch._topology import Topology
-from gpukit.worker import PREEMPTED_EXIT_CODE, WorkerEnv, collective_timeout_s, read_early_errors, stop_markers
+from gpukit.worker import (
+    PREEMPTED_EXIT_CODE,
+    WorkerEnv,
+    clear_markers,
+    collective_timeout_s,
+    read_early_errors,
+    stop_markers,
+)
 
 __all__ = ["run_workers"]
 
@@ -130,8 +137,9 @@ def _make_agent_class() -> type:
         """LocalElasticAgent whose every stop is SIGTERM, ``grace_s``, SIGKILL."""
 
         def __init__(self, spec: Any, logs_specs: Any, grace_s: float, preempt_signal: int | None,
-                     start_method: str = "spawn") -> None:
+                     run_dir: str, start_method: str = "spawn") -> None:
             super().__init__(spec, logs_specs=logs_specs, start_method=start_method)
+            self.run_dir = run_dir
             self.start_method = start_method
             self.grace_s = grace_s
             self.preempt_signal = preempt_signal
@@ -141,6 +149,7 @@ def _make_agent_class() -> type:
             self.guardian = Guardian()
 
         def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+            clear_markers(self.run_dir)  # a restarted group: the stops of the one it replaces are over
             with frozen_heap() if self.start_method == "fork" else nullcontext():
                 pids = super()._start_workers(worker_group)
             self.guardian.watch(pids.values())  # their process groups die even if we are SIGKILLed
@@ -223,7 +232,7 @@ def _rendezvous_handler(topology: Topology, run_id: str, grace_s: float, min_nod
 
 
 def _agent(entrypoint: Callable[..., Any] | str, args: tuple[Any, ...], nproc: int, handler: Any, spec: LaunchSpec,
-           log_dir: str, start_method: str) -> Any:
+           log_dir: str, run_dir: str, start_method: str) -> Any:
     """The elastic agent of ``nproc`` workers (gpukit's subclass: see the module docstring)."""
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -238,7 +247,7 @@ def _agent(entrypoint: Callable[..., Any] | str, args: tuple[Any, ...], nproc: i
         monitor_interval=_MONITOR_INTERVAL_S,
     )
     return _make_agent_class()(worker_spec, DefaultLogsSpecs(log_dir=log_dir), spec.grace_s, spec.preempt_signal,
-                               start_method)
+                               run_dir, start_method)
 
 
 def _failed(result: Any, agent: Any, stalls: Mapping[int, Stall], run_dir: str) -> WorkerFailedError:
@@ -308,7 +317,7 @@ def run_workers(
             handler = _rendezvous_handler(topology, run_id, grace_s, spec.min_nodes)
             if spec.min_nodes is not None:  # a returning node joins at the workers' next checkpoint
                 handler = grow_at_checkpoints(handler, run_dir, topology.rdzv_timeout_s / 2)
-            agent = _agent(entrypoint, args, nproc, handler, spec, log_dir, start_method)
+            agent = _agent(entrypoint, args, nproc, handler, spec, log_dir, run_dir, start_method)
             close_rendezvous = True
             monitor = StallMonitor(run_dir, stall_threshold_s(collective_timeout_s()), _stderr_line)
             try:

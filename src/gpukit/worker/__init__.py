@@ -23,6 +23,7 @@ from gpukit.worker._run_dir import (
     COMPLETED,
     EarlyError,
     StopMarker,
+    clear_markers,
     read_early_errors,
     checkpoints_seen,
     note_checkpoint,
@@ -77,6 +78,7 @@ __all__ = [
     "max_requeues_from_env",
     # the run's directory, read by the launcher
     "read_markers",
+    "clear_markers",
     "note_checkpoint",
     "checkpoints_seen",
     "stop_markers",

@@ -37,7 +37,7 @@ from typing import Any
 
 __all__ = [
     "AGREED", "FINISHED", "BEFORE_START", "COMPLETED", "StopMarker", "write_marker", "read_markers",
-    "stop_markers",
+    "stop_markers", "clear_markers",
     "heartbeat_path", "stack_path", "read_heartbeats", "EarlyError", "write_early_error", "read_early_errors",
     "note_checkpoint", "checkpoints_seen",
 ]
@@ -108,6 +108,18 @@ def stop_markers(directory: str | os.PathLike[str]) -> dict[int, str]:
     script completed without a stop is not one)."""
     return {rank: marker.signal_name for rank, marker in read_markers(directory).items()
             if marker.state != COMPLETED}
+
+
+def clear_markers(directory: str | os.PathLike[str]) -> None:
+    """Remove every rank's marker from ``directory``: a new worker group starts (the launcher restarted the
+    group -- a failure, a node lost or back), and the stops of the group it replaced are over. Left there,
+    a rank that the new group numbers differently would keep its old ``finished`` and turn the run's
+    clean end into a preemption (exit 75)."""
+    for path in Path(directory).glob(f"{_PREFIX}*"):
+        try:
+            path.unlink()
+        except OSError:  # gone already
+            pass
 
 
 _SAVED_PREFIX = "saved-rank"

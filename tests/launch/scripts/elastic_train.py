@@ -3,7 +3,7 @@
     elastic_train.py OUT CKPT STEPS SAVE_EVERY STEP_S
 
 Resumes CKPT's latest checkpoint (at whatever size it was saved), trains to STEPS optimizer steps,
-checkpointing every SAVE_EVERY; STEP_S seconds of stand-in compute per micro-batch keep it long
+checkpointing every SAVE_EVERY and when stopped (SIGTERM: saves, exits); STEP_S seconds of stand-in compute per micro-batch keep it long
 enough to lose a node in the middle. Every rank appends one JSON line per event to
 ``OUT/events-RANK-PID.jsonl``: ``start`` (its pid, world size, the step resumed from, wall time)
 and ``step`` (step, world size, accumulation, the ids trained, wall time).
@@ -53,6 +53,7 @@ def main(out: Path, ckpt: Path, steps: int, save_every: int, step_s: float) -> N
     log.write(json.dumps({"event": "start", "pid": os.getpid(), "world": world, "resumed": step,
                           "process_start": started, "t": time.time()}) + "\n")
     window: list[int] = []
+    stop = False
     while step < steps:
         for xb, yb, ids in loader:
             time.sleep(step_s)  # stand-in compute: the job must last long enough to lose a node in it
@@ -64,10 +65,14 @@ def main(out: Path, ckpt: Path, steps: int, save_every: int, step_s: float) -> N
                                       "accumulate": session.accumulate_grad_batches, "ids": window,
                                       "t": time.time()}) + "\n")
                 window = []
-                if step % save_every == 0:
+                # the loop docs/launching.md recommends: a stop (the agent's, to re-form the group) saves
+                stop = session.should_stop  # one all-reduce: every rank the same answer
+                if step % save_every == 0 or stop:
                     session.save_checkpoint(ckpt, step, model=model, optimizer=optimizer, loader=loader)
-                if step >= steps:
+                if step >= steps or stop:
                     break
+        if stop:
+            break
     session.close()
 
 
