@@ -25,11 +25,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from launch_helpers import SCRIPTS, poll
-
-SCRIPT = SCRIPTS / "elastic_train.py"
-STEPS, SAVE_EVERY, STEP_S = 120, 5, 0.04
-SAMPLES, GLOBAL_BATCH = 240, 8
+from elastic_helpers import SAVE_EVERY, assert_each_sample_once_per_epoch, events, script_args, steps_of
+from launch_helpers import poll
 
 pytestmark = pytest.mark.slow
 
@@ -45,23 +42,8 @@ def _agent(node_rank: int, port: int, out: Path, log: Path) -> subprocess.Popen:
     env["GLOO_SOCKET_IFNAME"] = "lo"  # both "nodes" are this machine
     cmd = [sys.executable, "-m", "gpukit", "run", "--cpu", "--nproc", "1", "--nnodes", "1:2", "--node-rank",
            str(node_rank), "--master-addr", "127.0.0.1", "--master-port", str(port), "--rdzv-timeout", "60",
-           "--grace", "2", str(SCRIPT), str(out), str(out / "ckpt"), str(STEPS), str(SAVE_EVERY), str(STEP_S)]
+           "--grace", "2", *script_args(out)]
     return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _events(out: Path) -> list[dict]:
-    found = []
-    for path in sorted(out.glob("events-*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                event = json.loads(line)
-                event["file"] = path.name
-                found.append(event)
-    return sorted(found, key=lambda e: e["t"])
-
-
-def _steps_of(events: list[dict], world: int, after: float = 0.0) -> list[dict]:
-    return [e for e in events if e["event"] == "step" and e["world"] == world and e["t"] > after]
 
 
 def test_a_killed_node_leaves_the_other_training_and_a_returning_node_joins(tmp_path: Path) -> None:
@@ -70,37 +52,37 @@ def test_a_killed_node_leaves_the_other_training_and_a_returning_node_joins(tmp_
     node1 = _agent(1, port, tmp_path, tmp_path / "node1.log")
     try:
         # both nodes train together past a checkpoint, then node 1 is lost mid-epoch
-        poll(lambda: any(e["step"] >= SAVE_EVERY + 2 for e in _steps_of(_events(tmp_path), 2)), 180,
+        poll(lambda: any(e["step"] >= SAVE_EVERY + 2 for e in steps_of(events(tmp_path), 2)), 180,
              "two nodes training past a checkpoint\n" + (tmp_path / "node0.log").read_text()[-3000:])
-        old_pids = {e["pid"] for e in _events(tmp_path) if e["event"] == "start"}
+        old_pids = {e["pid"] for e in events(tmp_path) if e["event"] == "start"}
         killed_at = time.time()
         os.killpg(node1.pid, signal.SIGKILL)
         node1.wait(timeout=30)
-        survivor = next(e["pid"] for e in _events(tmp_path) if e["event"] == "start" and e["file"].startswith("events-0-"))
+        survivor = next(e["pid"] for e in events(tmp_path) if e["event"] == "start" and e["file"].startswith("events-0-"))
         poll(lambda: not psutil.pid_exists(survivor), 60, "node 0's worker to stop after losing its peer")
         stopped_at = time.time()  # within 50 ms: the poll's period
-        alone = poll(lambda: [e for e in _events(tmp_path) if e["event"] == "start" and e["world"] == 1], 90,
+        alone = poll(lambda: [e for e in events(tmp_path) if e["event"] == "start" and e["world"] == 1], 90,
                      "node 0 re-formed alone\n" + (tmp_path / "node0.log").read_text()[-3000:])[0]
-        trained = poll(lambda: _steps_of(_events(tmp_path), 1), 60, "training again on node 0")[0]
+        trained = poll(lambda: steps_of(events(tmp_path), 1), 60, "training again on node 0")[0]
         phases = {"stop detected (node 0's worker ended)": stopped_at - killed_at,
                   "re-formed (new worker started)": alone["process_start"] - killed_at,
                   "training again (first step)": trained["t"] - killed_at}
-        before = [e for e in _steps_of(_events(tmp_path), 2) if e["t"] < killed_at]
+        before = [e for e in steps_of(events(tmp_path), 2) if e["t"] < killed_at]
         lost = max(e["step"] for e in before) - alone["resumed"]
         print(f"\nnode lost: {json.dumps({k: round(v, 1) for k, v in phases.items()})}; steps redone: {lost}")
         assert alone["pid"] not in old_pids and alone["resumed"] % SAVE_EVERY == 0 and alone["resumed"] > 0
         assert 0 <= lost < SAVE_EVERY + 1  # at most the steps since the last checkpoint
         assert phases["training again (first step)"] < 60  # the issue's bound, on one machine
-        assert trained["accumulate"] == 2 * _steps_of(_events(tmp_path), 2)[0]["accumulate"]  # global batch kept
+        assert trained["accumulate"] == 2 * steps_of(events(tmp_path), 2)[0]["accumulate"]  # global batch kept
 
         # node 1 returns: let in at node 0's next checkpoint, the group restarts at two nodes from it
         back_at = time.time()
         node1 = _agent(1, port, tmp_path, tmp_path / "node1b.log")
         logs = lambda: ((tmp_path / "node0.log").read_text()[-3000:]  # noqa: E731
                         + (tmp_path / "node1b.log").read_text()[-3000:])
-        again = poll(lambda: _steps_of(_events(tmp_path), 2, after=back_at), 120, "two nodes training again\n" + logs())
-        grown = [e for e in _events(tmp_path) if e["event"] == "start" and e["t"] > back_at]
-        alone_steps = [e["step"] for e in _steps_of(_events(tmp_path), 1)]
+        again = poll(lambda: steps_of(events(tmp_path), 2, after=back_at), 120, "two nodes training again\n" + logs())
+        grown = [e for e in events(tmp_path) if e["event"] == "start" and e["t"] > back_at]
+        alone_steps = [e["step"] for e in steps_of(events(tmp_path), 1)]
         redone = max(alone_steps) - grown[0]["resumed"]
         print(f"node back: grown at step {grown[0]['resumed']}, {redone} step(s) redone, "
               f"{again[0]['t'] - back_at:.1f} s from its start to the grown group's first step")
@@ -115,29 +97,4 @@ def test_a_killed_node_leaves_the_other_training_and_a_returning_node_joins(tmp_
         for proc in (node0, node1):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-    _assert_each_sample_once_per_epoch(_events(tmp_path))
-
-
-def _assert_each_sample_once_per_epoch(events: list[dict]) -> None:
-    """The steps that count: each attempt's (one group start: its ranks' files) up to the step the
-    next attempt resumed from -- what the uninterrupted run would have trained."""
-    attempt_of: dict[str, tuple[int, int]] = {}  # events file -> (resumed step, world size) of its start
-    first_t: dict[tuple[int, int], float] = {}
-    for e in events:
-        if e["event"] == "start":
-            key = (e["resumed"], e["world"])
-            attempt_of[e["file"]] = key
-            first_t[key] = min(first_t.get(key, e["t"]), e["t"])
-    attempts = sorted(first_t, key=first_t.__getitem__)
-    until = {key: nxt[0] for key, nxt in zip(attempts, attempts[1:])}
-    counted: dict[int, list[int]] = {}
-    for e in events:
-        if e["event"] == "step":
-            key = attempt_of[e["file"]]
-            if e["step"] <= until.get(key, STEPS):
-                counted.setdefault(e["step"], []).extend(e["ids"])
-    assert sorted(counted) == list(range(1, STEPS + 1))
-    per_epoch = SAMPLES // GLOBAL_BATCH
-    for epoch_start in range(0, STEPS - per_epoch + 1, per_epoch):
-        ids = sum((counted[s] for s in range(epoch_start + 1, epoch_start + per_epoch + 1)), [])
-        assert sorted(ids) == list(range(SAMPLES)), epoch_start  # none lost, none twice
+    assert_each_sample_once_per_epoch(events(tmp_path))
