@@ -149,7 +149,7 @@ def _make_agent_class() -> type:
             self.guardian = Guardian()
 
         def _start_workers(self, worker_group: Any) -> dict[int, Any]:
-            clear_markers(self.run_dir)  # a restarted group: the stops of the one it replaces are over
+            clear_markers(self.run_dir)  # a restarted group: the stops and heartbeats of the one it replaces are over
             with frozen_heap() if self.start_method == "fork" else nullcontext():
                 pids = super()._start_workers(worker_group)
             self.guardian.watch(pids.values())  # their process groups die even if we are SIGKILLed

@@ -50,6 +50,7 @@ COMPLETED = "completed"
 _STATES = (AGREED, FINISHED, BEFORE_START, COMPLETED)
 _PREFIX = "stopped-rank"
 _HEARTBEAT_PREFIX = "hb-rank"
+_STACK_PREFIX = "stack-rank"
 _EARLY_PREFIX = "early-error-pid"
 _EARLY_MAX_BYTES = 16 << 10  # a traceback's last lines are what matters; bound what is read back
 _EARLY_MAX_FILES = 1024
@@ -111,15 +112,18 @@ def stop_markers(directory: str | os.PathLike[str]) -> dict[int, str]:
 
 
 def clear_markers(directory: str | os.PathLike[str]) -> None:
-    """Remove every rank's marker from ``directory``: a new worker group starts (the launcher restarted the
-    group -- a failure, a node lost or back), and the stops of the group it replaced are over. Left there,
-    a rank that the new group numbers differently would keep its old ``finished`` and turn the run's
-    clean end into a preemption (exit 75)."""
-    for path in Path(directory).glob(f"{_PREFIX}*"):
-        try:
-            path.unlink()
-        except OSError:  # gone already
-            pass
+    """Remove every rank's marker, heartbeat and stack dump from ``directory``: a new worker group starts
+    (the launcher restarted the group -- a failure, a node lost or back), and what the group it replaced
+    left is over. Left there, a rank that the new group numbers differently would keep its old
+    ``finished`` (turning the run's clean end into a preemption, exit 75) and its old heartbeat (the
+    stall monitor would name a dead rank, and signal its pid, which another process may have by now).
+    What the workers saved (``saved-rank``) and early errors stay."""
+    for pattern in (f"{_PREFIX}*", f"{_HEARTBEAT_PREFIX}*.json", f"{_STACK_PREFIX}*.txt"):
+        for path in Path(directory).glob(pattern):
+            try:
+                path.unlink()
+            except OSError:  # gone already
+                pass
 
 
 _SAVED_PREFIX = "saved-rank"
@@ -162,7 +166,7 @@ def heartbeat_path(directory: str | os.PathLike[str], rank: int) -> Path:
 
 def stack_path(directory: str | os.PathLike[str], rank: int) -> Path:
     """Where rank ``rank`` dumps every thread's stack on SIGQUIT."""
-    return Path(directory) / f"stack-rank{rank}.txt"
+    return Path(directory) / f"{_STACK_PREFIX}{rank}.txt"
 
 
 def read_heartbeats(directory: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
