@@ -50,6 +50,13 @@ def _builds_once(path: Path) -> bool:
     return False
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--extended", action="store_true", default=False,
+        help="also run the tests marked `extended`: more variants of a multi-process or cluster behaviour that "
+             "make test covers with one representative (make test-extended)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "one_worker: (module-level) under pytest -n, every test of the module runs in one process: "
@@ -102,7 +109,20 @@ def _skip_cpu_fsdp_on_old_torch(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def _leave_out_extended(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the `extended` variants unless asked for: each behaviour keeps one representative in
+    `make test` (issue 41.23: the suite within ~15 minutes on 2 cores); pytest's summary counts the rest
+    as deselected, and `make test-extended` runs everything."""
+    if config.getoption("--extended"):
+        return
+    kept = [item for item in items if item.get_closest_marker("extended") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("extended")])
+        items[:] = kept
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _leave_out_extended(config, items)
     _skip_cpu_fsdp_on_old_torch(items)
     needs = [(item, m) for item in items for m in item.iter_markers() if m.name in ("requires_gpu", "requires_gpus")]
     if not needs:
