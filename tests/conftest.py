@@ -28,7 +28,8 @@ _main_is_a_file_under_xdist()
 # The tests that share the session's SLURM cluster (tests/cluster/conftest.py): under `pytest -n`
 # (make test) each test process would start a cluster of its own on the same ports, so they all
 # go to one process. (xdist's own `--dist loadgroup` marks do not group with pytest >= 9.2.)
-_ONE_CLUSTER = ("tests/cluster/test_slurm_cluster.py", "tests/cluster/test_slurm_trials.py")
+_ONE_CLUSTER = ("tests/cluster/test_slurm_cluster.py", "tests/cluster/test_slurm_trials.py",
+                "tests/cluster/test_slurm_node_lost.py")
 _SHARED_SCOPES = ("module", "class", "package")
 
 
