@@ -11,7 +11,7 @@ DEMO_VENV := .venv-demo
 TEST_VENV := .venv-test
 FLOOR_VENV := .venv-floor
 
-.PHONY: demo test test-floor gpu-check clean
+.PHONY: demo test test-extended test-floor gpu-check clean
 
 # $(1): the environment's folder, $(2): the extras to install with gpukit, $(3): the torch pin.
 # torch is installed pinned first so pip takes the local CPU build instead of
@@ -42,6 +42,11 @@ TEST_JOBS ?= 2
 
 test: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/python -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS)) $(PYTEST_ARGS)
+
+# make test plus the `extended` variants (more world sizes and ways in of the multi-process and
+# cluster trials that make test covers with one representative each): ~10 more minutes.
+test-extended: $(TEST_VENV)/.installed
+	$(TEST_VENV)/bin/python -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS)) --extended $(PYTEST_ARGS)
 
 test-floor: $(FLOOR_VENV)/.installed
 	$(FLOOR_VENV)/bin/python -m pytest $(FLOOR_TESTS)

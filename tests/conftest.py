@@ -28,7 +28,8 @@ _main_is_a_file_under_xdist()
 # The tests that share the session's SLURM cluster (tests/cluster/conftest.py): under `pytest -n`
 # (make test) each test process would start a cluster of its own on the same ports, so they all
 # go to one process. (xdist's own `--dist loadgroup` marks do not group with pytest >= 9.2.)
-_ONE_CLUSTER = ("tests/cluster/test_slurm_cluster.py", "tests/cluster/test_slurm_trials.py")
+_ONE_CLUSTER = ("tests/cluster/test_slurm_cluster.py", "tests/cluster/test_slurm_trials.py",
+                "tests/cluster/test_slurm_node_lost.py")
 _SHARED_SCOPES = ("module", "class", "package")
 
 
@@ -48,6 +49,13 @@ def _builds_once(path: Path) -> bool:
                 for kw in node.keywords):
             return True
     return False
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--extended", action="store_true", default=False,
+        help="also run the tests marked `extended`: more variants of a multi-process or cluster behaviour that "
+             "make test covers with one representative (make test-extended)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -102,7 +110,20 @@ def _skip_cpu_fsdp_on_old_torch(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def _leave_out_extended(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the `extended` variants unless asked for: each behaviour keeps one representative in
+    `make test` (issue 41.23: the suite within ~15 minutes on 2 cores); pytest's summary counts the rest
+    as deselected, and `make test-extended` runs everything."""
+    if config.getoption("--extended"):
+        return
+    kept = [item for item in items if item.get_closest_marker("extended") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("extended")])
+        items[:] = kept
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _leave_out_extended(config, items)
     _skip_cpu_fsdp_on_old_torch(items)
     needs = [(item, m) for item in items for m in item.iter_markers() if m.name in ("requires_gpu", "requires_gpus")]
     if not needs:

@@ -98,3 +98,36 @@ def test_the_slurm_unit_starts_first_and_a_module_that_builds_once_stays_in_one_
     (slurm_worker,) = by_name["slurm"]
     first = min((float(t), name) for worker, t, name in rows if worker == slurm_worker)
     assert first[1] == "slurm", rows  # its process started with the SLURM unit
+
+
+EXTENDED = '''
+import pytest
+
+@pytest.mark.parametrize("world", [4, pytest.param(8, marks=pytest.mark.extended)])
+def test_at_a_size(world):
+    pass
+
+@pytest.mark.extended
+def test_another_way_in():
+    pass
+'''
+
+
+@pytest.mark.parametrize("how", ["default", "option"])
+def test_extended_variants_run_only_when_asked_for(tmp_path: Path, how: str) -> None:
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    shutil.copy(CONFTEST, tests / "conftest.py")
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\naddopts = --strict-markers\nmarkers =\n    extended: a variant\n    slow: slow\n")
+    (tests / "test_sizes.py").write_text(EXTENDED)
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rN", "tests"]
+    if how == "option":
+        args.append("--extended")
+    proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    if how == "default":
+        assert "1 passed, 2 deselected" in summary, summary
+    else:
+        assert "3 passed" in summary and "deselected" not in summary, summary

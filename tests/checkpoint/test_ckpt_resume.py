@@ -71,6 +71,7 @@ def _assert_identical(full: dict, resumed: dict) -> None:  # type: ignore[type-a
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test: the two-process test below (mid-epoch too, and each rank's file)
 def test_sigkill_then_resume_is_bit_identical_mid_epoch(tmp_path: Path) -> None:
     _finish(_start("full", tmp_path / "unused", tmp_path / "full", 1, tmp_path / "pg0"))
     lines = _crash(tmp_path / "ckpt", tmp_path / "never", 1, tmp_path / "pg1")

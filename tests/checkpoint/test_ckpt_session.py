@@ -114,7 +114,8 @@ def ddp_straight(tmp_path_factory: pytest.TempPathFactory) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("background", [False, True])
+# make test: the background save (the plain one is test_ckpt_resume's two-process SIGKILL test)
+@pytest.mark.parametrize("background", [pytest.param(False, marks=pytest.mark.extended), True])
 def test_two_process_ddp_resume_after_sigkill_is_bit_identical(tmp_path, ddp_straight: list, background: bool) -> None:
     """With ``background``, both ranks train two more steps while the save writes, then die."""
     from gpukit.launch import launch_function

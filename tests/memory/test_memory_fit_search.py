@@ -57,8 +57,12 @@ def _every_option(model: torch.nn.Module, x: torch.Tensor, devices: int, planner
     return sorted(options, key=lambda o: (o.step_s, o.peak_bytes))
 
 
-@pytest.mark.parametrize("name", ["mlp", "transformer"])
-@pytest.mark.parametrize("devices", [1, 2])
+# make test: two devices on the MLP (tensor groups, and planned ahead in child processes) and one on the
+# transformer (heads); the other two pairs with --extended.
+@pytest.mark.parametrize(("name", "devices"), [
+    ("mlp", 2), ("transformer", 1),
+    pytest.param("mlp", 1, marks=pytest.mark.extended), pytest.param("transformer", 2, marks=pytest.mark.extended),
+])
 def test_the_search_finds_what_planning_everything_finds(name: str, devices: int) -> None:
     model, x = _case(name)
     everything = _every_option(model, x, devices, FitPlanner(model, x, "adam", "cuda"))

@@ -36,8 +36,10 @@ pytestmark = pytest.mark.slow
 STEPS_PER_EPOCH = worker.SAMPLES // worker.GLOBAL_BATCH
 FIRST_ACCUMULATE = worker.GLOBAL_BATCH // (worker.MICRO_BATCH * 2)  # what the 2-rank launch chose
 #: (tag, world size, resumes from, saves at, seed_per_rank)
-CHAIN = [("full", 2, None, 2, True), ("B", 3, "full", 3, True), ("C", 2, "B", 5, True),
-         ("D", 1, "C", 6, False), ("E", 4, "D", 7, False), ("F", 1, "E", None, False)]
+#: 2 -> 3 (grow, streams of their own), 3 -> 1 (shrink, re-derived into one), 1 -> 4 (one stream continued).
+#: bench/elastic_resume_grid.py runs every N -> M of the sizes it is given with the same worker.
+CHAIN = [("full", 2, None, 2, True), ("B", 3, "full", 4, True), ("D", 1, "B", 6, False),
+         ("E", 4, "D", None, False)]
 
 
 def launch(out: Path, tag: str, world: int, source: str | None, save_at: int | None, per_rank: bool,
@@ -104,12 +106,12 @@ def test_every_launch_trains_on_the_uninterrupted_runs_global_batches_and_ends_w
             torch.testing.assert_close(found["weights"][key], value, rtol=1e-4, atol=1e-6, msg=f"{tag} {key}")
         for mine_t, ref_t in zip(found["moments"], reference["moments"]):
             torch.testing.assert_close(mine_t, ref_t, rtol=1e-4, atol=1e-6, msg=tag)
-    assert sorted(live) == list(range(3, total + 1)) and set(live.values()) == {"B", "C", "D", "E", "F"}
+    assert sorted(live) == list(range(3, total + 1)) and set(live.values()) == {"B", "D", "E"}
 
 
 def test_random_streams_continue_where_shared_and_are_rederived_per_rank_where_not(chain: Path) -> None:
     # streams of their own on each rank when saved (seed_per_rank): every new rank gets a new, distinct one
-    for saver, world, resumer, new_world in (("full", 2, "B", 3), ("B", 3, "C", 2)):
+    for saver, world, resumer, new_world in (("full", 2, "B", 3),):
         saved = {r["save_probe"] for r in reports(chain, saver, world)}
         resumed = {r["resume_probe"] for r in reports(chain, resumer, new_world)}
         assert len(saved) == world and len(resumed) == new_world and not saved & resumed, (saver, resumer)

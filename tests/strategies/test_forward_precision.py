@@ -69,10 +69,10 @@ def test_bf16_mixed_on_meta_checkpointed_and_compiled_models(tmp_path: Path, opt
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "options"), [
-    ("ddp", ""),
+@pytest.mark.parametrize(("strategy", "options"), [  # make test: each strategy with its options on
+    pytest.param("ddp", "", marks=pytest.mark.extended),
     ("ddp", "compile"),
-    pytest.param("fsdp", "", marks=pytest.mark.requires_cpu_fsdp),
+    pytest.param("fsdp", "", marks=[pytest.mark.requires_cpu_fsdp, pytest.mark.extended]),
     pytest.param("fsdp", "meta,ac", marks=pytest.mark.requires_cpu_fsdp),
 ])
 def test_bf16_mixed_on_two_processes(tmp_path: Path, strategy: str, options: str) -> None:

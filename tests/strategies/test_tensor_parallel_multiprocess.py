@@ -81,7 +81,7 @@ def tensor_only(tensor_run: tuple[Path, list[dict]]) -> list[dict]:
     return tensor_run[1]
 
 
-@pytest.fixture(scope="module", params=["fsdp", "ddp"])
+@pytest.fixture(scope="module", params=["fsdp", pytest.param("ddp", marks=pytest.mark.extended)])
 def two_d(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, list[dict]]:
     # the test is marked requires_cpu_fsdp: FSDP2 (fully_shard, and replicate, built on it) on CPU needs torch >= 2.7
     out = tmp_path_factory.mktemp(f"{request.param}2x2")
