@@ -168,6 +168,27 @@ def test_preempted_job_saves_requeues_and_resumes_to_the_same_weights(
     assert_none_survive(job.marker)
 
 
+def test_a_job_that_starts_within_its_warning_is_requeued_once(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Issue 41.8: SLURM sends --signal's warning once, at its first check (every 30 s) that finds the time left
+    within the lead + 30 s; one sent as the job starts, before the batch shell exists, is lost, and the job ran into
+    its time limit. The job script reads its time left: a job that starts within its `--signal=B:USR2@90` (here
+    --time=1) is requeued at once, exactly once, without starting its step (and SLURM's own warning, should it
+    still come, finds the job gone)."""
+    job = _sbatch_gpukit_run(slurm_cluster, tmp_path, 1, "--ckpt", str(tmp_path / "ckpt"),
+                             options=("--requeue", "--time=1"))
+    poll(lambda: _restarts(job.cluster, job.job_id) != 0 or job.cluster.state(job.job_id) == "", 120,
+         "the job to be requeued")
+    restarts = _restarts(job.cluster, job.job_id)
+    job.cluster.run("scancel", job.job_id)  # its next start (after SLURM's ~2 min BeginTime) would be requeued too
+    job.cluster.wait_gone(job.job_id, 60)
+    output = job.log.read_text()
+    assert restarts == 1, output
+    assert output.count("job script: the job starts with") == 1 and "(--signal ...@90" in output, output
+    assert "; requeuing" in output and "gpukit:" not in output, output  # the step never started
+    assert not list(job.out.iterdir()), output  # nothing trained
+    assert_none_survive(job.marker)
+
+
 def _launchers(marker: str) -> list[int]:
     found = []
     for proc in processes_with_marker(marker):
