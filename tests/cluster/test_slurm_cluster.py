@@ -156,7 +156,12 @@ def test_preempted_job_saves_requeues_and_resumes_to_the_same_weights(
     job.wait_held()
     job.cluster.run("scancel", "--signal=USR2", "--batch", job.job_id)  # what --signal=B:USR2@90 sends
     output = _requeued_then_finished(job)
-    assert output.count("SIGUSR2 received, stopping at the next step boundary") == 2, output
+    # srun's forward reaches each node's step separately: a rank may stop with the others (the Session's
+    # agreement) before its own SIGUSR2 comes, and then see it, its launcher's SIGTERM, or neither (under load
+    # one node's came 0.4 s late: "rank 0: SIGTERM received" -- the flake of issue 41). What is certain: the
+    # warning, both ranks saved at the same next step, and node 0 requeued once both nodes had reported.
+    assert "SIGUSR2 received, stopping at the next step boundary" in output, output
+    assert "did not report their stop" not in output, output
     assert "waiting for the other 1 node(s) to report their stop" in output
     assert [int((out / f"stopped-rank-{r}").read_text()) for r in (0, 1)] == [2, 2]  # saved at the next step
     assert (ckpt / "step_00000002").is_dir()
