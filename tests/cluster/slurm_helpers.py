@@ -26,11 +26,13 @@ EXAMPLE_STEP = "srun gpukit run train.py"
 def job_script(step: str) -> str:
     """The documented job script (examples/slurm/train.sbatch) with ``step`` for its srun line
     (``srun gpukit run train.py``; the other documented way is ``srun --kill-on-bad-exit=1 python
-    train.py``); its ``#SBATCH`` lines go (callers give sbatch their own options), everything that
-    handles the warning stays as users have it."""
+    train.py``); its ``#SBATCH`` lines go (callers give sbatch their own options) but ``--signal``,
+    which the script reads (the warning's lead), and everything that handles the warning stays as
+    users have it."""
     text = EXAMPLE_JOB.read_text()
     assert text.count(EXAMPLE_STEP) == 1, f"{EXAMPLE_JOB} no longer runs `{EXAMPLE_STEP}` once"
-    lines = [line for line in text.replace(EXAMPLE_STEP, step).splitlines() if not line.startswith("#SBATCH")]
+    lines = [line for line in text.replace(EXAMPLE_STEP, step).splitlines()
+             if not line.startswith("#SBATCH") or line.startswith("#SBATCH --signal=")]
     return "\n".join(lines) + "\n"
 
 

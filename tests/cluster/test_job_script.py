@@ -36,11 +36,14 @@ def _tool(path: Path, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def _start_job(tmp_path: Path, step: str, no_task_here: bool = False) -> tuple[subprocess.Popen[str], dict[str, str]]:
+def _start_job(tmp_path: Path, step: str, no_task_here: bool = False,
+               time_left: str | None = None) -> tuple[subprocess.Popen[str], dict[str, str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     exports = " ".join(f"{k}={v}" for k, v in STEP_ENV.items())
     _tool(bin_dir / "srun", f'while [[ $1 == --* ]]; do shift; done\nexport {exports}\nexec "$@"\n')
+    # squeue -o %L: the job's time left, as SLURM shows it; without one, it fails as outside SLURM
+    _tool(bin_dir / "squeue", f"echo '{time_left}'\n" if time_left else "exit 1\n")
     # requeue is written down; listpids fails, as where SLURM does not track the job's processes --
     # or (no_task_here) lists only the batch script: the step's task on this node is gone
     listpids = ('[[ $1 == listpids ]] && { echo "PID JOBID STEPID LOCALID GLOBALID"; echo "1 77 batch - -"; '
@@ -120,6 +123,28 @@ def test_a_warning_while_srun_python_imports_requeues_once(tmp_path: Path) -> No
     output = proc.communicate(timeout=240)[0]
     assert (tmp_path / "requeues").read_text().splitlines() == ["requeue 77"], output
     assert proc.returncode == 128 + signal.SIGUSR2 and FALLBACK in output, output
+    assert_none_survive(env[MARKER_ENV])
+
+
+@pytest.mark.parametrize("time_left, warned", [("1:59", True), ("0-00:02:01", False)])
+def test_a_job_that_starts_within_its_warning_acts_as_warned(tmp_path: Path, time_left: str, warned: bool) -> None:
+    """Issue 41.8: SLURM sends --signal's warning once, up to 30 s early; one sent as the job starts, before the
+    batch shell exists, is lost and the job ran into its time limit. A job that starts with its time left within
+    its script's `#SBATCH --signal=B:USR2@90` (+ 30 s) acts as warned: requeued once, without starting its step
+    (nothing ran that could be saved); with more time left it runs as it would have."""
+    proc, env = _start_job(tmp_path, "srun sleep 600" if warned else "srun true", time_left=time_left)
+    try:
+        output = proc.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        for left in processes_with_marker(env[MARKER_ENV]):
+            left.kill()
+        pytest.fail(f"the job ran on 30 s after starting with {time_left} left: it was not warned\n{proc.communicate()[0]}")
+    requeues = (tmp_path / "requeues").read_text().splitlines() if (tmp_path / "requeues").exists() else []
+    if warned:
+        assert "job script: the job starts with 119 s left, within its warning (--signal ...@90" in output, output
+        assert proc.returncode == 75 and requeues == ["requeue 77"], (proc.returncode, output)
+    else:
+        assert proc.returncode == 0 and requeues == [] and "within its warning" not in output, output
     assert_none_survive(env[MARKER_ENV])
 
 

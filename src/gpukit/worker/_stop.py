@@ -163,8 +163,14 @@ def mark_stop_agreed(rank: int) -> None:
 def finish_agreed_stop() -> bool:
     """The script ended by itself after its ranks agreed to stop: mark this rank's stop
     ``finished`` (whatever its teardown does next, the launcher counts it as clean).
-    Returns whether there was an agreed stop to finish."""
-    if _agreed_rank is None or not stop_requested():
+    Returns whether there was an agreed stop to finish.
+
+    A rank stops with the others even when its own signal has not come yet (SLURM's warning
+    reaches each node's step separately, one node's ~0.5 s after the other's under load): that
+    is a stop too, not a completed training -- marked ``completed``, its node's launcher took
+    the late warning for one after the training, reported nothing, and node 0 waited
+    ``--grace`` + 60 s for the report before it requeued."""
+    if _agreed_rank is None:
         return False
     write_marker(worker_env().run_dir, _agreed_rank, stop_signal_name() or "SIGTERM", FINISHED)
     return True
