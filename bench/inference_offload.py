@@ -16,10 +16,14 @@ model's, peak RSS above the interpreter's own (its libraries loaded and warmed b
 budget, gpukit's predicted peak against that, and the disk-read bound: bytes each token reads from
 disk over the disk's measured read bandwidth (pages dropped from the cache first). The files sit
 in the page cache during the runs unless memory is short: a bound from cold reads is what a
-machine without spare RAM would see.
+machine without spare RAM would see. ``--cold`` measures that too: gpukit once more, the files'
+pages dropped from the page cache (``posix_fadvise(DONTNEED)``) before every forward, so each token
+reads what no process has mapped from the disk (the next token's first units, mapped by the
+read-ahead during the last one, stay: that is the overlap a cold run has too).
 
     python bench/inference_offload.py                 # ~540 MB model, budget 40% of it
     python bench/inference_offload.py --quick         # small sizes (the suite's smoke run)
+    python bench/inference_offload.py --cold          # and gpukit once more, every token read from disk
     /work/venv-peers/bin/python bench/inference_offload.py   # with accelerate for the peer
 """
 
