@@ -67,6 +67,18 @@ def test_a_request_beyond_the_plan_is_refused_before_it_runs(llama_folder: tuple
         model(torch.zeros(2, 20, dtype=torch.int64))
 
 
+def test_a_cache_passed_in_counts_against_the_plan(llama_folder: tuple[Path, Any]) -> None:
+    folder, _ = llama_folder
+    model = load_for_inference(folder, batch_size=2, prompt_len=10, new_tokens=6, max_memory={"cpu": "100MiB"})
+    with torch.no_grad():
+        cache = model(IDS, use_cache=True).past_key_values  # a Cache object: 10 tokens
+        with pytest.raises(WorkloadError, match="2 x 17 tokens"):
+            model(torch.zeros(2, 7, dtype=torch.int64), past_key_values=cache)
+    legacy = tuple((torch.zeros(2, 2, 15, 16), torch.zeros(2, 2, 15, 16)) for _ in range(4))  # transformers 4.x's tuples
+    with pytest.raises(WorkloadError, match="2 x 21 tokens"):
+        model(torch.zeros(2, 6, dtype=torch.int64), past_key_values=legacy)
+
+
 def test_a_workload_that_cannot_fit_is_refused_before_any_weight_is_read(llama_folder: tuple[Path, Any],
                                                                           tmp_path: Path) -> None:
     folder, _ = llama_folder

@@ -44,6 +44,8 @@ __all__ = ["TensorFiles", "open_tensor_files", "safetensors_entries"]
 
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 _MAX_FILES = 100_000
+#: stored dtypes a model's floating tensor may be read from (a cast, no scales): anything else is quantised
+_FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,15 @@ class TensorFiles:
         for name, value in remapped.items():
             if name in state and id(value) in by_object:
                 keys.setdefault(id(state[name]), by_object[id(value)])
+        for name, tensor in state.items():
+            key = keys.get(id(tensor))
+            if key is not None and tensor.is_floating_point() and tree[key].dtype not in _FLOAT_DTYPES:
+                raise CheckpointError(
+                    f"{self.source}: {key!r} is stored as {tree[key].dtype} where {type(model).__name__} has "
+                    f"{tensor.dtype} weights: a quantised checkpoint (casting it without its scales would give wrong "
+                    f"outputs). Supported: weights stored as {', '.join(str(d) for d in _FLOAT_DTYPES)} (cast to "
+                    "the planned dtype); float8/int8 weights with scales, bitsandbytes, GPTQ and AWQ are not. Load "
+                    "it with its quantisation library, or save its weights dequantised (bf16 or fp32) first.")
         missing = sorted({n for n, t in state.items() if id(t) not in keys and t.is_meta})
         if missing:
             shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")

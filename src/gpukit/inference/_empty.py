@@ -100,5 +100,14 @@ def _from_config(folder: Path) -> nn.Module:
         raise ConfigurationError(f"Building {folder} from its config.json needs transformers: pip install "
                                  "transformers, or pass a factory that builds the model.") from None
     config = AutoConfig.from_pretrained(folder)  # JSON only: no code from the folder (trust_remote_code off)
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is not None:
+        method = (quantization.get("quant_method") if isinstance(quantization, dict)
+                  else getattr(quantization, "quant_method", None))
+        raise ConfigurationError(
+            f"{folder} holds a quantised model (config.json quantization_config, quant_method "
+            f"{str(method)!r}): gpukit's inference loads weights stored as float32, float16 or bfloat16 (cast to "
+            "dtype=...); bitsandbytes, GPTQ, AWQ, float8 and the other quantisation formats are not supported. Load it "
+            "with transformers and its quantisation library, or use a float checkpoint of the model.")
     with empty_parameters():
         return AutoModelForCausalLM.from_config(config)

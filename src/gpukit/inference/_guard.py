@@ -33,8 +33,11 @@ def _fix(plan: Any) -> str:
 
 def _past_length(kwargs: dict[str, Any]) -> int:
     cache = kwargs.get("past_key_values")
-    if cache is not None and hasattr(cache, "get_seq_length"):
+    if cache is not None and hasattr(cache, "get_seq_length"):  # a Cache object (transformers 4.36+ and 5.x)
         return int(cache.get_seq_length())
+    if isinstance(cache, (tuple, list)) and cache and isinstance(cache[0], (tuple, list)) and cache[0] \
+            and isinstance(cache[0][0], torch.Tensor) and cache[0][0].dim() >= 2:
+        return int(cache[0][0].shape[-2])  # 4.x's legacy tuple: layers x (key, value) of [batch, heads, tokens, dim]
     return 0
 
 

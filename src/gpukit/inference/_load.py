@@ -32,6 +32,7 @@ from gpukit.errors import CheckpointError
 from gpukit.inference._bandwidth import read_bandwidth
 from gpukit.inference._empty import build_empty, model_folder
 from gpukit.inference._guard import install_guard
+from gpukit.inference._hostmem import host_weights_buffer
 from gpukit.inference._plan import InferencePlan, plan_inference
 from gpukit.inference._stream import StreamedTensor, StreamedUnit, UnitStreamer
 from gpukit.memory import model_units, unit_tensor_names
@@ -185,6 +186,7 @@ def _materialize(model: nn.Module, files: TensorFiles, keys: dict[int, str], pla
     execution = torch.device(plan.execution_device)
     accelerator = get_accelerator(execution)
     streamed: list[StreamedUnit] = []
+    on_host: list[StreamedTensor] = []  # resident on the host: laid out in one huge-page buffer
     for unit in [n for n in plan.device_map]:  # the forward's order
         place = plan.device_map[unit]
         holders = _holders(model, names.get(unit, []))
@@ -193,13 +195,19 @@ def _materialize(model: nn.Module, files: TensorFiles, keys: dict[int, str], pla
             streamed.append(_streamed(unit, model, tensors, holders, keys, files, plan, place, accelerator))
             continue
         device = torch.device(place)
+        host = get_accelerator(device).is_host
         for ident, tensor in tensors.items():
             if ident not in keys:  # a buffer no checkpoint holds (a rotary table): it moves as it is
                 _assign(holders[ident], tensor.to(device))
                 continue
+            if host:
+                on_host.append(StreamedTensor(keys[ident], tuple(tensor.shape), _target_dtype(tensor, plan),
+                                              holders=holders[ident]))
+                continue
             dest = torch.empty(tensor.shape, dtype=_target_dtype(tensor, plan), device=device)
             files.read_into({keys[ident]: dest})
             _assign(holders[ident], nn.Parameter(dest, requires_grad=False) if holders[ident][0][2] else dest)
+    _fill_host(files, on_host)
     run = InferenceRun(plan)
     if streamed:
         run.streamer = UnitStreamer(streamed, execution, accelerator, lambda key, view: _read_view(files, key, view),
@@ -207,6 +215,18 @@ def _materialize(model: nn.Module, files: TensorFiles, keys: dict[int, str], pla
     if len({d for d in plan.device_map.values()} - {"disk"} | {plan.execution_device}) > 1:
         run.handles += _align_devices(model, plan)
     return run
+
+
+def _fill_host(files: TensorFiles, parts: list[StreamedTensor]) -> None:
+    """Read the host-resident tensors into one buffer in huge pages (``_hostmem.py``), one tensor at a time."""
+    if not parts:
+        return
+    layout = StreamedUnit("", nn.Module(), parts)
+    buffer = host_weights_buffer(layout.layout())
+    for part in parts:
+        dest = buffer[part.offset:part.offset + part.nbytes].view(part.dtype).view(part.shape)
+        files.read_into({part.key: dest})  # converts the dtype where the plan's differs from the file's
+        _assign(part.holders, nn.Parameter(dest, requires_grad=False) if part.holders[0][2] else dest)
 
 
 def _unique(model: nn.Module, names: list[str]) -> list[torch.Tensor]:
