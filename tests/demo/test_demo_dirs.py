@@ -1,8 +1,9 @@
 """Two demos never touch each other's files: each run writes to its own private directory.
 
 CLI runs (`gpukit demo` through its entry point, in this process) with TMPDIR pointing at a test
-directory that also holds another user's demo output (chowned to ``nobody``); and two runs sharing one ``--out-dir``, whose record then holds
-both runs. The demo's checkpoint save is an event in its record (``session.log_event``).
+directory that also holds another user's demo output (chowned to ``nobody``); and two runs sharing
+one ``--out-dir``, whose record then holds both runs. The demo's checkpoint save is an event in its
+record (``session.log_event``).
 """
 
 from __future__ import annotations
