@@ -1,8 +1,9 @@
 """Two demos never touch each other's files: each run writes to its own private directory.
 
-Real CLI runs with TMPDIR pointing at a test directory that also holds another user's demo
-output (chowned to ``nobody``); and two runs sharing one ``--out-dir``, whose record then holds
-both runs. The demo's checkpoint save is an event in its record (``session.log_event``).
+CLI runs (`gpukit demo` through its entry point, in this process) with TMPDIR pointing at a test
+directory that also holds another user's demo output (chowned to ``nobody``); and two runs sharing
+one ``--out-dir``, whose record then holds both runs. The demo's checkpoint save is an event in its
+record (``session.log_event``).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 import os
 import re
 import stat
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,17 +20,23 @@ import pytest
 from gpukit.demo import DemoConfig, run_demo
 from gpukit.report import read_record, summarize, write_report
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
+from cli_helpers import run_gpukit  # noqa: E402
+
 NOBODY = 65534
 
 
-def _demo(tmpdir: Path) -> tuple[Path, str]:
-    env = {**os.environ, "TMPDIR": str(tmpdir), "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, "-m", "gpukit", "demo", "--cpu", "--epochs", "1", "--batch-size", "256"],
-                          capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    match = re.search(r"report: (\S+) \(from the run record in (\S+)\)", proc.stdout.replace("\n", ""))
-    assert match, proc.stdout
-    return Path(match.group(1)), proc.stdout
+def _demo(tmpdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> tuple[Path, str]:
+    """`gpukit demo` through the console entry point in this process (a subprocess spent about half
+    of each run starting the interpreter, torch and scikit-learn), with TMPDIR set as for a process."""
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() cached another directory: read TMPDIR again
+    code, out, err = run_gpukit(capsys, "demo", "--cpu", "--epochs", "1", "--batch-size", "256")
+    assert code == 0, out + err
+    match = re.search(r"report: (\S+) \(from the run record in (\S+)\)", out.replace("\n", ""))
+    assert match, out
+    return Path(match.group(1)), out
 
 
 def _plant_other_users_demo(tmpdir: Path) -> dict[Path, bytes]:
@@ -47,12 +54,13 @@ def _plant_other_users_demo(tmpdir: Path) -> dict[Path, bytes]:
     return planted
 
 
-@pytest.mark.slow  # two real `gpukit demo` runs: ~30 s on an idle 2-core machine
-def test_two_demos_write_to_their_own_private_directories(tmp_path: Path) -> None:
+@pytest.mark.slow  # two real `gpukit demo` runs (in this process): ~10 s on an idle 2-core machine
+def test_two_demos_write_to_their_own_private_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     planted = _plant_other_users_demo(tmp_path)
-    first, _ = _demo(tmp_path)
+    first, _ = _demo(tmp_path, monkeypatch, capsys)
     first_bytes = first.read_bytes()
-    second, _ = _demo(tmp_path)
+    second, _ = _demo(tmp_path, monkeypatch, capsys)
     assert first.parent.parent != second.parent.parent  # <out-dir>/record/report.html: other out-dirs
     assert first.read_bytes() == first_bytes and second.is_file()  # the second run left the first alone
     for report in (first, second):

@@ -15,7 +15,7 @@ PORT = Path(__file__).resolve().parents[2] / "examples" / "mnist_port"
 def _run(script: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    proc = subprocess.run([sys.executable, str(PORT / script), "--synthetic", "384", "--epochs", "2",
+    proc = subprocess.run([sys.executable, str(PORT / script), "--synthetic", "128", "--epochs", "2",
                            "--log-interval", "1", "--batch-size", "32"],
                           capture_output=True, text=True, env=env, timeout=300, cwd=PORT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -29,7 +29,8 @@ def _losses(proc: subprocess.CompletedProcess[str]) -> list[str]:
 def test_the_port_trains_exactly_as_the_original() -> None:
     run = _run("with_gpukit.py")
     original, ported = _losses(_run("original.py")), _losses(run)
-    assert len(original) == 2 * 12 + 2  # 12 batches an epoch, each logged, and two test passes
+    # 128 samples, not more: two epochs of a few batches show the per-step and per-epoch RNG agreement
+    assert len(original) == 2 * 4 + 2  # 4 batches an epoch, each logged, and two test passes
     # dropout draws from the global RNG: gpukit's loader draws what torch's would at each epoch's start
     assert ported == original
     # issue 41.15: one epoch line per training pass, counted from 1; the test loader's passes print none

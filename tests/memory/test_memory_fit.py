@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,9 @@ from gpukit.memory import fit, measure_step_memory
 
 sys.path.insert(0, str(Path(__file__).parent))
 from planner_models import mlp  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
+from cli_helpers import importable_models, run_gpukit  # noqa: E402
 
 _POLICY = {"none": None, "selective": "selective", "full": True}
 
@@ -61,42 +63,42 @@ def test_nothing_fits_says_by_how_much_and_session_lines() -> None:
 
 
 @pytest.mark.slow
-def test_cli_plan_fit(tmp_path: Path) -> None:
-    (tmp_path / "fitmodels.py").write_text(
-        "import sys\nsys.path.insert(0, %r)\nfrom planner_models import mlp\n"
-        "def small():\n    return mlp(width=64, depth=2)\n" % str(Path(__file__).parent))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    base = [sys.executable, "-m", "gpukit", "plan", "fitmodels:small", "--batch-shape", "64,64", "--device", "cpu"]
-    ok = subprocess.run([*base, "--fit", "1GiB", "--nproc", "2"], cwd=tmp_path, env=env,
-                        capture_output=True, text=True, timeout=300)
-    assert ok.returncode == 0, ok.stderr
-    assert "cheapest first" in ok.stdout and "Session(" in ok.stdout
+def test_cli_plan_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    models = importable_models(tmp_path, monkeypatch, "from planner_models import mlp\n"
+                               "def small():\n    return mlp(width=64, depth=2)\n", "fitmodels")
+    args = ["plan", f"{models}:small", "--batch-shape", "64,64", "--device", "cpu"]
+    # The four plans run the console entry point in this process (each subprocess paid ~3 s of
+    # interpreter and torch start-up before planning); the two refusals, which stop before torch
+    # is imported, still run as the real command, for the process's exit status and stderr.
+    code, out, err = run_gpukit(capsys, *args, "--fit", "1GiB", "--nproc", "2")
+    assert code == 0, err
+    assert "cheapest first" in out and "Session(" in out
     # issue 41.22c: --nproc 2 ranks what runs in 2 processes, and says what it left out
-    ranked, _, note = ok.stdout.partition("not ranked: ")
+    ranked, _, note = out.partition("not ranked: ")
     assert note.startswith("single, pipeline") and "--nproc 2 asks for 2" in note
     assert "pipeline x2" not in ranked and " single " not in ranked
-    as_json = subprocess.run([*base, "--fit", "1GiB", "--nproc", "2", "--json"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=300)
-    listed = json.loads(as_json.stdout)
+    assert "tensor parallel (collectives priced over an assumed 200 GB/s intra-node link):" in out
+    code, out, err = run_gpukit(capsys, *args, "--fit", "1GiB", "--nproc", "2", "--json")
+    assert code == 0, err
+    listed = json.loads(out)
     assert {o["strategy"] for o in listed["options"]} <= {"ddp", "fsdp", "fsdp-offload", "tp2"} and listed["options"]
     assert all(o["devices"] == 2 and o["layout"]["one_process"] is False for o in listed["options"])
     # the keys kept, tensor added: each option's degree, and the line per degree with the link assumed
     assert {o["tensor"] for o in listed["options"]} <= {1, 2}
     assert listed["tensor"]["link_bytes_per_s"] == 200e9 and listed["tensor"]["node_gpus"] == 2
     assert [line.split(":")[0] for line in listed["tensor"]["degrees"]] == ["tp 2"]
-    assert "tensor parallel (collectives priced over an assumed 200 GB/s intra-node link):" in ok.stdout
-    bad = subprocess.run([*base, "--fit", "lots"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.startswith("gpukit: error:") and "Invalid size" in bad.stderr
-    jobs = subprocess.run([*base, "--jobs", "2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert jobs.returncode == 2 and "--jobs 2 goes with --fit" in jobs.stderr and "Traceback" not in jobs.stderr
     for extra in ([], ["--json"]):  # nothing fits: what is missing, then a status scripts can test
-        none = subprocess.run([*base, "--fit", "64KiB", *extra], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=300)
-        assert none.returncode == 2, none.stderr
+        code, out, err = run_gpukit(capsys, *args, "--fit", "64KiB", *extra)
+        assert code == 2, err
         if extra:
-            assert json.loads(none.stdout)["options"] == [] and json.loads(none.stdout)["closest"]
+            assert json.loads(out)["options"] == [] and json.loads(out)["closest"]
         else:
-            assert "nothing fits" in none.stdout and "closest:" in none.stdout and "more per device" in none.stdout
+            assert "nothing fits" in out and "closest:" in out and "more per device" in out
+    base = [sys.executable, "-m", "gpukit", *args]
+    bad = subprocess.run([*base, "--fit", "lots"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("gpukit: error:") and "Invalid size" in bad.stderr
+    jobs = subprocess.run([*base, "--jobs", "2"], capture_output=True, text=True, timeout=120)
+    assert jobs.returncode == 2 and "--jobs 2 goes with --fit" in jobs.stderr and "Traceback" not in jobs.stderr
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
