@@ -18,6 +18,7 @@ from gpukit.inference._bandwidth import (HOST_PROBE_BYTES, HOST_TO_GPU_BYTES_PER
                                          host_memory_bandwidth, host_probe_pending)
 from gpukit.inference._budget import budgets, describe_budgets
 from gpukit.inference._placement import CPU, DISK, GPU, DeviceBudget, Placement, UnitCost, place
+from gpukit.inference._quantized import quantize_linear_weights, weights_kind
 from gpukit.memory import check_workload, forward_units, kv_shape
 
 __all__ = ["InferencePlan", "Workload", "plan_inference", "workload_input"]
@@ -33,6 +34,7 @@ class Workload:
     prompt_len: int
     new_tokens: int
     dtype: torch.dtype
+    weights: str | None = None  # "int8"/"float8": Linear weights stored quantised (``_quantized.py``)
 
     @property
     def tokens(self) -> int:
@@ -94,7 +96,7 @@ class InferencePlan:
     def __str__(self) -> str:
         w = self.workload
         lines = [f"inference plan: {self.model}, batch {w.batch_size} x ({w.prompt_len} prompt + {w.new_tokens} new) "
-                 f"tokens, {str(w.dtype).replace('torch.', '')}",
+                 f"tokens, {str(w.dtype).replace('torch.', '')}" + (f", Linear weights {w.weights}" if w.weights else ""),
                  f"  {'device':<9}{'budget':>12}{'peak':>12}{'weights':>12}  units"]
         for d in self.devices:
             budget = format_bytes(d.budget_bytes) if d.budget_bytes is not None else "unlimited"
@@ -139,6 +141,7 @@ def plan_inference(
     prefetch: int = 1,
     disk_bytes_per_s: float | None = None,
     devices: list[DeviceBudget] | None = None,
+    weights: str | None = None,
 ) -> InferencePlan:
     """Plan where ``model``'s units go for a workload, on the meta device (nothing is read or allocated).
 
@@ -155,6 +158,9 @@ def plan_inference(
         prefetch: offloaded units read ahead of the one computing (1 or more).
         disk_bytes_per_s: measured disk read bandwidth, for the tokens/s bound.
         devices: the budgets already made (tests; overrides ``max_memory``).
+        weights: ``"int8"`` or ``"float8"``: plan each ``nn.Linear`` weight stored quantised per output row
+            (``gpukit.inference.quantize_linear_weights``, which replaces the model's Linears in place:
+            on meta, shapes only), the transient upcast copy of each in its unit's activations.
 
     Returns:
         An :class:`InferencePlan`.
@@ -166,6 +172,7 @@ def plan_inference(
     if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
         raise ConfigurationError(f"prefetch={prefetch!r}: expected a whole number of units to read ahead, at least 1.")
     weights_dtype = as_dtype(dtype, model)
+    weights = weights_kind(weights)
     kv = kv_shape(model)
     if example_input is None:
         if kv is None:
@@ -176,8 +183,10 @@ def plan_inference(
             raise ConfigurationError("prompt_len=... is needed: the prompt's length in tokens (with batch_size and "
                                      "new_tokens it sizes the KV cache and the activations).")
     check_workload(batch_size, prompt_len if prompt_len is not None else 1, new_tokens)
-    workload = Workload(batch_size, prompt_len or 1, new_tokens, weights_dtype)
+    workload = Workload(batch_size, prompt_len or 1, new_tokens, weights_dtype, weights)
     example = example_input if example_input is not None else workload_input(model, workload)
+    if weights is not None:
+        quantize_linear_weights(model, weights, weights_dtype)
     figures = forward_units(model, example, weights_dtype)
     costs = [_cost(u, kv, workload) for u in figures]
     devices = devices if devices is not None else budgets(max_memory, offload_dir)
