@@ -258,6 +258,10 @@ def _materialize(model: nn.Module, files: TensorFiles, keys: dict[int, str], pla
     reads = _Reads(model, files, keys, plan.workload.dtype)
     streamed: list[StreamedUnit] = []
     on_host: list[StreamedTensor] = []  # resident on the host: laid out in one huge-page buffer
+    # a resident tensor is made once for every name holding it, across units: a tied output head shares
+    # the embedding's tensor (the plan counts it once and puts both units on one device)
+    everywhere = _holders(model, [name for unit in plan.device_map for name in names.get(unit, [])])
+    made: set[int] = set()
     for unit in [n for n in plan.device_map]:  # the forward's order
         place = plan.device_map[unit]
         holders = _holders(model, names.get(unit, []))
@@ -267,7 +271,11 @@ def _materialize(model: nn.Module, files: TensorFiles, keys: dict[int, str], pla
             continue
         device = torch.device(place)
         host = get_accelerator(device).is_host
+        holders = everywhere
         for ident, tensor in tensors.items():
+            if ident in made:
+                continue
+            made.add(ident)
             if ident not in keys:  # a buffer no checkpoint holds (a rotary table): it moves as it is
                 _assign(holders[ident], tensor.to(device))
                 continue
