@@ -20,13 +20,16 @@ from torch import nn
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["QUANTIZED_WEIGHTS", "QuantizedLinear", "quantize_linear_weights", "quantize_rows", "weights_kind"]
+__all__ = ["QUANTIZED_WEIGHTS", "ROW_CHUNKS", "QuantizedLinear", "quantize_linear_weights", "quantize_rows", "weights_kind"]
 
 #: ``weights=`` values -> the stored dtype and the largest magnitude it holds
 QUANTIZED_WEIGHTS: dict[str, tuple[torch.dtype, float]] = {
     "int8": (torch.int8, 127.0),  # symmetric: -127..127, so the scale maps absmax exactly
     "float8": (torch.float8_e4m3fn, float(torch.finfo(torch.float8_e4m3fn).max)),  # 448
 }
+
+#: ``quantize_rows`` works on a weight in this many slices of rows (bounds its scratch memory)
+ROW_CHUNKS = 16
 
 
 def weights_kind(weights: str | None) -> str | None:
@@ -46,6 +49,9 @@ def weights_kind(weights: str | None) -> str | None:
 def quantize_rows(weight: torch.Tensor, out: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
     """Quantise ``weight`` (2-D, floating) row by row into ``out`` (int8 or float8, same shape).
 
+    Rows are worked on in float32, :data:`ROW_CHUNKS` slices at a time, so the work beside ``weight``
+    and ``out`` is a sixteenth of a float32 copy (each row's result does not depend on the slicing).
+
     Args:
         weight: the float weight (its values as the model computes with them).
         out: where the quantised values go (its dtype says the format).
@@ -56,14 +62,18 @@ def quantize_rows(weight: torch.Tensor, out: torch.Tensor, scale_dtype: torch.dt
         The scales, one per row, in ``scale_dtype`` on ``weight``'s device.
     """
     limit = next(m for d, m in QUANTIZED_WEIGHTS.values() if d == out.dtype)
+    scale = torch.empty(weight.shape[0], dtype=scale_dtype, device=weight.device)
+    step = max(1, -(-weight.shape[0] // ROW_CHUNKS))
     with torch.no_grad():
-        rows = weight.float()
-        absmax = rows.abs().amax(dim=1)
-        scale = torch.where(absmax > 0, absmax / limit, torch.ones_like(absmax)).to(scale_dtype)
-        values = rows / scale.float().unsqueeze(1)
-        if out.dtype == torch.int8:
-            values = values.round_()
-        out.copy_(values.clamp_(-limit, limit))  # float8: the cast rounds to nearest
+        for start in range(0, weight.shape[0], step):
+            rows = weight[start:start + step].float()
+            absmax = rows.abs().amax(dim=1)
+            part = torch.where(absmax > 0, absmax / limit, torch.ones_like(absmax)).to(scale_dtype)
+            values = rows / part.float().unsqueeze(1)
+            if out.dtype == torch.int8:
+                values.round_()
+            out[start:start + step].copy_(values.clamp_(-limit, limit))  # float8: the cast rounds to nearest
+            scale[start:start + step] = part
     return scale
 
 
