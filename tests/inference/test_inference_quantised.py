@@ -207,3 +207,13 @@ def test_a_pre_quantised_checkpoint_is_refused_with_weights_too(tmp_path: Path, 
     with pytest.raises(CheckpointError, match=rf"'0\.weight' is stored as {stored}.*(quantised|pre-quantised)"):
         load_for_inference(_build, tmp_path / "model.safetensors", example_input=torch.randn(2, 32),
                            max_memory={"cpu": "1GiB"}, weights="int8")
+
+
+def test_a_refusal_says_when_int8_weights_would_fit(wide_file: tuple[Path, nn.Module]) -> None:
+    path, _ = wide_file
+    x = torch.randn(8, 256)
+    with pytest.raises(MemoryPlanError, match="What would fit: .*weights='int8'"):
+        load_for_inference(_Wide, path, example_input=x, max_memory={"cpu": "600KiB"})
+    with pytest.raises(MemoryPlanError) as refused:  # not even quantised: not suggested
+        load_for_inference(_Wide, path, example_input=x, max_memory={"cpu": "100KiB"})
+    assert "weights='int8'" not in str(refused.value)

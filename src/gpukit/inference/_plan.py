@@ -4,6 +4,7 @@ is read. A workload that cannot fit is refused with its numbers and what would f
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -192,7 +193,8 @@ def plan_inference(
     devices = devices if devices is not None else budgets(max_memory, offload_dir)
     placement = place(costs, devices, prefetch)
     if placement is None:
-        raise MemoryPlanError(_refusal(model, costs, devices, workload, prefetch, kv is not None))
+        quantised = _quantised_costs(model, example, workload, kv)
+        raise MemoryPlanError(_refusal(model, costs, devices, workload, prefetch, kv is not None, quantised))
     return _result(model, costs, devices, placement, workload, prefetch, disk_bytes_per_s)
 
 
@@ -212,8 +214,19 @@ def _scaled(costs: list[UnitCost], per_token: float, weights: float) -> list[Uni
                     peak_above_bytes=int(c.peak_above_bytes * per_token)) for c in costs]
 
 
+def _quantised_costs(model: nn.Module, example: Any, workload: Workload, kv: Any) -> list[UnitCost] | None:
+    """The units' costs with int8 Linear weights, for a refusal to say whether they would fit; ``None``
+    when already quantised, nothing would be, or the model holds real weights (copying them costs memory)."""
+    if workload.weights is not None or not all(p.is_meta for p in model.parameters()):
+        return None
+    quantised = copy.deepcopy(model)  # meta parameters: only the structure and the small real buffers are copied
+    if not quantize_linear_weights(quantised, "int8", workload.dtype):
+        return None
+    return [_cost(u, kv, workload) for u in forward_units(quantised, example, workload.dtype)]
+
+
 def _refusal(model: nn.Module, costs: list[UnitCost], devices: list[DeviceBudget], workload: Workload,
-             prefetch: int, generative: bool) -> str:
+             prefetch: int, generative: bool, quantised: list[UnitCost] | None = None) -> str:
     weights = sum(c.weights_bytes for c in costs)
     kv = sum(c.kv_full_bytes for c in costs)
     act = max(c.activations_bytes for c in costs)
@@ -236,6 +249,8 @@ def _refusal(model: nn.Module, costs: list[UnitCost], devices: list[DeviceBudget
             fits.append(f"a context of about {tokens} tokens (prompt + new)")
     if w.dtype.itemsize > 2 and place(_scaled(costs, 0.5, 0.5), devices, prefetch) is not None:
         fits.append("dtype=torch.bfloat16 (half the weights and KV cache)")
+    if quantised is not None and place(quantised, devices, prefetch) is not None:
+        fits.append("weights='int8' (each nn.Linear weight in one byte with a scale per row, upcast per forward)")
     if not any(d.kind == DISK for d in devices):
         fits.append("offload_dir=... (or 'disk' in max_memory) to stream what does not fit from disk")
     lines.append("What would fit: " + "; ".join(fits) + "." if fits else
