@@ -37,24 +37,36 @@ def _model(folder: Path) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def offload(folder: Path, model_bytes: int) -> None:
+def _whole_outputs(folder: Path, batch: int, prompt: int, new: int,
+                   weights: str | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, mask, logits, greedy tokens) of the whole model on the device (its Linears quantised as
+    ``load_for_inference(weights=)`` does, when given); its memory is given back and the peak reset."""
     import transformers
 
-    import gpukit
-    from gpukit.inference import WorkloadError
+    from gpukit.inference import quantize_linear_weights
 
-    batch, prompt, new = (2, 8, 4) if DRY else (4, 256, 32)
     ids = torch.randint(0, 200, (batch, prompt), generator=torch.Generator().manual_seed(0)).to(device())
     mask = torch.ones_like(ids)
     whole = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device()).eval()
+    if weights is not None:
+        quantize_linear_weights(whole, weights)
     with torch.no_grad():
-        want_logits = whole(ids).logits
-        want = whole.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                              pad_token_id=0)
+        logits = whole(ids).logits
+        tokens = whole.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                pad_token_id=0)
     del whole
     if not DRY:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    return ids, mask, logits, tokens
+
+
+def offload(folder: Path, model_bytes: int) -> None:
+    import gpukit
+    from gpukit.inference import WorkloadError
+
+    batch, prompt, new = (2, 8, 4) if DRY else (4, 256, 32)
+    ids, mask, want_logits, want = _whole_outputs(folder, batch, prompt, new, None)
     budget = ({"cpu": model_bytes * 3 // 4, "disk": "1TiB"} if DRY else
               {"cuda:0": model_bytes // 2, "cpu": model_bytes // 4, "disk": "1TiB"})
     model = gpukit.load_for_inference(folder, max_memory=budget, batch_size=batch, prompt_len=prompt,
@@ -94,24 +106,10 @@ def offload(folder: Path, model_bytes: int) -> None:
 
 
 def quantised(folder: Path, model_bytes: int) -> None:
-    import transformers
-
     import gpukit
-    from gpukit.inference import quantize_linear_weights
 
     batch, prompt, new = (2, 8, 4) if DRY else (4, 256, 32)
-    ids = torch.randint(0, 200, (batch, prompt), generator=torch.Generator().manual_seed(0)).to(device())
-    mask = torch.ones_like(ids)
-    whole = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device()).eval()
-    quantize_linear_weights(whole, "int8")
-    with torch.no_grad():
-        want_logits = whole(ids).logits
-        want = whole.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                              pad_token_id=0)
-    del whole
-    if not DRY:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    ids, mask, want_logits, want = _whole_outputs(folder, batch, prompt, new, "int8")
     budget = {"cpu": model_bytes} if DRY else {"cuda:0": model_bytes // 3, "cpu": model_bytes}
     model = gpukit.load_for_inference(folder, max_memory=budget, batch_size=batch, prompt_len=prompt,
                                       new_tokens=new, weights="int8")
