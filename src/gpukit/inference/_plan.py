@@ -222,7 +222,10 @@ def _quantised_costs(model: nn.Module, example: Any, workload: Workload, kv: Any
     quantised = copy.deepcopy(model)  # meta parameters: only the structure and the small real buffers are copied
     if not quantize_linear_weights(quantised, "int8", workload.dtype):
         return None
-    return [_cost(u, kv, workload) for u in forward_units(quantised, example, workload.dtype)]
+    try:
+        return [_cost(u, kv, workload) for u in forward_units(quantised, example, workload.dtype)]
+    except MemoryPlanError:  # the refusal stands without the suggestion
+        return None
 
 
 def _refusal(model: nn.Module, costs: list[UnitCost], devices: list[DeviceBudget], workload: Workload,
