@@ -58,8 +58,9 @@ PARTS = (
     Part("tensor", 90, "tensor parallelism on one GPU: a tensor x2 rank's planned peak vs its shard model's "
                        "measured one; the plan applied over a 1-rank mesh (NCCL) equals the plain model"),
     Part("checkpoint", 60, "CUDA tensors: save, resume on the GPU, load where CUDA is hidden (map_location)"),
-    Part("inference", 120, "issue 40: a model over a cuda:0 budget half its size, CPU + disk offload streamed: "
-                           "bit-exact vs whole, predicted vs measured peak, tokens/s vs the plan's bound"),
+    Part("inference", 180, "issue 40: a model over a cuda:0 budget half its size, CPU + disk offload streamed: "
+                           "bit-exact vs whole, predicted vs measured peak, tokens/s vs the plan's bound; "
+                           "int8 weights bit-exact vs the same quantisation whole"),
     Part("suite", 300, "what time is left: the CPU suite with a GPU visible (tests whose paths change with CUDA)"),
 )
 _STATUS_ORDER = ("fail", "warn", "ok", "info", "skip")

@@ -5,8 +5,12 @@ A Llama-shaped model (random weights, saved as sharded safetensors) is loaded wi
 CPU RAM and on disk, streamed one unit ahead on a side stream. Checked: the greedy tokens and the
 logits equal the whole model's on the same GPU (bit-exact, fp32); the planner's predicted peak on
 cuda:0 against ``torch.cuda.max_memory_allocated`` (goal: within 10%); measured tokens/s against the
-plan's bound. A request longer than the plan is refused before it runs. The dry run does the same
-on the CPU (execution on the CPU, disk offload), tiny.
+plan's bound. A request longer than the plan is refused before it runs. Then with int8 Linear
+weights (``weights="int8"``) under a ``cuda:0`` budget of a third of the float bytes (less than the
+int8 model and its cache), the rest in pinned CPU RAM: logits and tokens bit-exact against the same swap
+(``gpukit.inference.quantize_linear_weights``) applied to the whole model on the GPU, and the
+predicted cuda:0 peak against the measured one. The dry run does the same on the CPU (execution on
+the CPU, disk offload for the float model), tiny.
 """
 
 from __future__ import annotations
@@ -33,24 +37,36 @@ def _model(folder: Path) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def offload(folder: Path, model_bytes: int) -> None:
+def _whole_outputs(folder: Path, batch: int, prompt: int, new: int,
+                   weights: str | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, mask, logits, greedy tokens) of the whole model on the device (its Linears quantised as
+    ``load_for_inference(weights=)`` does, when given); its memory is given back and the peak reset."""
     import transformers
 
-    import gpukit
-    from gpukit.inference import WorkloadError
+    from gpukit.inference import quantize_linear_weights
 
-    batch, prompt, new = (2, 8, 4) if DRY else (4, 256, 32)
     ids = torch.randint(0, 200, (batch, prompt), generator=torch.Generator().manual_seed(0)).to(device())
     mask = torch.ones_like(ids)
     whole = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device()).eval()
+    if weights is not None:
+        quantize_linear_weights(whole, weights)
     with torch.no_grad():
-        want_logits = whole(ids).logits
-        want = whole.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                              pad_token_id=0)
+        logits = whole(ids).logits
+        tokens = whole.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                pad_token_id=0)
     del whole
     if not DRY:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    return ids, mask, logits, tokens
+
+
+def offload(folder: Path, model_bytes: int) -> None:
+    import gpukit
+    from gpukit.inference import WorkloadError
+
+    batch, prompt, new = (2, 8, 4) if DRY else (4, 256, 32)
+    ids, mask, want_logits, want = _whole_outputs(folder, batch, prompt, new, None)
     budget = ({"cpu": model_bytes * 3 // 4, "disk": "1TiB"} if DRY else
               {"cuda:0": model_bytes // 2, "cpu": model_bytes // 4, "disk": "1TiB"})
     model = gpukit.load_for_inference(folder, max_memory=budget, batch_size=batch, prompt_len=prompt,
@@ -89,12 +105,40 @@ def offload(folder: Path, model_bytes: int) -> None:
     model.gpukit_inference.close()
 
 
+def quantised(folder: Path, model_bytes: int) -> None:
+    import gpukit
+
+    batch, prompt, new = (2, 8, 4) if DRY else (4, 256, 32)
+    ids, mask, want_logits, want = _whole_outputs(folder, batch, prompt, new, "int8")
+    budget = {"cpu": model_bytes} if DRY else {"cuda:0": model_bytes // 3, "cpu": model_bytes}
+    model = gpukit.load_for_inference(folder, max_memory=budget, batch_size=batch, prompt_len=prompt,
+                                      new_tokens=new, weights="int8")
+    plan = model.gpukit_inference.plan
+    print(plan, flush=True)
+    with torch.no_grad():
+        got_logits = model(ids).logits
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                             pad_token_id=0)
+    same = torch.equal(got, want) and torch.equal(got_logits, want_logits)
+    emit("int8 weights: outputs equal the same quantisation whole", "ok" if same else "fail",
+         detail=f"{len(plan.offloaded)} of {len(plan.device_map)} units offloaded; tokens equal "
+                f"{torch.equal(got, want)}, logits max diff {(got_logits - want_logits).abs().max().item():.3g}")
+    if not DRY:
+        peak = torch.cuda.max_memory_allocated(0)
+        predicted = plan.peak_bytes("cuda:0")
+        judged("int8 weights: predicted peak on cuda:0", predicted / peak, "x measured", "within 10%",
+               abs(predicted / peak - 1) <= 0.10,
+               detail=f"predicted {predicted / 2**20:.0f} MiB, measured {peak / 2**20:.0f} MiB")
+    model.gpukit_inference.close()
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpu-check-inference-") as tmp:
         folder = Path(tmp) / "model"
         model_bytes = guarded("save the model", _model, folder)
         if model_bytes is not None:
             guarded("offload", offload, folder, model_bytes)
+            guarded("int8 weights", quantised, folder, model_bytes)
 
 
 if __name__ == "__main__":

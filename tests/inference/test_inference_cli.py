@@ -61,3 +61,21 @@ def test_plan_inference_of_a_plain_module_and_its_refusals(models: str, capsys: 
             main(["plan", f"{models}:mlp", "--inference", "--batch-shape", "32,256", *args])
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_plan_inference_with_quantised_weights(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", f"{models}:mlp", "--inference", "--batch-shape", "32,256", "--max-memory", "cpu=1000KiB"]
+    with pytest.raises(SystemExit) as exit_info:  # 6 x 257 KiB of float32 Linears do not fit 1000 KiB
+        main(base)
+    assert exit_info.value.code == 2 and "Cannot place Sequential" in capsys.readouterr().err
+    result = CliRunner().invoke(cli, [*base, "--weights", "int8", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["workload"]["weights"] == "int8" and set(data["device_map"].values()) == {"cpu"}
+    assert data["devices"][0]["weights_bytes"] == 6 * (256 * 256 + 2 * 256 * 4)  # int8 values, float32 scales and bias
+    for args, message in [(["--weights", "int4"], "expected one of 'int8', 'float8'"),
+                          (["--weights", "int8", "--batch-shape", "1"], "goes with --inference")]:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*(base if "int4" in args else ["plan", f"{models}:mlp"]), *args])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err

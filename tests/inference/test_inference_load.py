@@ -47,6 +47,15 @@ def test_generate_equals_the_whole_model(llama_folder: tuple[Path, Any], budget:
     run.close()
 
 
+def test_a_tied_output_head_is_loaded_once_with_its_embedding(llama_folder: tuple[Path, Any]) -> None:
+    folder, whole = llama_folder
+    model = load_for_inference(folder, batch_size=2, prompt_len=10, new_tokens=6, max_memory={"cpu": "100MiB"})
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # one tensor, as the plan counts it
+    unique = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    assert sum(t.numel() * t.element_size() for t in unique.values()) == sum(model.gpukit_inference.plan.unit_bytes.values())
+    model.gpukit_inference.close()
+
+
 def test_prefetching_several_units_ahead_gives_the_same_tokens(llama_folder: tuple[Path, Any]) -> None:
     folder, whole = llama_folder
     model = load_for_inference(folder, batch_size=2, prompt_len=10, new_tokens=6, prefetch=3,

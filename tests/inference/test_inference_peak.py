@@ -42,7 +42,7 @@ def wide_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _measure(folder: str, probe_runs: bool) -> tuple[int, int]:
+def _measure(folder: str, probe_runs: bool, weights: str | None = None) -> tuple[int, int]:
     """(predicted host peak, peak bytes allocated) of a load and a ``generate`` in this process."""
     # a fresh process measures host bandwidth once, inside its first plan (its buffer held then, before
     # any weight); a later plan reuses the figure, and only the model's own tensors make the peak
@@ -55,19 +55,23 @@ def _measure(folder: str, probe_runs: bool) -> tuple[int, int]:
     ids = torch.randint(0, 2048, (1, 16), generator=torch.Generator().manual_seed(0))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         model = gpukit.load_for_inference(folder, max_memory={"cpu": "1GiB"}, batch_size=1, prompt_len=16,
-                                          new_tokens=4)
+                                          new_tokens=4, weights=weights)
         with torch.no_grad():
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
                            pad_token_id=0)
     return model.gpukit_inference.plan.peak_bytes("cpu"), _peak_allocated_bytes(prof)
 
 
-@pytest.mark.parametrize("probe_runs", [True, False], ids=["first-plan-of-a-process", "probe-already-measured"])
-def test_the_predicted_host_peak_is_what_the_load_and_generate_allocate(wide_llama: Path, probe_runs: bool) -> None:
+@pytest.mark.parametrize(("probe_runs", "weights"), [(True, None), (False, None), (False, "int8")],
+                         ids=["first-plan-of-a-process", "probe-already-measured", "int8-weights"])
+def test_the_predicted_host_peak_is_what_the_load_and_generate_allocate(wide_llama: Path, probe_runs: bool,
+                                                                        weights: str | None) -> None:
     # in a fresh process: the profiler's allocation records and the probe's once-per-process cache are
-    # then this load's alone, whatever other tests ran before in this one
-    proc = subprocess.run([sys.executable, __file__, str(wide_llama), str(int(probe_runs))], capture_output=True,
-                          text=True, timeout=600, env=os.environ.copy())
+    # then this load's alone, whatever other tests ran before in this one. With int8 weights the peak
+    # holds the quantised weights plus a Linear's transient float copy (at load: the tensor read before
+    # it is quantised; in the forward: the upcast), which the plan counts in the activations
+    proc = subprocess.run([sys.executable, __file__, str(wide_llama), str(int(probe_runs)), weights or ""],
+                          capture_output=True, text=True, timeout=600, env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr[-2000:]
     predicted, measured = json.loads(proc.stdout.strip().splitlines()[-1])
     assert measured > 0
@@ -76,4 +80,4 @@ def test_the_predicted_host_peak_is_what_the_load_and_generate_allocate(wide_lla
 
 
 if __name__ == "__main__":
-    print(json.dumps(_measure(sys.argv[1], bool(int(sys.argv[2])))))
+    print(json.dumps(_measure(sys.argv[1], bool(int(sys.argv[2])), sys.argv[3] or None)))

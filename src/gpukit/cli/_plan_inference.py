@@ -5,7 +5,8 @@ loading anything (the model is built on meta; ``gpukit.inference.plan_inference`
 For a Hugging Face model (its config says the layers and heads) ``--batch-shape B,S`` is the batch and
 the prompt's length (``--prompt-len`` overrides S), ``--new-tokens`` the tokens generated; for a plain
 module ``--batch-shape`` is its input (in the weights' ``--dtype``), or the factory returns
-``(model, example_inputs)``. A workload that cannot fit is refused with its numbers (exit status 2).
+``(model, example_inputs)``; ``--weights int8`` (or ``float8``) plans the Linear weights quantised. A
+workload that cannot fit is refused with its numbers (exit status 2).
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def parse_max_memory(items: tuple[str, ...]) -> dict[str, int] | None:
 
 
 def print_inference_plan(model: Any, example: Any, dims: list[tuple[int, ...]], dtypes: tuple[str, ...],
-                         max_memory: tuple[str, ...], prompt_len: int | None, new_tokens: int, as_json: bool) -> None:
-    """Plan and print (see the module docstring).
+                         max_memory: tuple[str, ...], prompt_len: int | None, new_tokens: int, as_json: bool,
+                         weights: str | None = None) -> None:
+    """Plan and print (see the module docstring); ``weights`` (``--weights int8|float8``): each
+    ``nn.Linear`` weight planned quantised (``gpukit.inference.plan_inference(weights=)``).
 
     Raises:
         ConfigurationError: options that do not describe one workload.
@@ -66,7 +69,7 @@ def print_inference_plan(model: Any, example: Any, dims: list[tuple[int, ...]], 
                                      "(e.g. --batch-shape 8,2048), once.")
         batch, prompt = dims[0]
         plan = plan_inference(model, batch_size=batch, prompt_len=prompt_len or prompt, new_tokens=new_tokens,
-                              dtype=dtype, max_memory=budget)
+                              dtype=dtype, max_memory=budget, weights=weights)
     else:
         if prompt_len is not None or new_tokens:
             raise ConfigurationError(f"--prompt-len/--new-tokens describe a generative model's workload; "
@@ -78,5 +81,5 @@ def print_inference_plan(model: Any, example: Any, dims: list[tuple[int, ...]], 
             with torch.device("meta"):
                 inputs = [torch.empty(d, dtype=dtype or torch.float32) for d in dims]
             example = inputs[0] if len(inputs) == 1 else tuple(inputs)
-        plan = plan_inference(model, example_input=example, dtype=dtype, max_memory=budget)
+        plan = plan_inference(model, example_input=example, dtype=dtype, max_memory=budget, weights=weights)
     click.echo(json.dumps(plan.to_dict(), indent=2, default=str) if as_json else str(plan))

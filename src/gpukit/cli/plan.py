@@ -187,11 +187,13 @@ def _visible_gpu_count() -> int:
 @click.option("--prompt-len", type=click.IntRange(1, MAX_BATCH), default=None,
               help="With --inference: the prompt's length in tokens [default: --batch-shape's second number].")
 @click.option("--new-tokens", type=click.IntRange(0, MAX_BATCH), default=0, help="With --inference: tokens generated.")
+@click.option("--weights", default=None, metavar="int8|float8",
+              help="With --inference: plan each nn.Linear weight stored quantised per output row (see docs/inference.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")
 def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], dtypes: tuple[str, ...], precision: str,
          optimizer: str, device: str, strategy: str, nproc: int | None, fit_memory: str | None,
          node_gpus: int | None, jobs: int | None, inference: bool, max_memory: tuple[str, ...],
-         prompt_len: int | None, new_tokens: int, as_json: bool) -> None:
+         prompt_len: int | None, new_tokens: int, weights: str | None, as_json: bool) -> None:
     """Predict peak training memory of MODEL (a 'module:factory' returning an nn.Module).
 
     The inputs: --batch-shape (positional), --input NAME=SHAPE[:DTYPE] (keyword; a Hugging Face
@@ -211,6 +213,8 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
     if dtypes and len(dtypes) != len(shapes):
         raise ConfigurationError(f"Got {len(shapes)} --batch-shape but {len(dtypes)} --dtype; give one --dtype per input or none.")
     _check_precision(precision)
+    if weights is not None and not inference:
+        raise ConfigurationError(f"--weights {weights} goes with --inference (quantised weights for inference).")
     dims = [_shape(s) for s in shapes]
     budget = _fit_budget(fit_memory)
     if jobs is not None and budget is None:
@@ -238,7 +242,7 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
     if inference:  # forward-only placement (issue 40), in a module of its own
         from gpukit.cli._plan_inference import print_inference_plan
 
-        print_inference_plan(built, example, dims, dtypes, max_memory, prompt_len, new_tokens, as_json)
+        print_inference_plan(built, example, dims, dtypes, max_memory, prompt_len, new_tokens, as_json, weights)
         return
     if example is not None and (shapes or named):
         raise ConfigurationError(f"{model!r} returns its own example inputs; drop --batch-shape/--input, or return "

@@ -7,7 +7,9 @@
 * ``load_for_inference(model_or_factory, checkpoint, max_memory=..., offload_dir=..., batch_size=...,
   prompt_len=..., new_tokens=..., dtype=...)``: the model built on meta, every tensor read from the
   checkpoint straight to its device, offloaded units streamed ahead of the compute, and any request
-  beyond the planned workload refused before it runs (:class:`WorkloadError`).
+  beyond the planned workload refused before it runs (:class:`WorkloadError`); ``weights="int8"``
+  (or ``"float8"``) stores each ``nn.Linear`` weight quantised per output row
+  (:func:`quantize_linear_weights`, :class:`QuantizedLinear`).
 """
 
 from __future__ import annotations
@@ -17,5 +19,7 @@ from gpukit.inference._guard import WorkloadError
 from gpukit.inference._load import InferenceRun, load_for_inference
 from gpukit.inference._placement import DeviceBudget
 from gpukit.inference._plan import DevicePlan, InferencePlan, Workload, plan_inference
+from gpukit.inference._quantized import QuantizedLinear, quantize_linear_weights
 
-__all__ = ["load_for_inference", "InferenceRun", "WorkloadError", "plan_inference", "InferencePlan", "DevicePlan", "Workload", "DeviceBudget", "budgets"]
+__all__ = ["load_for_inference", "InferenceRun", "WorkloadError", "plan_inference", "InferencePlan", "DevicePlan", "Workload", "DeviceBudget", "budgets",
+           "QuantizedLinear", "quantize_linear_weights"]

@@ -28,14 +28,16 @@ from torch.utils._pytree import tree_map
 
 from gpukit.accelerators import Accelerator, get_accelerator
 from gpukit.checkpoint import TensorFiles, open_tensor_files
-from gpukit.errors import CheckpointError
+from gpukit._util.units import format_bytes
+from gpukit.errors import CheckpointError, ConfigurationError
 from gpukit.inference._bandwidth import read_bandwidth
 from gpukit.inference._empty import build_empty, model_folder
 from gpukit.inference._guard import install_guard
 from gpukit.inference._hostmem import host_weights_buffer
 from gpukit.inference._plan import InferencePlan, plan_inference
+from gpukit.inference._quantized import QuantizedLinear, quantize_rows, weights_kind
 from gpukit.inference._stream import StreamedTensor, StreamedUnit, UnitStreamer
-from gpukit.memory import model_units, unit_tensor_names
+from gpukit.memory import model_units, planned_dtype, unit_tensor_names
 
 __all__ = ["InferenceRun", "load_for_inference"]
 
@@ -99,6 +101,7 @@ def load_for_inference(
     prefetch: int = 1,
     trust: bool = False,
     verbose: bool = False,
+    weights: str | None = None,
 ) -> nn.Module:
     """Load a model for inference over the devices' memory, streaming what does not fit.
 
@@ -118,6 +121,10 @@ def load_for_inference(
         prefetch: offloaded units read ahead of the one computing.
         trust: allow full unpickling of torch files (files you trust only).
         verbose: print the plan, and measured tokens/s against its bound after each ``generate``.
+        weights: ``"int8"`` or ``"float8"`` (``torch.float8_e4m3fn``): each ``nn.Linear`` weight quantised
+            as it is read (weight-only, one absmax scale per output row in ``dtype``; see
+            ``gpukit.inference.quantize_linear_weights``), upcast per forward. ``None``: as ``dtype``.
+            Quantised units are kept in memory (never on disk).
 
     Returns:
         The model, in eval mode, ready to call (``model.gpukit_inference`` holds the plan and figures).
@@ -126,8 +133,9 @@ def load_for_inference(
         MemoryPlanError: the workload cannot fit (before anything is read).
         CheckpointError, UnsafeCheckpointError: a file cannot be read or would run code.
         StateDictMismatchError: the checkpoint does not hold the model's tensors.
-        ConfigurationError: an argument that is not one.
+        ConfigurationError: an argument that is not one, or ``weights=`` with a plan that needs disk.
     """
+    weights_kind(weights)  # a bad value is refused before anything is built or read
     model = build_empty(model_or_factory)
     if checkpoint is None:
         if not isinstance(model_or_factory, (str, os.PathLike)):
@@ -139,7 +147,8 @@ def load_for_inference(
         disk_speed = _disk_speed(files) if lists_disk else None  # a cold read of the checkpoint: only if needed
         plan = plan_inference(model, batch_size=batch_size, prompt_len=prompt_len, new_tokens=new_tokens, dtype=dtype,
                               example_input=example_input, max_memory=max_memory, offload_dir=offload_dir,
-                              prefetch=prefetch, disk_bytes_per_s=disk_speed)
+                              prefetch=prefetch, disk_bytes_per_s=disk_speed, weights=weights)
+        _refuse_quantized_on_disk(plan)
         if verbose:
             print(plan, file=sys.stderr)
         keys = files.keys_for(model)
@@ -155,6 +164,19 @@ def load_for_inference(
     run.handles += install_guard(model, plan, example_input)
     model.gpukit_inference = run  # type: ignore[assignment]
     return model.eval()
+
+
+def _refuse_quantized_on_disk(plan: InferencePlan) -> None:
+    """Disk units are views of the checkpoint file, which holds float weights: quantised ones have no file."""
+    on_disk = [unit for unit, place in plan.device_map.items() if place == "disk"]
+    if plan.workload.weights is None or not on_disk:
+        return
+    disk_bytes = sum(plan.unit_bytes.get(unit, 0) for unit in on_disk)
+    raise ConfigurationError(
+        f"weights={plan.workload.weights!r}: the plan puts {len(on_disk)} unit(s) ({format_bytes(disk_bytes)} quantised) "
+        "on disk, and quantised units are kept in memory only (disk units are read from the checkpoint file, which "
+        f"holds the float weights). Give the memory they need (max_memory), or load without weights= to stream the "
+        f"float weights from disk. The plan:\n{plan}")
 
 
 def _disk_speed(files: TensorFiles) -> float | None:
@@ -177,7 +199,55 @@ def _holders(model: nn.Module, names: list[str]) -> dict[int, list[tuple[nn.Modu
 
 
 def _target_dtype(tensor: torch.Tensor, plan: InferencePlan) -> torch.dtype:
-    return plan.workload.dtype if tensor.is_floating_point() else tensor.dtype
+    return planned_dtype(tensor, plan.workload.dtype)
+
+
+class _Reads:
+    """Reads checkpoint tensors into their places; a quantised Linear's weight (``_quantized.py``) is
+    read in the planned dtype into a transient tensor on its destination's device, quantised into its
+    place, and its scales held until their own place is read (keyed ``<weight key>::scale``, always
+    right after the weight: see :meth:`ordered`)."""
+
+    SCALE = "::scale"
+
+    def __init__(self, model: nn.Module, files: TensorFiles, keys: dict[int, str], dtype: torch.dtype) -> None:
+        self.files = files
+        self.dtype = dtype
+        self.scale_of = {id(m.weight): m.weight_scale for m in model.modules() if isinstance(m, QuantizedLinear)}
+        self.quantized = {keys[ident] for ident in self.scale_of if ident in keys}
+        self._pending: dict[str, torch.Tensor] = {}
+        for ident, scale in self.scale_of.items():
+            if ident in keys:
+                keys[id(scale)] = keys[ident] + self.SCALE
+
+    def ordered(self, tensors: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """``tensors`` with each quantised weight's scales right after it."""
+        scales = {id(s) for s in self.scale_of.values()}
+        out: dict[int, torch.Tensor] = {}
+        for ident, tensor in tensors.items():
+            if ident in scales:
+                continue
+            out[ident] = tensor
+            if ident in self.scale_of:
+                out[id(self.scale_of[ident])] = self.scale_of[ident]
+        return out
+
+    def read(self, key: str, dest: torch.Tensor) -> None:
+        if key.endswith(self.SCALE):
+            dest.copy_(self._pending.pop(key[:-len(self.SCALE)]))
+            return
+        if key not in self.quantized:
+            self.files.read_into({key: dest})
+            return
+        stored = self.files.meta_tree()[key].dtype
+        if not (stored.is_floating_point and stored.itemsize > 1):
+            raise CheckpointError(
+                f"{self.files.source}: {key!r} is stored as {stored}: weights= quantises float weights as it reads "
+                "them; a pre-quantised checkpoint (int8/float8 values with their own scales) is not supported. Give "
+                "a checkpoint with float weights (float32, float16, bfloat16).")
+        full = torch.empty(dest.shape, dtype=self.dtype, device=dest.device)  # one transient float copy
+        self.files.read_into({key: full})
+        self._pending[key] = quantize_rows(full, dest, self.dtype)
 
 
 def _materialize(model: nn.Module, files: TensorFiles, keys: dict[int, str], plan: InferencePlan,
@@ -185,18 +255,27 @@ def _materialize(model: nn.Module, files: TensorFiles, keys: dict[int, str], pla
     names = unit_tensor_names(model, [n for n, _ in model_units(model)])
     execution = torch.device(plan.execution_device)
     accelerator = get_accelerator(execution)
+    reads = _Reads(model, files, keys, plan.workload.dtype)
     streamed: list[StreamedUnit] = []
     on_host: list[StreamedTensor] = []  # resident on the host: laid out in one huge-page buffer
+    # a resident tensor is made once for every name holding it, across units: a tied output head shares
+    # the embedding's tensor (the plan counts it once and puts both units on one device)
+    everywhere = _holders(model, [name for unit in plan.device_map for name in names.get(unit, [])])
+    made: set[int] = set()
     for unit in [n for n in plan.device_map]:  # the forward's order
         place = plan.device_map[unit]
         holders = _holders(model, names.get(unit, []))
-        tensors = {id(t): t for t in _unique(model, names.get(unit, []))}
+        tensors = reads.ordered({id(t): t for t in _unique(model, names.get(unit, []))})
         if place in ("cpu", "disk") and plan.execution_device != place:
-            streamed.append(_streamed(unit, model, tensors, holders, keys, files, plan, place, accelerator))
+            streamed.append(_streamed(unit, model, tensors, holders, keys, files, plan, place, accelerator, reads))
             continue
         device = torch.device(place)
         host = get_accelerator(device).is_host
+        holders = everywhere
         for ident, tensor in tensors.items():
+            if ident in made:
+                continue
+            made.add(ident)
             if ident not in keys:  # a buffer no checkpoint holds (a rotary table): it moves as it is
                 _assign(holders[ident], tensor.to(device))
                 continue
@@ -205,9 +284,9 @@ def _materialize(model: nn.Module, files: TensorFiles, keys: dict[int, str], pla
                                               holders=holders[ident]))
                 continue
             dest = torch.empty(tensor.shape, dtype=_target_dtype(tensor, plan), device=device)
-            files.read_into({keys[ident]: dest})
+            reads.read(keys[ident], dest)
             _assign(holders[ident], nn.Parameter(dest, requires_grad=False) if holders[ident][0][2] else dest)
-    _fill_host(files, on_host)
+    _fill_host(reads, on_host)
     run = InferenceRun(plan)
     if streamed:
         run.streamer = UnitStreamer(streamed, execution, accelerator, lambda key, view: _read_view(files, key, view),
@@ -217,7 +296,7 @@ def _materialize(model: nn.Module, files: TensorFiles, keys: dict[int, str], pla
     return run
 
 
-def _fill_host(files: TensorFiles, parts: list[StreamedTensor]) -> None:
+def _fill_host(reads: _Reads, parts: list[StreamedTensor]) -> None:
     """Read the host-resident tensors into one buffer in huge pages (``_hostmem.py``), one tensor at a time."""
     if not parts:
         return
@@ -225,7 +304,7 @@ def _fill_host(files: TensorFiles, parts: list[StreamedTensor]) -> None:
     buffer = host_weights_buffer(layout.layout())
     for part in parts:
         dest = buffer[part.offset:part.offset + part.nbytes].view(part.dtype).view(part.shape)
-        files.read_into({part.key: dest})  # converts the dtype where the plan's differs from the file's
+        reads.read(part.key, dest)  # converts the dtype where the plan's differs from the file's
         _assign(part.holders, nn.Parameter(dest, requires_grad=False) if part.holders[0][2] else dest)
 
 
@@ -254,7 +333,7 @@ def _read_view(files: TensorFiles, key: str, view: torch.Tensor) -> None:
 
 def _streamed(unit: str, model: nn.Module, tensors: dict[int, torch.Tensor], holders: dict[int, Any],
               keys: dict[int, str], files: TensorFiles, plan: InferencePlan, place: str,
-              accelerator: Accelerator) -> StreamedUnit:
+              accelerator: Accelerator, reads: _Reads) -> StreamedUnit:
     execution = torch.device(plan.execution_device)
     parts: list[StreamedTensor] = []
     for ident, tensor in tensors.items():
@@ -262,7 +341,7 @@ def _streamed(unit: str, model: nn.Module, tensors: dict[int, torch.Tensor], hol
             _assign(holders[ident], tensor.to(execution))
             continue
         dtype = _target_dtype(tensor, plan)
-        meta = files.meta_tree()[keys[ident]]
+        meta = files.meta_tree()[keys[ident]] if place == "disk" else tensor
         if place == "disk" and (files.location(keys[ident]) is None or meta.dtype != dtype):
             raise CheckpointError(
                 f"{unit} is placed on disk, and disk units are read from the checkpoint file as stored: "
@@ -280,7 +359,7 @@ def _streamed(unit: str, model: nn.Module, tensors: dict[int, torch.Tensor], hol
         streamed.host = accelerator.pinned_empty((size,), torch.uint8)
         for part in parts:
             view = streamed.host[part.offset:part.offset + part.nbytes].view(part.dtype).view(part.shape)
-            files.read_into({part.key: view})
+            reads.read(part.key, view)
     return streamed
 
 

@@ -4,6 +4,7 @@ is read. A workload that cannot fit is refused with its numbers and what would f
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -18,6 +19,7 @@ from gpukit.inference._bandwidth import (HOST_PROBE_BYTES, HOST_TO_GPU_BYTES_PER
                                          host_memory_bandwidth, host_probe_pending)
 from gpukit.inference._budget import budgets, describe_budgets
 from gpukit.inference._placement import CPU, DISK, GPU, DeviceBudget, Placement, UnitCost, place
+from gpukit.inference._quantized import quantize_linear_weights, weights_kind
 from gpukit.memory import check_workload, forward_units, kv_shape
 
 __all__ = ["InferencePlan", "Workload", "plan_inference", "workload_input"]
@@ -33,6 +35,7 @@ class Workload:
     prompt_len: int
     new_tokens: int
     dtype: torch.dtype
+    weights: str | None = None  # "int8"/"float8": Linear weights stored quantised (``_quantized.py``)
 
     @property
     def tokens(self) -> int:
@@ -94,7 +97,7 @@ class InferencePlan:
     def __str__(self) -> str:
         w = self.workload
         lines = [f"inference plan: {self.model}, batch {w.batch_size} x ({w.prompt_len} prompt + {w.new_tokens} new) "
-                 f"tokens, {str(w.dtype).replace('torch.', '')}",
+                 f"tokens, {str(w.dtype).replace('torch.', '')}" + (f", Linear weights {w.weights}" if w.weights else ""),
                  f"  {'device':<9}{'budget':>12}{'peak':>12}{'weights':>12}  units"]
         for d in self.devices:
             budget = format_bytes(d.budget_bytes) if d.budget_bytes is not None else "unlimited"
@@ -139,6 +142,7 @@ def plan_inference(
     prefetch: int = 1,
     disk_bytes_per_s: float | None = None,
     devices: list[DeviceBudget] | None = None,
+    weights: str | None = None,
 ) -> InferencePlan:
     """Plan where ``model``'s units go for a workload, on the meta device (nothing is read or allocated).
 
@@ -155,6 +159,9 @@ def plan_inference(
         prefetch: offloaded units read ahead of the one computing (1 or more).
         disk_bytes_per_s: measured disk read bandwidth, for the tokens/s bound.
         devices: the budgets already made (tests; overrides ``max_memory``).
+        weights: ``"int8"`` or ``"float8"``: plan each ``nn.Linear`` weight stored quantised per output row
+            (``gpukit.inference.quantize_linear_weights``, which replaces the model's Linears in place:
+            on meta, shapes only), the transient upcast copy of each in its unit's activations.
 
     Returns:
         An :class:`InferencePlan`.
@@ -166,6 +173,7 @@ def plan_inference(
     if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
         raise ConfigurationError(f"prefetch={prefetch!r}: expected a whole number of units to read ahead, at least 1.")
     weights_dtype = as_dtype(dtype, model)
+    weights = weights_kind(weights)
     kv = kv_shape(model)
     if example_input is None:
         if kv is None:
@@ -176,14 +184,17 @@ def plan_inference(
             raise ConfigurationError("prompt_len=... is needed: the prompt's length in tokens (with batch_size and "
                                      "new_tokens it sizes the KV cache and the activations).")
     check_workload(batch_size, prompt_len if prompt_len is not None else 1, new_tokens)
-    workload = Workload(batch_size, prompt_len or 1, new_tokens, weights_dtype)
+    workload = Workload(batch_size, prompt_len or 1, new_tokens, weights_dtype, weights)
     example = example_input if example_input is not None else workload_input(model, workload)
+    if weights is not None:
+        quantize_linear_weights(model, weights, weights_dtype)
     figures = forward_units(model, example, weights_dtype)
     costs = [_cost(u, kv, workload) for u in figures]
     devices = devices if devices is not None else budgets(max_memory, offload_dir)
     placement = place(costs, devices, prefetch)
     if placement is None:
-        raise MemoryPlanError(_refusal(model, costs, devices, workload, prefetch, kv is not None))
+        quantised = _quantised_costs(model, example, workload, kv)
+        raise MemoryPlanError(_refusal(model, costs, devices, workload, prefetch, kv is not None, quantised))
     return _result(model, costs, devices, placement, workload, prefetch, disk_bytes_per_s)
 
 
@@ -203,8 +214,22 @@ def _scaled(costs: list[UnitCost], per_token: float, weights: float) -> list[Uni
                     peak_above_bytes=int(c.peak_above_bytes * per_token)) for c in costs]
 
 
+def _quantised_costs(model: nn.Module, example: Any, workload: Workload, kv: Any) -> list[UnitCost] | None:
+    """The units' costs with int8 Linear weights, for a refusal to say whether they would fit; ``None``
+    when already quantised, nothing would be, or the model holds real weights (copying them costs memory)."""
+    if workload.weights is not None or not all(p.is_meta for p in model.parameters()):
+        return None
+    quantised = copy.deepcopy(model)  # meta parameters: only the structure and the small real buffers are copied
+    if not quantize_linear_weights(quantised, "int8", workload.dtype):
+        return None
+    try:
+        return [_cost(u, kv, workload) for u in forward_units(quantised, example, workload.dtype)]
+    except MemoryPlanError:  # the refusal stands without the suggestion
+        return None
+
+
 def _refusal(model: nn.Module, costs: list[UnitCost], devices: list[DeviceBudget], workload: Workload,
-             prefetch: int, generative: bool) -> str:
+             prefetch: int, generative: bool, quantised: list[UnitCost] | None = None) -> str:
     weights = sum(c.weights_bytes for c in costs)
     kv = sum(c.kv_full_bytes for c in costs)
     act = max(c.activations_bytes for c in costs)
@@ -227,6 +252,8 @@ def _refusal(model: nn.Module, costs: list[UnitCost], devices: list[DeviceBudget
             fits.append(f"a context of about {tokens} tokens (prompt + new)")
     if w.dtype.itemsize > 2 and place(_scaled(costs, 0.5, 0.5), devices, prefetch) is not None:
         fits.append("dtype=torch.bfloat16 (half the weights and KV cache)")
+    if quantised is not None and place(quantised, devices, prefetch) is not None:
+        fits.append("weights='int8' (each nn.Linear weight in one byte with a scale per row, upcast per forward)")
     if not any(d.kind == DISK for d in devices):
         fits.append("offload_dir=... (or 'disk' in max_memory) to stream what does not fit from disk")
     lines.append("What would fit: " + "; ".join(fits) + "." if fits else

@@ -43,7 +43,8 @@ from gpukit.memory._blocks import (
     unit_param_counts,
     units_to_shard,
 )
-from gpukit.memory._forward import ForwardUnit, KvShape, check_workload, forward_units, kv_shape, model_units, unit_tensor_names
+from gpukit.memory._forward import (ForwardUnit, KvShape, check_workload, forward_units, kv_shape, model_units,
+                                    planned_dtype, unit_tensor_names)
 from gpukit.memory._free import free_memory
 from gpukit.memory._inference_guard import InferenceGradWarning, InferenceGuard, inference_guard
 from gpukit.memory._leaks import LeakFinding, LeakWatcher, MemoryLeakWarning, watch
@@ -93,7 +94,7 @@ __all__ = [
     "KvShape",
     "kv_shape",
     "model_units",
-    "unit_tensor_names",
+    "unit_tensor_names", "planned_dtype",
     "check_workload",
     "shard_estimate",
     "TensorSplit",

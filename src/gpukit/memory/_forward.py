@@ -26,7 +26,8 @@ from gpukit.errors import ConfigurationError, MemoryPlanError
 from gpukit.memory._blocks import find_blocks, inside
 from gpukit.memory._simulate import LiveBytes, _CountingFakeMode, _quiet_fake_tensor_log, call_model
 
-__all__ = ["ForwardUnit", "KvShape", "check_workload", "forward_units", "kv_shape", "model_units", "unit_tensor_names"]
+__all__ = ["ForwardUnit", "KvShape", "check_workload", "forward_units", "kv_shape", "model_units", "planned_dtype",
+           "unit_tensor_names"]
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,14 @@ def _first(config: Any, *names: str) -> int | None:
     return None
 
 
+def planned_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
+    """The dtype ``tensor`` has when the model runs in ``dtype``: floating tensors are cast to it,
+    except one-byte floats (float8: quantised weights, kept as stored), and the rest keep theirs."""
+    return dtype if tensor.is_floating_point() and tensor.element_size() > 1 else tensor.dtype
+
+
 def _tensor_bytes(tensor: torch.Tensor, dtype: torch.dtype) -> int:
-    return tensor.numel() * (dtype.itemsize if tensor.is_floating_point() else tensor.element_size())
+    return tensor.numel() * planned_dtype(tensor, dtype).itemsize
 
 
 def forward_units(model: nn.Module, example_batch: Any, dtype: torch.dtype,
@@ -198,7 +205,7 @@ def _simulate_forward(model: nn.Module, batch: Any, dtype: torch.dtype,
     try:
         with _quiet_fake_tensor_log(), _CountingFakeMode(tracker), torch.no_grad():
             fakes: dict[int, torch.Tensor] = {}  # one fake per tensor: tied names share it
-            state = {n: fakes.setdefault(id(t), torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype))
+            state = {n: fakes.setdefault(id(t), torch.empty(t.shape, dtype=planned_dtype(t, dtype)))
                      for n, t in [*model.named_parameters(remove_duplicate=False),
                                   *model.named_buffers(remove_duplicate=False)]}
             for fake in fakes.values():  # known, not counted: views of weights (a transpose) are no new memory
