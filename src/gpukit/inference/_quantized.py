@@ -132,7 +132,10 @@ def quantize_linear_weights(model: nn.Module, weights: str, dtype: torch.dtype |
         ConfigurationError: ``weights`` is not a supported format.
     """
     kind = weights_kind(weights)
-    assert kind is not None
+    if kind is None:  # None means "no quantisation" for load_for_inference; here it is a mistake
+        raise ConfigurationError(
+            "quantize_linear_weights(weights=None): expected 'int8' or 'float8'; to keep the weights as they "
+            "are, do not call it")
     stored = QUANTIZED_WEIGHTS[kind][0]
     shared = _shared_weights(model)
     chosen = [(name, module) for name, module in model.named_modules()
