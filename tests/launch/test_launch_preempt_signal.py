@@ -224,3 +224,15 @@ def test_srun_python_other_ranks_of_a_preempted_stop_end_75_before_finalizing(tm
     scancel = _srun_python_task(tmp_path, "os.kill(os.getpid(), signal.SIGTERM)\nmark_stop_agreed(1)",
                                 SLURM_PROCID="1", RANK="1", SLURM_NODEID="1")
     assert scancel.returncode == 0, scancel.stderr  # a stop for good is no preemption: the script's own exit
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_srun_python_a_rank_whose_own_warning_never_came_follows_the_agreed_preemption(tmp_path: Path,
+                                                                                       rank: int) -> None:
+    """The ranks agreed on a preemption another rank was warned of (should_stop's reduction carries the kind);
+    this rank's own warning never came: rank 0 requeues, another rank ends 75 before finalizing (before: rank 0
+    ended 0 without requeueing, the job COMPLETED unfinished; rank 1 was left to Python's finalization)."""
+    body = f"from gpukit.worker import STOP_PREEMPTED\nmark_stop_agreed({rank}, STOP_PREEMPTED)"
+    result = _srun_python_task(tmp_path, body, SLURM_PROCID=str(rank), RANK=str(rank), SLURM_NODEID=str(rank))
+    assert result.returncode == (0 if rank == 0 else PREEMPTED_EXIT_CODE), result.stderr
+    assert (tmp_path / "calls").exists() is (rank == 0)

@@ -176,6 +176,16 @@ def _make_agent_class() -> type:
             pcontext.close = graceful_close
             return pids
 
+        def _exit_barrier(self) -> None:
+            # torch's agent waits here (up to 300 s) for every node's workers to end. After a stop
+            # the workers agreed on, the nodes meet in report_stop instead: node 0 waits there for
+            # every node's report, and a node whose own signal never came (its workers stopped with
+            # the others) held that report back in this barrier -- which node 0, stopped by its signal,
+            # never enters -- until node 0 gave up after --grace + 60 s (issue 41)
+            if stop_markers(self.run_dir):
+                return
+            super()._exit_barrier()
+
         def stopped_cleanly(self) -> bool:
             codes = self.exit_codes
             return bool(codes) and all(code in (0, PREEMPTED_EXIT_CODE) for code in codes.values())

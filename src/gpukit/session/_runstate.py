@@ -69,32 +69,34 @@ class RunState:
         starts reducing its flag and copying the result back asynchronously, and returns the previous
         call's result (every rank makes the same calls, so every rank gets the same answer at the same
         call); it waits only if the device has not finished that copy since the previous call."""
-        from gpukit.worker import mark_stop_agreed, stop_requested
+        from gpukit.worker import mark_stop_agreed, stop_kind
 
-        stop = stop_requested()
+        # what each rank was asked (none, stop, preempted): every rank learns the highest, so a rank
+        # whose own warning has not come (or never comes) still knows the job is being preempted
+        kind = stop_kind()
         strategy = self._strategy
         if strategy.world_size > 1 and strategy.launched:
             if strategy.accelerator.is_host:
-                flag = torch.tensor(1.0 if stop else 0.0, device=strategy.root_device)
-                stop = bool(strategy.all_reduce(flag, op="max") > 0)
+                flag = torch.tensor(float(kind), device=strategy.root_device)
+                kind = int(strategy.all_reduce(flag, op="max").item())
             else:
-                stop = self._agreed_a_call_late(stop)
-        if stop:
-            mark_stop_agreed(strategy.rank)  # gpukit run exits 75 even if only one rank got it
-        return stop
+                kind = self._agreed_a_call_late(kind)
+        if kind:
+            mark_stop_agreed(strategy.rank, kind)  # gpukit run exits 75 even if only one rank got it
+        return kind > 0
 
-    def _agreed_a_call_late(self, stop: bool) -> bool:
+    def _agreed_a_call_late(self, kind: int) -> int:
         strategy = self._strategy
         accelerator = strategy.accelerator
-        flag = torch.full((), 1.0 if stop else 0.0, device=strategy.root_device)  # a fill: no copy from the host
+        flag = torch.full((), float(kind), device=strategy.root_device)  # a fill: no copy from the host
         reduced = strategy.all_reduce(flag, op="max")
         previous, self._stop_read = self._stop_read, accelerator.to_host_async(reduced)
         if previous is None:
-            return False
+            return 0
         host, event = previous
         if event is not None and not accelerator.event_done(event):
             accelerator.wait_event(event)  # rare: a whole step later the copy is long done
-        return bool(host.item() > 0)  # host memory: no sync
+        return int(host.item())  # host memory: no sync
 
     def save_checkpoint(
         self, directory: str | os.PathLike[str], step: int, *, keep_last: int = 3,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from gpukit.cluster import DEFAULT_MAX_REQUEUES, ClusterEnvironment, RequeueOutcome, environment, requeue_job
 from gpukit.worker._env import worker_env
-from gpukit.worker._stop import PREEMPTED_EXIT_CODE, flush_open_files, flush_stdio, stop_agreed, stop_signal_name
+from gpukit.worker._stop import PREEMPTED_EXIT_CODE, agreed_stop_signal, flush_open_files, flush_stdio, stop_agreed
 from gpukit.worker._stop_signals import preempt_signal
 
 __all__ = ["requeue_after_preemption", "requeue_at_exit", "max_requeues_from_env"]
@@ -102,15 +102,19 @@ def _at_exit(env: ClusterEnvironment, preempt: signal.Signals, limit: int) -> No
     signal.signal(preempt, signal.SIG_IGN)  # kept as it is through the interpreter's finalization
     if not stop_agreed():
         return
+    # the signal the ranks agreed on, not this rank's own: that may come late (SLURM signals each node's step
+    # separately) or never, and a rank stopped by the agreement alone ended by Python's finalization
+    # (143 after rank 0's 75), or rank 0 did not requeue
+    agreed = agreed_stop_signal()
     if env.rank != 0:
-        if stop_signal_name() == preempt.name:
+        if agreed == preempt.name:
             # every rank of a preempted srun-python job ends 75 at once, not in Python's finalization: there
             # the handlers are reset, and --kill-on-bad-exit's SIGTERM after rank 0's 75 killed the others
             # with 143 -- srun's exit, the job FAILED 143 and the job script took the warning for lost
             # (issue 41.9)
             _leave(PREEMPTED_EXIT_CODE)
         return
-    outcome = requeue_after_preemption(stop_signal_name(), preempt, max_requeues=limit, env=env)
+    outcome = requeue_after_preemption(agreed, preempt, max_requeues=limit, env=env)
     if outcome is not None and not outcome.requeued:
         _leave(PREEMPTED_EXIT_CODE)
 

@@ -40,7 +40,11 @@ __all__ = [
     "request_stop",
     "clear_stop_request",
     "stop_signal_name",
+    "stop_kind",
+    "STOP_ASKED",
+    "STOP_PREEMPTED",
     "mark_stop_agreed",
+    "agreed_stop_signal",
     "stop_agreed",
     "mark_completed",
     "finish_agreed_stop",
@@ -62,6 +66,11 @@ _received: list[str] = []  # name of the signal that set the flag
 _terminations: set[int] = set()  # terminating signals received; another one escalates
 _WARNING_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})
 _agreed_rank: int | None = None  # this process's rank once its Session agreed to stop
+_agreed_signal: str | None = None  # the signal the ranks agreed to stop on (see agreed_stop_signal)
+
+#: :func:`stop_kind`'s values, ordered: the ranks agree on the highest (a warning of preemption on any
+#: rank makes the whole stop a preemption, whichever rank's signal came first or at all)
+STOP_ASKED, STOP_PREEMPTED = 1, 2
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -135,11 +144,11 @@ def request_stop() -> None:
 
 def clear_stop_request() -> None:
     """Clear the stop flag (after a stop was handled, or between tests)."""
-    global _agreed_rank
+    global _agreed_rank, _agreed_signal
     _stop.clear()
     _received.clear()
     _terminations.clear()
-    _agreed_rank = None
+    _agreed_rank = _agreed_signal = None
 
 
 def stop_signal_name() -> str | None:
@@ -147,17 +156,49 @@ def stop_signal_name() -> str | None:
     return _received[0] if _received else None
 
 
-def mark_stop_agreed(rank: int) -> None:
+def stop_kind() -> int:
+    """What this process was asked: 0 nothing, :data:`STOP_ASKED` to stop (SIGTERM, SIGINT,
+    :func:`request_stop`), :data:`STOP_PREEMPTED` to stop because the job is preempted (the
+    preemption signal, SIGUSR2 by default). A Session's ranks agree on the highest."""
+    if not _stop.is_set():
+        return 0
+    from gpukit.worker._stop_signals import preempt_signal
+
+    name = stop_signal_name()
+    return STOP_PREEMPTED if name is not None and name == preempt_signal().name else STOP_ASKED
+
+
+def mark_stop_agreed(rank: int, kind: int = STOP_ASKED) -> None:
     """Tell the launcher (through ``GPUKIT_RUN_DIR``) that this rank stopped because asked to.
 
     ``gpukit run`` then exits with :data:`PREEMPTED_EXIT_CODE` even when the workers exit 0
     and the launcher itself received no signal (a stop sent to one worker). No-op outside
-    ``gpukit run``.
+    ``gpukit run``. ``kind`` is what the ranks agreed on (:func:`stop_kind`'s highest): with
+    :data:`STOP_PREEMPTED` the stop is a preemption on this rank too, whether or not its own
+    warning has come (:func:`agreed_stop_signal`).
     """
-    global _agreed_rank
-    if _agreed_rank != rank:  # should_stop may be read many times once true: write once
-        write_marker(worker_env().run_dir, rank, stop_signal_name() or "SIGTERM", AGREED)
+    global _agreed_rank, _agreed_signal
+    kind = max(kind, stop_kind())
+    if kind >= STOP_PREEMPTED:
+        from gpukit.worker._stop_signals import preempt_signal
+
+        name = preempt_signal().name
+    else:
+        name = stop_signal_name() or "SIGTERM"
+    if _agreed_rank != rank or (_agreed_signal != name and kind >= STOP_PREEMPTED):
+        # should_stop may be read many times once true: write once, again only if it became a preemption
+        write_marker(worker_env().run_dir, rank, name, AGREED)
+        _agreed_signal = name
     _agreed_rank = rank
+
+
+def agreed_stop_signal() -> str | None:
+    """The signal the ranks agreed to stop on: the preemption signal when any rank was warned of a
+    preemption, else this rank's own (``"SIGTERM"`` when the stop reached it only through the
+    agreement); ``None`` before an agreed stop. Under ``srun python`` it decides who requeues and
+    who ends 75 -- a rank's own warning may come late (SLURM signals each node's step separately)
+    or never."""
+    return _agreed_signal if _agreed_rank is not None else None
 
 
 def finish_agreed_stop() -> bool:
@@ -172,7 +213,7 @@ def finish_agreed_stop() -> bool:
     ``--grace`` + 60 s for the report before it requeued."""
     if _agreed_rank is None:
         return False
-    write_marker(worker_env().run_dir, _agreed_rank, stop_signal_name() or "SIGTERM", FINISHED)
+    write_marker(worker_env().run_dir, _agreed_rank, _agreed_signal or "SIGTERM", FINISHED)
     return True
 
 

@@ -18,4 +18,7 @@ while True:
     if session.should_stop:
         break
 (out / f"stopped-{session.rank}").write_text(str(step))
+from gpukit.worker import agreed_stop_signal  # noqa: E402 - what the ranks agreed to stop on
+
+(out / f"agreed-{session.rank}").write_text(str(agreed_stop_signal()))
 session.close()
