@@ -236,3 +236,17 @@ def test_srun_python_a_rank_whose_own_warning_never_came_follows_the_agreed_pree
     result = _srun_python_task(tmp_path, body, SLURM_PROCID=str(rank), RANK=str(rank), SLURM_NODEID=str(rank))
     assert result.returncode == (0 if rank == 0 else PREEMPTED_EXIT_CODE), result.stderr
     assert (tmp_path / "calls").exists() is (rank == 0)
+
+
+def test_a_requeue_that_ends_the_job_at_once_still_reads_as_requeued(tmp_path: Path) -> None:
+    """The requeue ends the job's processes at once, scontrol among them: one SIGTERMed before it exited read as
+    "`scontrol requeue` failed: exit -15" on the 2-node test cluster although the job was requeued."""
+    script = tmp_path / "scontrol"
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'calls'}\nkill -TERM $$\nexit 0\n")  # requeued, then TERM
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    done = requeue_job(environment(SLURM_JOB), 3, scontrol=str(script))
+    assert done.requeued, done.message
+    assert (tmp_path / "calls").read_text() == "requeue 77\n"
+    script.write_text("#!/bin/sh\nkill -KILL $$\n")  # a death it cannot ignore is a failure, said by its name
+    killed = requeue_job(environment(SLURM_JOB), 3, scontrol=str(script))
+    assert not killed.requeued and "killed by SIGKILL" in killed.message

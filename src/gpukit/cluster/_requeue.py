@@ -7,7 +7,9 @@ bounded: a job that keeps being stopped before it progresses must not loop for e
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 
@@ -21,6 +23,12 @@ __all__ = ["DEFAULT_MAX_REQUEUES", "MAX_REQUEUES_ENV", "RequeueOutcome", "requeu
 DEFAULT_MAX_REQUEUES = 10
 
 _SCONTROL_TIMEOUT_S = 30.0
+
+# scontrol runs with SIGTERM ignored (an ignored signal stays ignored across exec): the requeue it
+# asks for ends this job's processes at once, scontrol among them, and a scontrol killed before it
+# exited read as "`scontrol requeue` failed: exit -15" although the job was requeued (seen on the
+# 2-node test cluster). The job's teardown still ends it with SIGKILL after KillWait.
+_UNTERMINATED = ("/bin/sh", "-c", 'trap "" TERM; exec "$@"', "sh")
 
 
 @dataclass(frozen=True)
@@ -79,17 +87,26 @@ def requeue_job(env: ClusterEnvironment, max_requeues: int = DEFAULT_MAX_REQUEUE
             f"`scontrol requeue {job}`."
         ))
     try:
-        done = subprocess.run([executable, "requeue", job], capture_output=True, text=True,
+        wrapper = _UNTERMINATED if os.path.exists(_UNTERMINATED[0]) else ()
+        done = subprocess.run([*wrapper, executable, "requeue", job], capture_output=True, text=True,
                               timeout=_SCONTROL_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return RequeueOutcome(False, f"cannot requeue SLURM job {job}: {executable} requeue failed ({exc}).")
     if done.returncode != 0:
         why = (done.stderr or done.stdout).strip().splitlines()
+        code = f"exit {done.returncode}" if done.returncode > 0 else f"killed by {_signal_name(-done.returncode)}"
         return RequeueOutcome(False, (
-            f"`scontrol requeue {job}` failed: {why[-1] if why else f'exit {done.returncode}'}. "
+            f"`scontrol requeue {job}` failed: {why[-1] if why else code}. "
             "Submit with --requeue (and JobRequeue allowed by the cluster), or resubmit to resume."
         ))
     return RequeueOutcome(True, (
         f"SLURM job {job} requeued (requeue {env.restart_count + 1} of at most {max_requeues}); "
         "it resumes from the checkpoint when it starts again"
     ))
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
