@@ -217,3 +217,37 @@ def test_a_refusal_says_when_int8_weights_would_fit(wide_file: tuple[Path, nn.Mo
     with pytest.raises(MemoryPlanError) as refused:  # not even quantised: not suggested
         load_for_inference(_Wide, path, example_input=x, max_memory={"cpu": "100KiB"})
     assert "weights='int8'" not in str(refused.value)
+
+
+def test_planning_quantised_weights_leaves_the_callers_model_as_it_is(wide_file: tuple[Path, nn.Module]) -> None:
+    _, whole = wide_file
+    model = copy.deepcopy(whole)
+    x = torch.randn(8, 256)
+    plan = plan_inference(model, example_input=x, max_memory={"cpu": "1GiB"}, weights="int8")
+    assert sum(plan.unit_bytes.values()) == 4 * (256 * 256 + 256 * 4 + 256 * 4)  # planned as stored
+    # before, the model's Linears were swapped for QuantizedLinear in place: planning changed the caller's model
+    assert not any(isinstance(m, QuantizedLinear) for m in model.modules())
+    assert all(torch.equal(v, whole.state_dict()[k]) for k, v in model.state_dict().items())
+    # a refusal suggests int8 for a model with values too (it re-plans a meta copy; before: never suggested)
+    with pytest.raises(MemoryPlanError, match="What would fit: .*weights='int8'"):
+        plan_inference(model, example_input=x, max_memory={"cpu": "600KiB"})
+
+
+def test_a_suggested_bfloat16_fits_with_quantised_weights() -> None:
+    """bfloat16 does not halve int8 weights: a refusal of an int8 plan suggests it only where it fits (before, 12
+    budgets of this sweep were told bfloat16 would fit, and planning it failed)."""
+    with torch.device("meta"):
+        model = _Wide()
+    x = torch.empty(8, 256, device="meta")
+    checked = 0
+    for kib in range(300, 460, 10):
+        budget = {"cpu": f"{kib}KiB"}
+        try:
+            plan_inference(model, example_input=x, max_memory=budget, weights="int8")
+            continue
+        except MemoryPlanError as refused:
+            suggested = "dtype=torch.bfloat16" in str(refused)
+        if suggested:
+            checked += 1
+            plan_inference(model, example_input=x, max_memory=budget, weights="int8", dtype=torch.bfloat16)
+    assert checked > 0  # the sweep reaches budgets where the suggestion is made

@@ -34,8 +34,8 @@ from gpukit.inference._bandwidth import read_bandwidth
 from gpukit.inference._empty import build_empty, model_folder
 from gpukit.inference._guard import install_guard
 from gpukit.inference._hostmem import host_weights_buffer
-from gpukit.inference._plan import InferencePlan, plan_inference
-from gpukit.inference._quantized import QuantizedLinear, quantize_rows, weights_kind
+from gpukit.inference._plan import InferencePlan, as_dtype, plan_inference
+from gpukit.inference._quantized import QuantizedLinear, quantize_linear_weights, quantize_rows, weights_kind
 from gpukit.inference._stream import StreamedTensor, StreamedUnit, UnitStreamer
 from gpukit.memory import model_units, planned_dtype, unit_tensor_names
 
@@ -137,6 +137,9 @@ def load_for_inference(
     """
     weights_kind(weights)  # a bad value is refused before anything is built or read
     model = build_empty(model_or_factory)
+    dtype = as_dtype(dtype, model)
+    if weights is not None:  # on meta: shapes only; the values come from the checkpoint, quantised as read
+        quantize_linear_weights(model, weights, dtype)
     if checkpoint is None:
         if not isinstance(model_or_factory, (str, os.PathLike)):
             raise CheckpointError("checkpoint=... is needed: the weights file or folder to load.")

@@ -120,8 +120,9 @@ def workload_input(model: nn.Module, workload: Workload) -> dict[str, torch.Tens
 
 def as_dtype(dtype: torch.dtype | str | None, model: nn.Module) -> torch.dtype:
     """``dtype`` as a floating torch dtype (default: the model's own)."""
-    if dtype is None:
-        return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    if dtype is None:  # a quantised weight (float8: floating too, one byte) is not the compute dtype
+        return next((p.dtype for p in model.parameters() if p.is_floating_point() and p.element_size() > 1),
+                    torch.float32)
     if isinstance(dtype, str) and dtype.replace("torch.", "") in _DTYPES:
         return _DTYPES[dtype.replace("torch.", "")]
     if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
@@ -160,8 +161,8 @@ def plan_inference(
         disk_bytes_per_s: measured disk read bandwidth, for the tokens/s bound.
         devices: the budgets already made (tests; overrides ``max_memory``).
         weights: ``"int8"`` or ``"float8"``: plan each ``nn.Linear`` weight stored quantised per output row
-            (``gpukit.inference.quantize_linear_weights``, which replaces the model's Linears in place:
-            on meta, shapes only), the transient upcast copy of each in its unit's activations.
+            (``gpukit.inference.quantize_linear_weights``), the transient upcast copy of each in its unit's
+            activations. The plan is made on a copy with its parameters on meta: ``model`` is left as it is.
 
     Returns:
         An :class:`InferencePlan`.
@@ -187,6 +188,7 @@ def plan_inference(
     workload = Workload(batch_size, prompt_len or 1, new_tokens, weights_dtype, weights)
     example = example_input if example_input is not None else workload_input(model, workload)
     if weights is not None:
+        model = _meta_copy(model, f"plan_inference(weights={weights!r})")  # the caller's model is not changed
         quantize_linear_weights(model, weights, weights_dtype)
     figures = forward_units(model, example, weights_dtype)
     costs = [_cost(u, kv, workload) for u in figures]
@@ -214,12 +216,29 @@ def _scaled(costs: list[UnitCost], per_token: float, weights: float) -> list[Uni
                     peak_above_bytes=int(c.peak_above_bytes * per_token)) for c in costs]
 
 
+def _meta_copy(model: nn.Module, why: str) -> nn.Module:
+    """A copy of ``model`` with every parameter on meta (shapes and dtypes: what a plan reads) and its
+    buffers copied as they are (small, and some are read by the forward: rotary frequencies)."""
+    memo: dict[int, Any] = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+                            for p in model.parameters()}
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception as exc:  # noqa: BLE001 - a module that cannot be copied: say what to do instead
+        raise ConfigurationError(
+            f"{why} plans a copy of {type(model).__name__} (the model itself is not changed), and it could not be "
+            f"copied ({type(exc).__name__}: {exc}). Build the model on the meta device "
+            "(`with torch.device('meta'): model = ...`) and plan that.") from exc
+
+
 def _quantised_costs(model: nn.Module, example: Any, workload: Workload, kv: Any) -> list[UnitCost] | None:
     """The units' costs with int8 Linear weights, for a refusal to say whether they would fit; ``None``
-    when already quantised, nothing would be, or the model holds real weights (copying them costs memory)."""
-    if workload.weights is not None or not all(p.is_meta for p in model.parameters()):
+    when already quantised, nothing would be, or the model cannot be copied."""
+    if workload.weights is not None:
         return None
-    quantised = copy.deepcopy(model)  # meta parameters: only the structure and the small real buffers are copied
+    try:
+        quantised = _meta_copy(model, "a refusal's int8 re-plan")
+    except ConfigurationError:  # the refusal stands without the suggestion
+        return None
     if not quantize_linear_weights(quantised, "int8", workload.dtype):
         return None
     try:
@@ -250,8 +269,12 @@ def _refusal(model: nn.Module, costs: list[UnitCost], devices: list[DeviceBudget
             tokens //= 2
         if tokens >= 2:
             fits.append(f"a context of about {tokens} tokens (prompt + new)")
-    if w.dtype.itemsize > 2 and place(_scaled(costs, 0.5, 0.5), devices, prefetch) is not None:
-        fits.append("dtype=torch.bfloat16 (half the weights and KV cache)")
+    # quantised Linear weights keep their bytes in bfloat16 (only their scales and the other weights halve):
+    # the suggestion is made only if it fits with the weights counted whole
+    halved = 0.5 if w.weights is None else 1.0
+    if w.dtype.itemsize > 2 and place(_scaled(costs, 0.5, halved), devices, prefetch) is not None:
+        fits.append("dtype=torch.bfloat16 (half the weights and KV cache)" if w.weights is None else
+                    "dtype=torch.bfloat16 (half the KV cache and activations)")
     if quantised is not None and place(quantised, devices, prefetch) is not None:
         fits.append("weights='int8' (each nn.Linear weight in one byte with a scale per row, upcast per forward)")
     if not any(d.kind == DISK for d in devices):
