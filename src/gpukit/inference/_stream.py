@@ -113,6 +113,7 @@ class UnitStreamer:
         self._stream = accelerator.side_stream(device)
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpukit-offload") if on_disk else None
         self._placeholders: dict[int, dict[tuple[int, str], Any]] = {}
+        self._bound: dict[int, _Slot] = {}  # unit -> the slot its parameters view while it computes
         self._current = 0
         self._lock = threading.Lock()
         self.bytes_streamed = 0
@@ -201,7 +202,9 @@ class UnitStreamer:
             if self.units[index].mapped is not None and self._release is not None:
                 for key in self.units[index].mapped:
                     self._release(key)
-            self.slots[index % len(self.slots)].freed = self.accelerator.compute_event(self.device)
+            slot = self._bound.pop(index, None)  # the slot it read: units do not sit in slot (index % slots)
+            if slot is not None:
+                slot.freed = self.accelerator.compute_event(self.device)
         return hook
 
     def _bind(self, index: int, slot: _Slot) -> None:
@@ -215,6 +218,7 @@ class UnitStreamer:
                 saved[(id(module), attr)] = (table, table[attr])
                 table[attr] = value if is_param else view
         self._placeholders[index] = saved
+        self._bound[index] = slot
 
     def _unbind(self, index: int) -> None:
         for (_, attr), (table, placeholder) in self._placeholders.pop(index, {}).items():
