@@ -137,3 +137,21 @@ def test_a_copy_into_a_slot_waits_for_the_last_compute_that_read_it(from_host: s
                 f"a copy into slot {slot} waits for compute event {event}, but the compute that last read "
                 f"the slot ended at event {last_read[slot]}")
     assert copies >= 3 * 5 - prefetch  # every pass after the first refills every slot
+
+
+def test_the_staging_buffers_hold_the_largest_disk_unit_not_the_largest_unit() -> None:
+    # the plan counts (prefetch + 1) x the largest *disk* unit of pinned host memory for the GPU's disk
+    # reads; a larger unit in pinned CPU RAM is copied from its own buffer and never staged
+    torch.manual_seed(0)
+    whole = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 8), nn.Linear(8, 8)).eval()
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 8), nn.Linear(8, 8)).eval()
+    model.load_state_dict(whole.state_dict())
+    streamer = _stream(model, FakeCUDAAccelerator(), 1, from_host={0})
+    disk_largest = max(u.layout() for u in streamer.units[1:])
+    assert streamer.slot_bytes == streamer.units[0].layout() > disk_largest
+    assert [s.staging.numel() for s in streamer.slots] == [disk_largest] * 2  # type: ignore[union-attr]
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(model(x), whole(x))
+    streamer.close()

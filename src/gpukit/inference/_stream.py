@@ -106,8 +106,11 @@ class UnitStreamer:
         count = min(prefetch + 1, len(units))
         gpu_side = not accelerator.is_host
         on_disk = any(u.host is None for u in units)
+        # disk reads for a GPU land here: the largest disk unit's bytes (the plan counts those), not the
+        # largest unit's -- a bigger unit in pinned CPU RAM never passes through the staging buffer
+        staging_bytes = max((u.layout() for u in units if u.host is None and u.mapped is None), default=0)
         self.slots = [_Slot(torch.empty(self.slot_bytes, dtype=torch.uint8, device=device),
-                            accelerator.pinned_empty((self.slot_bytes,), torch.uint8) if gpu_side and on_disk else None)
+                            accelerator.pinned_empty((staging_bytes,), torch.uint8) if gpu_side and on_disk else None)
                       for _ in range(count)]
         self.prefetch = prefetch
         self._stream = accelerator.side_stream(device)
