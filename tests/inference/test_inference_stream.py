@@ -131,7 +131,9 @@ def test_a_copy_into_a_slot_waits_for_the_last_compute_that_read_it(from_host: s
         slot = slot_of(pointer)
         if kind == "read":
             last_read[slot] = event  # type: ignore[assignment]
-        elif slot in last_read:
+        elif slot not in last_read:  # its first fill: after the work queued before the slot was allocated
+            assert event == 1, f"the first copy into slot {slot} waits for {event}, not the streamer's first event"
+        else:
             copies += 1
             assert event is not None and event >= last_read[slot], (
                 f"a copy into slot {slot} waits for compute event {event}, but the compute that last read "

@@ -112,6 +112,11 @@ class UnitStreamer:
         self.slots = [_Slot(torch.empty(self.slot_bytes, dtype=torch.uint8, device=device),
                             accelerator.pinned_empty((staging_bytes,), torch.uint8) if gpu_side and on_disk else None)
                       for _ in range(count)]
+        # the slots' blocks come from the compute stream's cache, perhaps freed by work still queued on it
+        # (a quantised weight's transient float copy): the side stream's first copy into them waits for it
+        made = accelerator.compute_event(device)
+        for slot in self.slots:
+            slot.freed = made
         self.prefetch = prefetch
         self._stream = accelerator.side_stream(device)
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpukit-offload") if on_disk else None
