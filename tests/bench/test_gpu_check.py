@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,31 @@ def test_a_goal_and_whether_it_was_met_are_in_the_table(tmp_path: Path) -> None:
     lines = gpu_check.write_table(tmp_path).splitlines()
     assert lines[2] == "| speed | P1 mlp | warn | 1.08 x | <= 1.01x plain: MISSED |  |"
     assert lines[3] == "| mfu | P7 auto | ok | 41 % MFU | >= 40% MFU: met |  |"
+
+
+def test_the_tests_part_keeps_each_result_when_it_is_killed_at_its_limit(tmp_path: Path) -> None:
+    # The part's limit (180 s, or what the budget leaves) is shorter than the GPU tests may take: a
+    # part killed mid-run must have written the results of the tests that ended before the kill.
+    probe = tmp_path / "test_probe_gpu_part.py"
+    probe.write_text("import time\nimport pytest\n\n\ndef test_probe_quick():\n    pass\n\n\n"
+                     "def test_probe_skipped():\n    pytest.skip('not here')\n\n\n"
+                     "def test_probe_hangs():\n    time.sleep(600)  # a hung test: the driver kills the part\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUKIT_FAKE_GPUS", "CUDA_VISIBLE_DEVICES")}
+    out = tmp_path / "out"
+    env["GPUKIT_CHECK_OUT"] = str(out)
+    env["GPU_CHECK_PYTEST_ARGS"] = f"-m '' --deselect tests/ {probe}"  # only the probe's three tests
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "gpu_parts" / "tests.py")], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    results = out / "results.jsonl"
+    try:
+        deadline = time.monotonic() + 90  # collecting tests/ takes ~15 s; the probe hangs 150 s
+        records: list[dict] = []
+        while time.monotonic() < deadline and proc.poll() is None and len(records) < 2:
+            time.sleep(0.2)  # polling the file the part writes, not standing in for a sync
+            records = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+        assert proc.poll() is None, "the part ended on its own: the probe's hanging test did not run"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # as gpu_check.py ends a part at its limit
+        proc.wait()
+    got = {r["check"].rsplit("::", 1)[-1]: r["status"] for r in records}
+    assert got == {"test_probe_quick": "ok", "test_probe_skipped": "skip"}, records

@@ -78,3 +78,82 @@ def test_a_layer_run_out_of_order_is_filled_when_it_starts() -> None:
         assert torch.equal(model[0](x), whole[0](x))
         assert torch.equal(model(x), whole(x))
     streamer.close()
+
+
+class _OrderedCopies(FakeCUDAAccelerator):
+    """FakeCUDA whose compute events are numbered in the order recorded, and which logs, for each copy
+    into a slot, the compute event it was told to wait for (on CUDA the side stream waits for it)."""
+
+    def __init__(self) -> None:
+        self.recorded = 0
+        self.timeline: list[tuple[str, int, int | None]] = []  # ("copy", dest ptr, after) / ("read", ptr, event)
+
+    def compute_event(self, device: torch.device) -> int:
+        self.recorded += 1
+        return self.recorded
+
+    def copy_on_stream(self, dest: torch.Tensor, source: torch.Tensor, stream: object,
+                       after: object = None) -> None:
+        self.timeline.append(("copy", dest.data_ptr(), after))  # type: ignore[arg-type]
+        return super().copy_on_stream(dest, source, stream, after)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("from_host", [{0, 1, 2, 3, 4}, set()], ids=["pinned-host", "disk"])
+@pytest.mark.parametrize("prefetch", [1, 2])
+def test_a_copy_into_a_slot_waits_for_the_last_compute_that_read_it(from_host: set[int], prefetch: int) -> None:
+    # 5 units over 2 (or 3) slots: the unit a slot holds is not its index modulo the slots, so the
+    # event that frees a slot must be put on the slot the unit was bound to. On a GPU a copy that waits
+    # for an older event overwrites weights the compute stream is still reading.
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)]).eval()
+    accelerator = _OrderedCopies()
+    streamer = _stream(model, accelerator, prefetch, from_host=from_host)
+    bound: dict[int, int] = {}
+
+    def slot_of(pointer: int) -> int:
+        return next(i for i, s in enumerate(streamer.slots)
+                    if s.device.data_ptr() <= pointer < s.device.data_ptr() + streamer.slot_bytes)
+
+    for index, layer in enumerate(model):  # after the streamer's hooks: the weights are bound, then unbound
+        layer.register_forward_pre_hook(lambda m, a, index=index: bound.__setitem__(index, m.weight.data_ptr()))
+        layer.register_forward_hook(lambda m, a, o, index=index: accelerator.timeline.append(
+            ("read", bound[index], accelerator.recorded)))  # the event the streamer's leave just recorded
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.randn(2, 8))
+    for slot in streamer.slots:
+        if slot.ready is not None:
+            slot.ready.result()
+    streamer.close()
+    last_read: dict[int, int] = {}
+    copies = 0
+    for kind, pointer, event in accelerator.timeline:
+        slot = slot_of(pointer)
+        if kind == "read":
+            last_read[slot] = event  # type: ignore[assignment]
+        elif slot not in last_read:  # its first fill: after the work queued before the slot was allocated
+            assert event == 1, f"the first copy into slot {slot} waits for {event}, not the streamer's first event"
+        else:
+            copies += 1
+            assert event is not None and event >= last_read[slot], (
+                f"a copy into slot {slot} waits for compute event {event}, but the compute that last read "
+                f"the slot ended at event {last_read[slot]}")
+    assert copies >= 3 * 5 - prefetch  # every pass after the first refills every slot
+
+
+def test_the_staging_buffers_hold_the_largest_disk_unit_not_the_largest_unit() -> None:
+    # the plan counts (prefetch + 1) x the largest *disk* unit of pinned host memory for the GPU's disk
+    # reads; a larger unit in pinned CPU RAM is copied from its own buffer and never staged
+    torch.manual_seed(0)
+    whole = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 8), nn.Linear(8, 8)).eval()
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 8), nn.Linear(8, 8)).eval()
+    model.load_state_dict(whole.state_dict())
+    streamer = _stream(model, FakeCUDAAccelerator(), 1, from_host={0})
+    disk_largest = max(u.layout() for u in streamer.units[1:])
+    assert streamer.slot_bytes == streamer.units[0].layout() > disk_largest
+    assert [s.staging.numel() for s in streamer.slots] == [disk_largest] * 2  # type: ignore[union-attr]
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(model(x), whole(x))
+    streamer.close()

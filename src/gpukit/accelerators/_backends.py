@@ -96,6 +96,16 @@ class CUDAAccelerator(Accelerator):
     def pinned_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, pin_memory=True)
 
+    def to_host_async(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any | None]:
+        # The copy runs on the current stream of the tensor's device, and the event (recorded on the
+        # current stream of the *current* device) must follow it there: a value on cuda:1 while cuda:0
+        # is current (a loss on the last stage of a model split over GPUs) would otherwise be "done"
+        # before its copy ran, and read as whatever the pinned buffer held.
+        if tensor.device.type != "cuda":
+            return super().to_host_async(tensor)
+        with torch.cuda.device(tensor.device):
+            return super().to_host_async(tensor)
+
     def is_pinned(self, tensor: torch.Tensor) -> bool:
         return tensor.device.type == "cpu" and tensor.is_pinned()
 

@@ -106,13 +106,22 @@ class UnitStreamer:
         count = min(prefetch + 1, len(units))
         gpu_side = not accelerator.is_host
         on_disk = any(u.host is None for u in units)
+        # disk reads for a GPU land here: the largest disk unit's bytes (the plan counts those), not the
+        # largest unit's -- a bigger unit in pinned CPU RAM never passes through the staging buffer
+        staging_bytes = max((u.layout() for u in units if u.host is None and u.mapped is None), default=0)
         self.slots = [_Slot(torch.empty(self.slot_bytes, dtype=torch.uint8, device=device),
-                            accelerator.pinned_empty((self.slot_bytes,), torch.uint8) if gpu_side and on_disk else None)
+                            accelerator.pinned_empty((staging_bytes,), torch.uint8) if gpu_side and on_disk else None)
                       for _ in range(count)]
+        # the slots' blocks come from the compute stream's cache, perhaps freed by work still queued on it
+        # (a quantised weight's transient float copy): the side stream's first copy into them waits for it
+        made = accelerator.compute_event(device)
+        for slot in self.slots:
+            slot.freed = made
         self.prefetch = prefetch
         self._stream = accelerator.side_stream(device)
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpukit-offload") if on_disk else None
         self._placeholders: dict[int, dict[tuple[int, str], Any]] = {}
+        self._bound: dict[int, _Slot] = {}  # unit -> the slot its parameters view while it computes
         self._current = 0
         self._lock = threading.Lock()
         self.bytes_streamed = 0
@@ -201,7 +210,9 @@ class UnitStreamer:
             if self.units[index].mapped is not None and self._release is not None:
                 for key in self.units[index].mapped:
                     self._release(key)
-            self.slots[index % len(self.slots)].freed = self.accelerator.compute_event(self.device)
+            slot = self._bound.pop(index, None)  # the slot it read: units do not sit in slot (index % slots)
+            if slot is not None:
+                slot.freed = self.accelerator.compute_event(self.device)
         return hook
 
     def _bind(self, index: int, slot: _Slot) -> None:
@@ -215,6 +226,7 @@ class UnitStreamer:
                 saved[(id(module), attr)] = (table, table[attr])
                 table[attr] = value if is_param else view
         self._placeholders[index] = saved
+        self._bound[index] = slot
 
     def _unbind(self, index: int) -> None:
         for (_, attr), (table, placeholder) in self._placeholders.pop(index, {}).items():
