@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpukit.inference import DeviceBudget
-from gpukit.inference._placement import UnitCost, device_peak, place
+from gpukit.inference._placement import UnitCost, device_peak, pinned_bytes, place
 
 MIB = 2**20
 
@@ -54,8 +54,8 @@ def test_ranges_are_contiguous_and_balanced() -> None:
 
 def test_disk_is_used_only_when_listed() -> None:
     units = _model(8, 100)
-    assert place(units, [*_gpus(300), DeviceBudget("cpu", "cpu", 200 * MIB)]) is None
-    placed = place(units, [*_gpus(300), DeviceBudget("cpu", "cpu", 200 * MIB), DeviceBudget("disk", "disk", None)])
+    assert place(units, [*_gpus(300), DeviceBudget("cpu", "cpu", 300 * MIB)]) is None
+    placed = place(units, [*_gpus(300), DeviceBudget("cpu", "cpu", 300 * MIB), DeviceBudget("disk", "disk", None)])
     assert placed is not None and "disk" in placed.device_of.values()
     assert placed.device_of["layers.0"] == "cuda:0" and placed.execution_device == "cuda:0"
 
@@ -85,3 +85,16 @@ def test_peak_grows_with_prefetch_depth(prefetch: int) -> None:
     assert placed is not None
     held = sum(u.weights_bytes for u in units if placed.device_of[u.name] == "cpu")
     assert placed.peak_bytes["cpu"] == held + (prefetch + 1) * 10 * MIB
+
+
+def test_units_pinned_for_a_gpu_are_planned_as_torch_allocates_them() -> None:
+    """torch's pinned host allocator rounds each buffer up to a power of two: a 100 MiB layer kept in CPU RAM for
+    a GPU takes 128 MiB (a 605 MiB Llama-2-13B layer 1 GiB), and so does each staging buffer of its disk reads.
+    Counted at 100 MiB, 8 layers and 2 staging buffers "fit" 1000 MiB and took 1280."""
+    assert [pinned_bytes(n) for n in (0, 1, 3, MIB, MIB + 1, 605 * MIB)] == [0, 1, 4, MIB, 2 * MIB, 1024 * MIB]
+    units = _model(12, 100)
+    placed = place(units, [*_gpus(250), DeviceBudget("cpu", "cpu", 1000 * MIB), DeviceBudget("disk", "disk", None)])
+    assert placed is not None and "disk" in placed.device_of.values()
+    on_cpu = sum(1 for name, n in placed.device_of.items() if n == "cpu" and name.startswith("layers."))
+    assert on_cpu == 5  # 5 x 128 MiB + 2 x 128 MiB of staging; 8 when each was counted at 100 MiB
+    assert placed.peak_bytes["cpu"] == (on_cpu + 2) * 128 * MIB <= 1000 * MIB

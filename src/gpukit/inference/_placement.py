@@ -25,7 +25,7 @@ The rules, in order:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["DeviceBudget", "UnitCost", "Placement", "place", "device_peak"]
 
@@ -87,6 +87,18 @@ def device_peak(resident: Sequence[UnitCost], executed: Sequence[UnitCost], stre
 
 def _buffers(streamed: Sequence[UnitCost], prefetch: int) -> int:
     return (prefetch + 1) * max((u.weights_bytes for u in streamed), default=0)
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """What a pinned host buffer of ``nbytes`` takes: torch's pinned-memory allocator rounds every request up
+    to the next power of two (to reuse its cached blocks; always in torch 2.5, by default through 2.13), so
+    a 605 MiB layer pinned for a GPU holds 1 GiB of RAM. Planned as taken, not as asked."""
+    return 1 << (nbytes - 1).bit_length() if nbytes > 0 else 0
+
+
+def _staging(on_disk: Sequence[UnitCost], prefetch: int) -> int:
+    """The pinned buffers a GPU's disk reads land in on the host: one per slot, the largest disk unit each."""
+    return (prefetch + 1) * pinned_bytes(max((u.weights_bytes for u in on_disk), default=0))
 
 
 class _Load:
@@ -211,20 +223,20 @@ def _offload(tail: list[UnitCost], cpu: DeviceBudget | None, disk: DeviceBudget 
     """Offloaded units into CPU RAM (only when GPUs run them) while they fit, then disk; ``None``
     when they fit in neither. With disk in use the host also holds the buffers disk reads land in."""
     room = cpu.budget_bytes if cpu is not None and cpu.budget_bytes is not None else 0
-    for reserve in (0, _buffers(tail, prefetch)):
+    for reserve in (0, _staging(tail, prefetch)):  # units kept in CPU RAM for a GPU are pinned: planned as taken
         out: dict[str, str] = {}
         held = 0
         for unit in tail:
-            if cpu is not None and held + unit.weights_bytes <= room - reserve:
+            if cpu is not None and held + pinned_bytes(unit.weights_bytes) <= room - reserve:
                 out[unit.name] = cpu.name
-                held += unit.weights_bytes
+                held += pinned_bytes(unit.weights_bytes)
             elif disk is not None:
                 out[unit.name] = disk.name
             else:
                 return None
         if cpu is None or all(d != DISK for d in out.values()):
             return out
-        if held + _buffers([u for u in tail if out[u.name] == DISK], prefetch) <= room:
+        if held + _staging([u for u in tail if out[u.name] == DISK], prefetch) <= room:
             return out
     return None
 
@@ -242,9 +254,10 @@ def _peaks(units: Sequence[UnitCost], devices: Sequence[DeviceBudget], device_of
         runs_here = [u for u in resident if device.name == execution or device.kind == GPU]
         executed = runs_here + (streamed if device.name == execution else [])
         buffers = _buffers(streamed, prefetch) if device.name == execution else 0
-        if device.kind == CPU and device.name != execution:  # the host stages disk reads for the GPU
+        if device.kind == CPU and device.name != execution:  # pinned for the GPU; the host stages disk reads
             on_disk = [u for u in streamed if device_of[u.name] == "disk"]
-            buffers = _buffers(on_disk, prefetch)
+            buffers = _staging(on_disk, prefetch)
             executed = []
+            resident = [replace(u, weights_bytes=pinned_bytes(u.weights_bytes)) for u in resident]
         out[device.name] = device_peak(resident, executed, buffers)
     return out
