@@ -28,7 +28,8 @@ def test_node_0_waits_for_every_node_and_learns_their_signals() -> None:
                                     wait_s=30, echo=lines.append)
     late.join()
     assert reports is not None and not reports.missing
-    assert reports.reports == {0: {"signal": "", "clean": True}, 1: {"signal": "SIGUSR2", "clean": False}}
+    assert reports.reports == {0: {"signal": "", "clean": True, "round": True},
+                               1: {"signal": "SIGUSR2", "clean": False, "round": True}}
     assert reports.signals == {"SIGUSR2"}  # the warning reached node 1 only: node 0 still requeues
     assert lines == ["gpukit: waiting for the other 1 node(s) to report their stop"]
 
@@ -46,7 +47,29 @@ def test_other_nodes_only_publish_and_a_gone_node_0_is_no_error() -> None:
     server, client = _stores()
     assert exchange_stop_reports(client, run_id="r3", node_rank=1, nnodes=2, signal_name="SIGTERM", clean=True,
                                  wait_s=1) is None
-    assert server.get("gpukit/stop/r3/1") == b'{"signal": "SIGTERM", "clean": true}'
+    assert server.get("gpukit/stop/r3/1") == b'{"signal": "SIGTERM", "clean": true, "round": true}'
     del server  # node 0 and its store are gone
     assert exchange_stop_reports(client, run_id="r4", node_rank=1, nnodes=2, signal_name="SIGTERM", clean=True,
                                  wait_s=1, publish_timeout_s=1) is None
+
+
+def test_node_0_waits_for_the_nodes_of_its_last_round_only() -> None:
+    # an elastic run (--nnodes 1:3) whose last round had 2 nodes: node 2 was lost and never reports, and a
+    # node still waiting to join (no round yet) does not stand in for a member of the round
+    server, client = _stores()
+    exchange_stop_reports(client, run_id="r5", node_rank=2, nnodes=3, signal_name="SIGUSR2", clean=True,
+                          wait_s=1, in_a_round=False)
+    late = threading.Timer(0.5, lambda: exchange_stop_reports(
+        client, run_id="r5", node_rank=1, nnodes=3, signal_name=None, clean=True, wait_s=1))
+    late.start()
+    lines: list[str] = []
+    reports = exchange_stop_reports(server, run_id="r5", node_rank=0, nnodes=3, signal_name="SIGUSR2", clean=True,
+                                    wait_s=30, echo=lines.append, round_size=2)
+    late.join()
+    # node 0 read node 2's report at once, and went on waiting for node 1's
+    assert reports is not None and sorted(reports.reports) == [0, 1, 2] and reports.reports[2]["round"] is False
+    assert reports.missing == [] and reports.waited_s < 10  # not the 30 s
+    assert lines == ["gpukit: waiting for the other 1 node(s) to report their stop"]
+    alone = exchange_stop_reports(server, run_id="r6", node_rank=0, nnodes=3, signal_name="SIGUSR2", clean=True,
+                                  wait_s=30, echo=lines.append, round_size=1)
+    assert alone is not None and alone.missing == [] and alone.waited_s < 10 and len(lines) == 1
