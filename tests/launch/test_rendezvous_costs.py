@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import signal
 import time
 
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous
@@ -75,3 +76,44 @@ def test_each_rendezvous_round_gives_the_workers_an_empty_store() -> None:
     assert (first.master_port, stale) == (second.master_port, True)
     first, second, stale = _two_rounds(wrap=True)
     assert first.master_port != second.master_port and not stale
+
+
+def test_a_torch_without_those_private_names_keeps_its_own_behaviour(monkeypatch) -> None:
+    # what gpukit changes in torch's rendezvous relies on private names; a torch without them (older, newer, or
+    # another handler) runs as torch alone would: nothing replaced, nothing raised
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
+
+    from gpukit.launch._rendezvous import fresh_store_per_round, rendezvous_parameters
+    from gpukit.launch._signals import RunInterruptedError
+    from gpukit.launch._stop_report import report_stop
+    from gpukit.launch._topology import Topology
+
+    # a handler that caches no workers' store (torch's static one): returned as it is, and its rounds run
+    static = registry.get_rendezvous_handler(RendezvousParameters(
+        backend="static", endpoint="127.0.0.1:0", run_id="plain", min_nodes=1, max_nodes=1, rank=0))
+    assert not hasattr(static, "_bootstrap_store_info") and not hasattr(static, "_shared_tcp_store_server")
+    assert fresh_store_per_round(static) is static and "next_rendezvous" not in vars(static)
+    info = static.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+
+    # a dynamic handler with one of the two names gone (a torch that renamed it): left alone too
+    dynamic = registry.get_rendezvous_handler(rendezvous_parameters(Topology(rdzv_timeout_s=30), "renamed"))
+    try:
+        del dynamic._bootstrap_store_info
+        assert fresh_store_per_round(dynamic) is dynamic and "next_rendezvous" not in vars(dynamic)
+    finally:
+        dynamic.shutdown()
+
+    # a rendezvous module without get_method_name / _delay: the launch goes on, nothing is added to it
+    monkeypatch.delattr(dynamic_rendezvous, "get_method_name")
+    monkeypatch.delattr(dynamic_rendezvous, "_delay")
+    with cheaper_rendezvous(single_machine=True):
+        assert not hasattr(dynamic_rendezvous, "get_method_name") and not hasattr(dynamic_rendezvous, "_delay")
+    assert not hasattr(dynamic_rendezvous, "get_method_name") and not hasattr(dynamic_rendezvous, "_delay")
+
+    # a handler without a store to report a stop through: node 0 waits for no one, no error
+    stopped = RunInterruptedError(signal.SIGUSR2, preempted=True, grace_s=1)
+    start = time.monotonic()
+    report_stop(stopped, object(), Topology(nnodes=2, node_rank=0, master_addr="127.0.0.1", master_port=1),
+                "plain", "SIGUSR2", grace_s=1, agent=object())
+    assert stopped.other_signals == set() and time.monotonic() - start < 1
