@@ -73,3 +73,40 @@ def test_node_0_waits_for_the_nodes_of_its_last_round_only() -> None:
     alone = exchange_stop_reports(server, run_id="r6", node_rank=0, nnodes=3, signal_name="SIGUSR2", clean=True,
                                   wait_s=30, echo=lines.append, round_size=1)
     assert alone is not None and alone.missing == [] and alone.waited_s < 10 and len(lines) == 1
+
+
+def test_signals_while_node_0_waits_neither_escape_nor_cut_the_wait_short_by_a_repeated_warning() -> None:
+    # node 0's launcher waits for node 1's report with its own stop handlers in place (a signal raises in its main
+    # thread); SLURM may send the warning again, and its SIGTERM follows: the warning changes nothing, SIGTERM
+    # ends the wait -- neither escapes (before: a traceback and exit 1 without the requeue, or a repeated
+    # warning read as "no worker had started yet" and a requeue while node 1 still saved)
+    import os
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    from gpukit.launch._signals import RunInterruptedError, _raise_stop, _stop_signals_handled_by
+    from gpukit.launch._stop_report import report_stop
+    from gpukit.launch._topology import Topology
+
+    server, _ = _stores()
+    interrupted = RunInterruptedError(signal.SIGUSR2, preempted=True, grace_s=30)
+    lines: list[str] = []
+    node0 = Topology(nnodes=2, node_rank=0, master_addr="127.0.0.1", master_port=server.port)
+    warning = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR2))
+    term = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    with _stop_signals_handled_by(_raise_stop, signal.SIGUSR2):  # the launcher's handlers (gpukit.launch._signals)
+        start = time.monotonic()
+        warning.start()
+        term.start()
+        try:
+            report_stop(interrupted, SimpleNamespace(_store=server), node0, "r7", "SIGUSR2", 30, lines.append,
+                        preempt=signal.SIGUSR2)
+            took = time.monotonic() - start
+        finally:
+            warning.join()
+            term.join()
+    assert 0.9 < took < 10, took  # past the repeated warning, ended by SIGTERM, not by the 90 s wait
+    assert lines[0] == "gpukit: waiting for the other 1 node(s) to report their stop"
+    assert "node(s) 1 did not report their stop within" in lines[-1]
+    assert interrupted.exit_code == 75

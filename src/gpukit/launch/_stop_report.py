@@ -15,13 +15,15 @@ warning that reached only another node still requeues.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from gpukit.launch._signals import RunInterruptedError
+from gpukit.launch._signals import RunInterruptedError, _ignore, _stop_signals_handled_by
 from gpukit.worker import BEFORE_START, COMPLETED, PREEMPTED_EXIT_CODE, read_markers
 
 __all__ = ["NodeReports", "exchange_stop_reports", "interrupted_outcome", "report_stop", "training_completed",
@@ -64,6 +66,7 @@ def exchange_stop_reports(
     publish_timeout_s: float = _PUBLISH_TIMEOUT_S,
     round_size: int | None = None,
     in_a_round: bool = True,
+    given_up: Callable[[], bool] | None = None,
 ) -> NodeReports | None:
     """Publish this node's report; on node 0, also wait for every other node's.
 
@@ -81,6 +84,7 @@ def exchange_stop_reports(
             than this. ``None``: ``nnodes``.
         in_a_round: Whether this node's workers ever joined a round (``False``: a node still waiting to
             join; it has nothing to save, and its report does not count toward ``round_size``).
+        given_up: Polled while node 0 waits: true ends the wait at once (a further stop signal).
 
     Returns:
         On node 0: the reports (its own included); elsewhere ``None``. Never raises: a store
@@ -107,7 +111,7 @@ def exchange_stop_reports(
     def waiting() -> bool:  # a node lost from an elastic run's last round never reports: not waited for
         return bool(pending) and sum(1 for r in found.reports.values() if r.get("round", True)) < expected
 
-    while waiting() and time.monotonic() - started < wait_s:
+    while waiting() and time.monotonic() - started < wait_s and not (given_up and given_up()):
         for node in sorted(pending):
             try:
                 if store.check([_key(run_id, node)]):
@@ -120,8 +124,9 @@ def exchange_stop_reports(
     found.missing = sorted(pending) if waiting() else []
     found.waited_s = time.monotonic() - started
     if found.missing and echo is not None:
+        within = f"{found.waited_s:.1f}" if given_up and given_up() else f"{wait_s:g}"
         echo(f"gpukit: node(s) {', '.join(map(str, found.missing))} did not report their stop within "
-             f"{wait_s:g} s; going on without them")
+             f"{within} s; going on without them")
     return found
 
 
@@ -172,17 +177,30 @@ def _last_round(agent: Any) -> tuple[int | None, bool]:
 
 def report_stop(interrupted: RunInterruptedError, handler: Any, topology: Any, run_id: str,
                 signal_name: str | None, grace_s: float, echo: Callable[[str], None] | None = None,
-                agent: Any = None) -> None:
+                agent: Any = None, preempt: int | None = None) -> None:
     """Several nodes: tell node 0 how this node stopped; node 0 waits for the word of every node of
     the last rendezvous round (``agent``'s: an elastic run that lost a node does not wait for it) and
-    keeps the other nodes' signals in ``interrupted.other_signals``."""
+    keeps the other nodes' signals in ``interrupted.other_signals``.
+
+    Meanwhile the preemption signal ``preempt`` again changes nothing, and a further stop signal
+    (SIGTERM, Ctrl-C) ends the wait at once: the run's outcome stays ``interrupted`` -- before, either
+    escaped as an exception from the wait (a traceback, exit 1, and no requeue; or, for a repeated
+    warning, "no worker had started yet" and a requeue while another node still saved)."""
     if topology.nnodes <= 1:
         return
     round_size, in_a_round = _last_round(agent)
-    reports = exchange_stop_reports(
-        getattr(handler, "_store", None), run_id=run_id, node_rank=topology.node_rank, nnodes=topology.nnodes,
-        signal_name=signal_name, clean=interrupted.preempted, wait_s=grace_s + REPORT_WAIT_EXTRA_S,
-        echo=echo, round_size=round_size, in_a_round=in_a_round,
-    )
+    again: list[int] = []
+
+    def stop_waiting(signum: int, frame: Any) -> None:
+        if not again:
+            os.write(2, f"gpukit: {signal.Signals(signum).name} again: not waiting for the other nodes\n".encode())
+        again.append(signum)
+
+    with _stop_signals_handled_by(stop_waiting, preempt, _ignore):
+        reports = exchange_stop_reports(
+            getattr(handler, "_store", None), run_id=run_id, node_rank=topology.node_rank, nnodes=topology.nnodes,
+            signal_name=signal_name, clean=interrupted.preempted, wait_s=grace_s + REPORT_WAIT_EXTRA_S,
+            echo=echo, round_size=round_size, in_a_round=in_a_round, given_up=lambda: bool(again),
+        )
     if reports is not None:
         interrupted.other_signals = reports.signals
