@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import socket
 import signal
 import time
 
@@ -117,3 +118,41 @@ def test_a_torch_without_those_private_names_keeps_its_own_behaviour(monkeypatch
     report_stop(stopped, object(), Topology(nnodes=2, node_rank=0, master_addr="127.0.0.1", master_port=1),
                 "plain", "SIGUSR2", grace_s=1, agent=object())
     assert stopped.other_signals == set() and time.monotonic() - start < 1
+
+
+def test_a_node_seen_waiting_is_forgotten_once_a_round_lets_it_in(tmp_path) -> None:
+    # node 1 waits to join; node 0's group restarts for another reason (a worker failed) before its next
+    # checkpoint, and that round lets node 1 in. Node 0 must not then restart the grown group once more for the
+    # node it saw waiting before (a whole restart for nothing)
+    import threading
+
+    from torch.distributed.elastic.rendezvous import registry
+
+    from gpukit.launch._rendezvous import fresh_store_per_round, grow_at_checkpoints, rendezvous_parameters
+    from gpukit.launch._topology import Topology
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [fresh_store_per_round(registry.get_rendezvous_handler(rendezvous_parameters(  # as the launcher's
+        Topology(nnodes=2, node_rank=rank, master_addr="127.0.0.1", master_port=port, local_addr="127.0.0.1",
+                 rdzv_timeout_s=60), "grow", min_nodes=1))) for rank in (0, 1)]
+    raw = type(nodes[0]).num_nodes_waiting  # torch's own count
+    node0 = grow_at_checkpoints(nodes[0], str(tmp_path), patience_s=0)
+    joined: list[object] = []
+    try:
+        node0.next_rendezvous()  # node 0 alone (its fewest nodes, after the last call)
+        late = threading.Thread(target=lambda: joined.append(nodes[1].next_rendezvous()))
+        late.start()
+        deadline = time.monotonic() + 30
+        while raw(node0) < 1 and time.monotonic() < deadline:  # node 1 in the wait list
+            time.sleep(0.05)
+        assert raw(node0) == 1
+        assert node0.num_nodes_waiting() == 0  # seen: held back until a checkpoint (or patience)
+        assert node0.next_rendezvous().world_size == 2  # a restart for a failure: node 1 is let in
+        late.join(timeout=30)
+        assert joined and raw(node0) == 0
+        assert node0.num_nodes_waiting() == 0  # nobody waits any more: no second restart
+    finally:
+        for node in nodes:
+            node.shutdown()
