@@ -70,6 +70,12 @@ def test_node_0_waits_for_the_nodes_of_its_last_round_only() -> None:
     assert reports is not None and sorted(reports.reports) == [0, 1, 2] and reports.reports[2]["round"] is False
     assert reports.missing == [] and reports.waited_s < 10  # not the 30 s
     assert lines == ["gpukit: waiting for the other 1 node(s) to report their stop"]
+    # stopped before any round completed (no round known): every node's report is waited for, and counts
+    exchange_stop_reports(client, run_id="r8", node_rank=1, nnodes=2, signal_name="SIGUSR2", clean=True,
+                          wait_s=1, in_a_round=False)
+    early = exchange_stop_reports(server, run_id="r8", node_rank=0, nnodes=2, signal_name="SIGUSR2", clean=True,
+                                  wait_s=30, in_a_round=False)
+    assert early is not None and sorted(early.reports) == [0, 1] and early.waited_s < 10
     alone = exchange_stop_reports(server, run_id="r6", node_rank=0, nnodes=3, signal_name="SIGUSR2", clean=True,
                                   wait_s=30, echo=lines.append, round_size=1)
     assert alone is not None and alone.missing == [] and alone.waited_s < 10 and len(lines) == 1
