@@ -8,8 +8,9 @@ store -- the TCP store node 0's launcher hosts for the run, which every node alr
 (no shared file system needed) -- and node 0 waits for all of them (at most ``--grace`` +
 60 s: a node that never answers is gone, and a requeued job is better than a lost one) before
 it requeues -- in an elastic run, for the nodes of its last rendezvous round only (a node lost
-before it never answers: waiting for it was ``--grace`` + 60 s of a preempted job's warning). Each report carries the signal that node's launcher received, so a preemption
-warning that reached only another node still requeues.
+before it never answers: waiting for it was ``--grace`` + 60 s of a preempted job's warning).
+Each report carries the signal that node's launcher received, so a preemption warning that
+reached only another node still requeues.
 """
 
 from __future__ import annotations
