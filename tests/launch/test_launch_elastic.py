@@ -98,3 +98,29 @@ def test_a_killed_node_leaves_the_other_training_and_a_returning_node_joins(tmp_
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
     assert_each_sample_once_per_epoch(events(tmp_path))
+
+
+def test_a_stop_after_a_node_was_lost_does_not_wait_for_the_lost_node(tmp_path: Path) -> None:
+    # node 0 re-formed alone, then is stopped (a preemption warning): it reports its stop to no one -- the
+    # lost node was in no later round. Before: node 0 waited --grace + 60 s for the dead node's report
+    # (under SLURM's 90 s warning, long enough for the job to be killed before its requeue).
+    port = _free_port()
+    node0 = _agent(0, port, tmp_path, tmp_path / "node0.log")
+    node1 = _agent(1, port, tmp_path, tmp_path / "node1.log")
+    log = lambda: (tmp_path / "node0.log").read_text()[-3000:]  # noqa: E731
+    try:
+        poll(lambda: steps_of(events(tmp_path), 2), 180, "two nodes training\n" + log())
+        os.killpg(node1.pid, signal.SIGKILL)
+        node1.wait(timeout=30)
+        poll(lambda: steps_of(events(tmp_path), 1), 120, "node 0 training again alone\n" + log())
+        sent = time.monotonic()
+        node0.send_signal(signal.SIGUSR2)
+        code = node0.wait(timeout=120)
+        took = time.monotonic() - sent
+    finally:
+        for proc in (node0, node1):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 75, log()
+    assert "to report their stop" not in log(), log()
+    assert took < 30, f"{took:.1f} s from the warning to node 0's end (--grace 2 + 60 before)\n{log()}"

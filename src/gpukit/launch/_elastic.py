@@ -345,7 +345,8 @@ def run_workers(
                                  "(every worker completed): nothing to stop or requeue")
                     return {}
                 interrupted = interrupted_outcome(signum, agent, run_dir, nproc, grace_s)
-                report_stop(interrupted, handler, topology, run_id, interrupted.signal_name, grace_s, _stderr_line)
+                report_stop(interrupted, handler, topology, run_id, interrupted.signal_name, grace_s, _stderr_line,
+                            agent, spec.preempt_signal)
                 raise interrupted from None
             except RendezvousError as exc:
                 raise rendezvous_error(exc, topology) from exc
@@ -365,7 +366,8 @@ def run_workers(
                 # a worker was told to stop (not the launcher) and the ranks agreed: preempted
                 signum = getattr(signal, next(iter(markers.values())), signal.SIGTERM)
                 interrupted = RunInterruptedError(signum, preempted=True, grace_s=grace_s)
-                report_stop(interrupted, handler, topology, run_id, None, grace_s, _stderr_line)
+                report_stop(interrupted, handler, topology, run_id, None, grace_s, _stderr_line, agent,
+                            spec.preempt_signal)
                 raise interrupted
             return dict(result.return_values)
     finally:

@@ -153,7 +153,7 @@ def grow_at_checkpoints(handler: Any, run_dir: str, patience_s: float) -> Any:
 
     inner = handler.num_nodes_waiting
     # torch's answer flickers between polls (each one re-reads the rendezvous state): once a node was seen
-    # waiting, it is remembered until the group restarts for it
+    # waiting, it is remembered until the next round (the group restarts for it, or for a failure)
     waiting: dict[str, Any] = {"since": None, "seen": None, "count": 0}
 
     def num_nodes_waiting() -> int:
@@ -169,7 +169,17 @@ def grow_at_checkpoints(handler: Any, run_dir: str, patience_s: float) -> Any:
             return waiting["count"]
         return 0
 
+    next_round = handler.next_rendezvous
+
+    def next_rendezvous() -> Any:
+        # a new round (for the nodes seen waiting, or for a failed worker: then it let them in too): nobody
+        # seen before is waiting any more -- remembered, they restarted the grown group once more for nothing
+        info = next_round()
+        waiting.update(since=None, seen=None, count=0)
+        return info
+
     handler.num_nodes_waiting = num_nodes_waiting
+    handler.next_rendezvous = next_rendezvous
     return handler
 
 

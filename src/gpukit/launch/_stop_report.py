@@ -7,20 +7,24 @@ every node's launcher, once its workers have stopped, writes one key into the re
 store -- the TCP store node 0's launcher hosts for the run, which every node already reaches
 (no shared file system needed) -- and node 0 waits for all of them (at most ``--grace`` +
 60 s: a node that never answers is gone, and a requeued job is better than a lost one) before
-it requeues. Each report carries the signal that node's launcher received, so a preemption
-warning that reached only another node still requeues.
+it requeues -- in an elastic run, for the nodes of its last rendezvous round only (a node lost
+before it never answers: waiting for it was ``--grace`` + 60 s of a preempted job's warning).
+Each report carries the signal that node's launcher received, so a preemption warning that
+reached only another node still requeues.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from gpukit.launch._signals import RunInterruptedError
+from gpukit.launch._signals import RunInterruptedError, _ignore, _stop_signals_handled_by
 from gpukit.worker import BEFORE_START, COMPLETED, PREEMPTED_EXIT_CODE, read_markers
 
 __all__ = ["NodeReports", "exchange_stop_reports", "interrupted_outcome", "report_stop", "training_completed",
@@ -61,6 +65,9 @@ def exchange_stop_reports(
     wait_s: float,
     echo: Callable[[str], None] | None = None,
     publish_timeout_s: float = _PUBLISH_TIMEOUT_S,
+    round_size: int | None = None,
+    in_a_round: bool = True,
+    given_up: Callable[[], bool] | None = None,
 ) -> NodeReports | None:
     """Publish this node's report; on node 0, also wait for every other node's.
 
@@ -73,6 +80,12 @@ def exchange_stop_reports(
         wait_s: How long node 0 waits for the others.
         echo: Where node 0 says that it is waiting / that a node did not answer.
         publish_timeout_s: How long writing this node's report may take (node 0 gone: no one reads it).
+        round_size: Nodes in node 0's last rendezvous round (an elastic run's may be fewer than
+            ``nnodes``, its most): node 0 waits for no more reports from nodes that were in a round
+            than this. ``None``: ``nnodes``.
+        in_a_round: Whether this node's workers ever joined a round (``False``: a node still waiting to
+            join; it has nothing to save, and its report does not count toward ``round_size``).
+        given_up: Polled while node 0 waits: true ends the wait at once (a further stop signal).
 
     Returns:
         On node 0: the reports (its own included); elsewhere ``None``. Never raises: a store
@@ -80,7 +93,7 @@ def exchange_stop_reports(
     """
     if store is None or nnodes <= 1:
         return None
-    report = json.dumps({"signal": signal_name or "", "clean": bool(clean)})
+    report = json.dumps({"signal": signal_name or "", "clean": bool(clean), "round": bool(in_a_round)})
     try:
         store.set_timeout(timedelta(seconds=publish_timeout_s))
         store.set(_key(run_id, node_rank), report)
@@ -91,10 +104,15 @@ def exchange_stop_reports(
     found = NodeReports()
     pending = set(range(nnodes))
     started = time.monotonic()
-    if echo is not None and nnodes > 1:
+    expected = nnodes if round_size is None else max(1, min(round_size, nnodes))
+    if echo is not None and expected > 1:
         # not "before requeuing": a stop without the preemption signal (scancel, a time limit) requeues nothing
-        echo(f"gpukit: waiting for the other {nnodes - 1} node(s) to report their stop")
-    while pending and time.monotonic() - started < wait_s:
+        echo(f"gpukit: waiting for the other {expected - 1} node(s) to report their stop")
+
+    def waiting() -> bool:  # a node lost from an elastic run's last round never reports: not waited for
+        return bool(pending) and sum(1 for r in found.reports.values() if r.get("round", True)) < expected
+
+    while waiting() and time.monotonic() - started < wait_s and not (given_up and given_up()):
         for node in sorted(pending):
             try:
                 if store.check([_key(run_id, node)]):
@@ -102,13 +120,14 @@ def exchange_stop_reports(
                     pending.discard(node)
             except Exception:  # noqa: BLE001 - a malformed or unreadable report counts as missing
                 pass
-        if pending:
+        if waiting():
             time.sleep(_POLL_S)
-    found.missing = sorted(pending)
+    found.missing = sorted(pending) if waiting() else []
     found.waited_s = time.monotonic() - started
     if found.missing and echo is not None:
+        within = f"{found.waited_s:.1f}" if given_up and given_up() else f"{wait_s:g}"
         echo(f"gpukit: node(s) {', '.join(map(str, found.missing))} did not report their stop within "
-             f"{wait_s:g} s; going on without them")
+             f"{within} s; going on without them")
     return found
 
 
@@ -146,16 +165,43 @@ def interrupted_outcome(signum: int, agent: Any, run_dir: str, nproc: int, grace
     return RunInterruptedError(signum, preempted=False, grace_s=grace_s)
 
 
+def _last_round(agent: Any) -> tuple[int | None, bool]:
+    """The size of the agent's last rendezvous round (``None``: not known) and whether it joined one.
+    ``get_worker_group`` is the agent's public API; its group's sizes stay ``None`` until a round completes."""
+    try:
+        group = agent.get_worker_group()
+        size, rank = group.group_world_size, group.group_rank
+    except Exception:  # noqa: BLE001 - no agent, or another torch: wait for every node, as before
+        return None, True
+    return (size if isinstance(size, int) and size > 0 else None), rank is not None
+
+
 def report_stop(interrupted: RunInterruptedError, handler: Any, topology: Any, run_id: str,
-                signal_name: str | None, grace_s: float, echo: Callable[[str], None] | None = None) -> None:
-    """Several nodes: tell node 0 how this node stopped; node 0 waits for every node's word
-    and keeps the other nodes' signals in ``interrupted.other_signals``."""
+                signal_name: str | None, grace_s: float, echo: Callable[[str], None] | None = None,
+                agent: Any = None, preempt: int | None = None) -> None:
+    """Several nodes: tell node 0 how this node stopped; node 0 waits for the word of every node of
+    the last rendezvous round (``agent``'s: an elastic run that lost a node does not wait for it) and
+    keeps the other nodes' signals in ``interrupted.other_signals``.
+
+    Meanwhile the preemption signal ``preempt`` again changes nothing, and a further stop signal
+    (SIGTERM, Ctrl-C) ends the wait at once: the run's outcome stays ``interrupted`` -- before, either
+    escaped as an exception from the wait (a traceback, exit 1, and no requeue; or, for a repeated
+    warning, "no worker had started yet" and a requeue while another node still saved)."""
     if topology.nnodes <= 1:
         return
-    reports = exchange_stop_reports(
-        getattr(handler, "_store", None), run_id=run_id, node_rank=topology.node_rank, nnodes=topology.nnodes,
-        signal_name=signal_name, clean=interrupted.preempted, wait_s=grace_s + REPORT_WAIT_EXTRA_S,
-        echo=echo,
-    )
+    round_size, in_a_round = _last_round(agent)
+    again: list[int] = []
+
+    def stop_waiting(signum: int, frame: Any) -> None:
+        if not again:
+            os.write(2, f"gpukit: {signal.Signals(signum).name} again: not waiting for the other nodes\n".encode())
+        again.append(signum)
+
+    with _stop_signals_handled_by(stop_waiting, preempt, _ignore):
+        reports = exchange_stop_reports(
+            getattr(handler, "_store", None), run_id=run_id, node_rank=topology.node_rank, nnodes=topology.nnodes,
+            signal_name=signal_name, clean=interrupted.preempted, wait_s=grace_s + REPORT_WAIT_EXTRA_S,
+            echo=echo, round_size=round_size, in_a_round=in_a_round, given_up=lambda: bool(again),
+        )
     if reports is not None:
         interrupted.other_signals = reports.signals
