@@ -32,6 +32,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))
 import _tp_worker as worker  # noqa: E402
 
+from gpukit.strategies._fsdp_api import _torch_version  # noqa: E402
+from gpukit.strategies.tensor import REPLICATE_MIN_TORCH  # noqa: E402
+
 pytestmark = [pytest.mark.slow]
 FAMILIES = ["mlp", "block", "gpt2"] + (["llama"] if importlib.util.find_spec("transformers") else [])
 TOLERANCE = 1e-5
@@ -81,7 +84,11 @@ def tensor_only(tensor_run: tuple[Path, list[dict]]) -> list[dict]:
     return tensor_run[1]
 
 
-@pytest.fixture(scope="module", params=["fsdp", pytest.param("ddp", marks=pytest.mark.extended)])
+_OLD_REPLICATE = pytest.mark.skipif(_torch_version() < REPLICATE_MIN_TORCH,
+                                    reason="replicated tensor groups need torch >= 2.10 (refused before: tested)")
+
+
+@pytest.fixture(scope="module", params=["fsdp", pytest.param("ddp", marks=[pytest.mark.extended, _OLD_REPLICATE])])
 def two_d(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, list[dict]]:
     # the test is marked requires_cpu_fsdp: FSDP2 (fully_shard, and replicate, built on it) on CPU needs torch >= 2.7
     out = tmp_path_factory.mktemp(f"{request.param}2x2")
