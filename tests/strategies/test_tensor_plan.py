@@ -95,6 +95,21 @@ def test_user_plan_is_checked() -> None:
         check_plan(model, {"head": ColwiseParallel()}, 3)
 
 
+def test_a_user_plan_pattern_matches_what_parallelize_module_splits() -> None:
+    """torch matches a plan key one dotted part at a time: ``*.fc1`` names ``a.fc1`` only, so ``a.b.fc1`` (3 outputs,
+    which 2 cannot split, and which torch leaves whole) is not checked; ``*`` alone is the children of the root."""
+    model = nn.Sequential()
+    model.a = nn.Module()
+    model.a.fc1 = nn.Linear(8, 8)
+    model.a.b = nn.Module()
+    model.a.b.fc1 = nn.Linear(8, 3)
+    assert list(check_plan(model, {"*.fc1": ColwiseParallel()}, 2).styles) == ["*.fc1"]
+    with pytest.raises(ConfigurationError, match=r"'a.b.fc1' with ColwiseParallel \(out_features = 3\)"):
+        check_plan(model, {"*.*.fc1": ColwiseParallel()}, 2)
+    with pytest.raises(ConfigurationError, match=r"'a' is a Module"):  # "*": the root's children, not every module
+        check_plan(model, {"*": ColwiseParallel()}, 2)
+
+
 def test_selection_and_layouts() -> None:
     tp = select_strategy(2, "auto", "cpu", tensor_parallel=2)
     assert isinstance(tp, TensorParallelStrategy) and not tp.launched
