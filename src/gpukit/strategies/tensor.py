@@ -155,6 +155,28 @@ class _TensorParallel:
         return f"tensor x{self.degree} ({self.plan.describe() if self.plan else 'layers split at setup'})"
 
 
+def _same_start(module: nn.Module) -> None:
+    """Rank 0's parameters and buffers on every rank, before the split (as DDP does at construction).
+
+    Without it a model initialised differently on each rank (a script without ``Session(seed=...)``) trains
+    wrong, silently: a layer left whole differs across its tensor group, whose ranks then compute different
+    activations where the split layers assume the same ones, and replicated groups (FSDP2's ``replicate``,
+    unlike torch's DDP, broadcasts nothing) start, and stay, different models.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.is_contiguous():
+                dist.broadcast(tensor.detach(), 0)
+            else:
+                dense = tensor.detach().contiguous()
+                dist.broadcast(dense, 0)
+                tensor.detach().copy_(dense)
+
+
 def _replication(tensor: torch.Tensor, world_size: int) -> int:
     """On how many ranks of the job ``tensor``'s local values are the same ones (1: each rank its own)."""
     from torch.distributed.tensor import DTensor
@@ -234,6 +256,7 @@ class TensorParallelStrategy(FSDPStrategy):
         replicate = (_replicate_api(self.tp.degree, self.layout.data_parallel_size)  # before anything is split
                      if not self.sharded and self.layout.data_parallel_size > 1 else None)
         module = unwrap_model(module).to(self.root_device)
+        _same_start(module)
         names = {**{id(p): n for n, p in module.named_parameters()}, **self._meta_names}
         if self.tp.degree > 1:  # degree 1: tensor_parallel="auto" chose no groups (data parallel only)
             module = self.tp.split(module, self.root_device.type, self.world_size)
