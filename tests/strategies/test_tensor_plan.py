@@ -15,7 +15,9 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from gpukit.errors import ConfigurationError
 from gpukit.strategies import TensorParallelStrategy, select_strategy
+from gpukit.strategies._fsdp_api import _torch_version
 from gpukit.strategies._tp_plan import auto_plan, check_plan
+from gpukit.strategies.tensor import REPLICATE_MIN_TORCH
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _tp_worker as worker  # noqa: E402
@@ -116,7 +118,8 @@ def test_selection_and_layouts() -> None:
     assert (tp.layout.tensor, tp.data_parallel_size) == (2, 1)
     two_d = select_strategy(4, "fsdp", "cpu", tensor_parallel=2)
     assert (two_d.layout.shards, two_d.layout.tensor, two_d.layout.data_parallel_rank(3)) == (2, 2, 1)
-    assert select_strategy(4, "ddp", "cpu", tensor_parallel=2).layout.replicas == 2
+    if _torch_version() >= REPLICATE_MIN_TORCH:  # replicated groups: refused on older torch (tested below)
+        assert select_strategy(4, "ddp", "cpu", tensor_parallel=2).layout.replicas == 2
     assert select_strategy(2, "tp", "cpu").layout == tp.layout  # the registry's name: one group of every process
     with pytest.raises(ConfigurationError, match="does not divide the 4 processes"):
         select_strategy(4, "ddp", "cpu", tensor_parallel=3)
