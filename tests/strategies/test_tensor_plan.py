@@ -210,6 +210,6 @@ def test_replicated_groups_refused_at_setup_when_replicate_cannot_be_imported(mo
     monkeypatch.setitem(sys.modules, "torch.distributed._composable.replicate_with_fsdp", None)  # not importable
     model = worker.make_model("mlp")
     before = {n: type(p) for n, p in model.named_parameters()}
-    with pytest.raises(ConfigurationError, match="replicate_with_fsdp"):
+    with pytest.raises(ConfigurationError, match="tensor_parallel='auto' with strategy='ddp'.*replicate_with_fsdp"):
         strategy.setup_module(model)
     assert {n: type(p) for n, p in model.named_parameters()} == before

@@ -75,8 +75,9 @@ def _replicate_api(degree: int, groups: int) -> Any:
         else:
             return replicate
     need = ".".join(map(str, REPLICATE_MIN_TORCH))
+    given = f"tensor_parallel={degree}" if degree > 1 else "tensor_parallel='auto'"  # degree 1: chosen later
     raise ConfigurationError(
-        f"tensor_parallel={degree} with strategy='ddp' replicates the {groups} data-parallel groups with FSDP2's "
+        f"{given} with strategy='ddp' replicates the {groups} data-parallel groups with FSDP2's "
         f"replicate on a 1-D mesh (torch.distributed._composable.replicate_with_fsdp), which needs torch >= {need}; "
         f"this is torch {torch.__version__}. Use strategy='fsdp' (the groups sharded instead), one tensor group "
         f"(as many processes as the degree), or upgrade torch (pip install 'torch>={need}')."
