@@ -58,6 +58,12 @@ def test_the_planner_names_and_session_lines_come_from_the_registry() -> None:
     assert session_arguments(plan_layout("pipeline", 2)) == [
         "strategy=gpukit.strategies.PipelineStrategy(list(range(2)), chunks=8)"]
     assert session_arguments(Layout(tensor=2)) == ["devices=2", "tensor_parallel=2"]  # tensor groups: written too
+    assert session_arguments(plan_layout("fsdp+tp2", 4)) == ["devices=4", "strategy='fsdp'", "tensor_parallel=2"]
+    # one group, offloaded: the offload is written too (it was dropped, and the line ran without it)
+    assert session_arguments(plan_layout("fsdp-offload+tp2", 2)) == [
+        "devices=2", "strategy=gpukit.strategies.FSDPStrategy(cpu_offload=True)", "tensor_parallel=2"]
+    assert session_arguments(plan_layout("fsdp-offload+tp2", 4)) == [
+        "devices=4", "strategy=gpukit.strategies.FSDPStrategy(cpu_offload=True)", "tensor_parallel=2"]
     with pytest.raises(ConfigurationError, match="no registered strategy runs the layout '2 replicas x 2 shards'"):
         session_arguments(Layout(replicas=2, shards=2))
 

@@ -269,8 +269,8 @@ def session_arguments(layout: Layout) -> list[str]:
     if layout.tensor > 1:
         groups = _groups(layout)
         args = [f"devices={layout.devices}"]
-        if groups.devices > 1:  # DDP (replicated) or FSDP (sharded) over the groups, as that layout writes it
-            args += session_arguments(groups)[1:]
+        if groups.devices > 1 or groups.offload:  # DDP (replicated) or FSDP (sharded, offloaded) over the groups
+            args += [arg for arg in session_arguments(groups) if not arg.startswith("devices=")]
         return [*args, f"tensor_parallel={layout.tensor}"]
     for entry in REGISTRY.values():
         if any(make(layout.devices) == layout for make in entry.plans.values()):

@@ -73,6 +73,11 @@ def test_degrees_are_refused_with_the_rule_they_break() -> None:
     result = fit(model, _ids(10), memory="1GiB", devices=10, device="cpu", precisions=["32-true"],
                  checkpointing=["none"], top=1, tensor_parallel=[5])
     assert result.tensor == ("tp 5: 12 heads ('blocks.0.attn') not divisible by 5",)
+    # 2 nodes of 6: groups of 4 consecutive ranks (tensor innermost) would put ranks 4-7 on both nodes
+    result = fit(model, _ids(12), memory="1GiB", devices=12, device="cpu", precisions=["32-true"],
+                 checkpointing=["none"], top=1, node_devices=6, tensor_parallel=[4])
+    assert result.tensor == ("tp 4: does not divide the 6 GPUs of one node, so some tensor groups would span two "
+                             "nodes (a group's collectives run every layer: they stay inside a node)",)
     assert all(o.layout.tensor == 1 for o in result.options)
     with pytest.raises(ConfigurationError, match="tensor_parallel=5: 12 heads"):  # a layout named: refused loudly
         fit(model, _ids(10), memory="1GiB", devices=10, device="cpu", strategies=["ddp+tp5"])

@@ -254,3 +254,18 @@ def test_tensor_parallel_auto_refuses_a_loader_set_up_first_and_a_built_mesh() -
     fresh.tp.mesh = object()  # a model was split already: the mesh's shape is fixed
     with pytest.raises(ConfigurationError, match=r"mesh was built for an earlier model"):
         fresh.choose_degree(2)
+
+
+def test_tensor_parallel_auto_tries_degrees_inside_a_node_only() -> None:
+    """8 processes, 4 per node: degree 8 would put every tensor group on two nodes; 2 and 4 stay inside one."""
+    from gpukit.session._config import SessionConfig
+    from gpukit.session._fit import SessionFit
+    from gpukit.strategies import select_strategy
+
+    environ = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    strategy = select_strategy("auto", "fsdp", "cpu", tensor_parallel="auto", environ=environ)
+    config = SessionConfig("cpu", precision="32-true", tensor_parallel="auto", fit="1GiB")
+    session_fit = SessionFit("1GiB", config=config, strategy=strategy, accelerator=strategy.accelerator,
+                             verbose=False)
+    assert session_fit.degrees == [2, 4]

@@ -201,3 +201,33 @@ def test_fsdp_on_the_cpu_with_an_older_torch_is_refused_with_the_way_out(monkeyp
             session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     finally:
         session.close()
+
+
+@pytest.mark.requires_cpu_fsdp
+@pytest.mark.parametrize("torch_2_5", [False, True], ids=["get_total_norm", "torch-2.5-clip_grad_norm_"])
+def test_clipping_uses_the_whole_gradient_norm(monkeypatch: pytest.MonkeyPatch, torch_2_5: bool) -> None:
+    """session.step(clip_grad_norm=) under FSDP returns the norm of the whole gradient and scales the shards; torch
+    2.5 has no torch.nn.utils.get_total_norm / clip_grads_with_norm_ (torch 2.6 split clip_grad_norm_ into them)."""
+    import gpukit
+
+    if torch_2_5:
+        monkeypatch.delattr(torch.nn.utils, "get_total_norm")
+        monkeypatch.delattr(torch.nn.utils, "clip_grads_with_norm_")
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    reference(x).pow(2).sum().backward()
+    expected = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.1)
+    session = gpukit.Session(strategy="fsdp", accelerator="cpu", verbose=False)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+        model, optimizer = session.setup(model, torch.optim.SGD(model.parameters(), lr=1.0))
+        model(x).pow(2).sum().backward()
+        total = session.strategy.clip_gradients(optimizer, 0.1)
+        assert type(total) is torch.Tensor
+        torch.testing.assert_close(total, expected)
+        for ours, theirs in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(ours.grad.full_tensor(), theirs.grad)
+    finally:
+        session.close()

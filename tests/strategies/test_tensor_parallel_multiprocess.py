@@ -32,6 +32,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))
 import _tp_worker as worker  # noqa: E402
 
+from gpukit.strategies._fsdp_api import _torch_version  # noqa: E402
+from gpukit.strategies.tensor import REPLICATE_MIN_TORCH  # noqa: E402
+
 pytestmark = [pytest.mark.slow]
 FAMILIES = ["mlp", "block", "gpt2"] + (["llama"] if importlib.util.find_spec("transformers") else [])
 TOLERANCE = 1e-5
@@ -81,7 +84,11 @@ def tensor_only(tensor_run: tuple[Path, list[dict]]) -> list[dict]:
     return tensor_run[1]
 
 
-@pytest.fixture(scope="module", params=["fsdp", pytest.param("ddp", marks=pytest.mark.extended)])
+_OLD_REPLICATE = pytest.mark.skipif(_torch_version() < REPLICATE_MIN_TORCH,
+                                    reason="replicated tensor groups need torch >= 2.10 (refused before: tested)")
+
+
+@pytest.fixture(scope="module", params=["fsdp", pytest.param("ddp", marks=[pytest.mark.extended, _OLD_REPLICATE])])
 def two_d(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, list[dict]]:
     # the test is marked requires_cpu_fsdp: FSDP2 (fully_shard, and replicate, built on it) on CPU needs torch >= 2.7
     out = tmp_path_factory.mktemp(f"{request.param}2x2")
@@ -350,3 +357,24 @@ def test_tensor_parallel_checkpoint_exports_for_hugging_face(tensor_run: tuple[P
     merged = load_file(str(tmp_path / "hf" / "model.safetensors"))
     assert merged.keys() == records[0]["block"]["state"].keys()
     assert all(torch.equal(merged[n], v) for n, v in records[0]["block"]["state"].items())
+
+
+@pytest.mark.requires_cpu_fsdp
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=_OLD_REPLICATE),
+                                      pytest.param("fsdp", marks=pytest.mark.extended)])
+def test_every_rank_starts_from_rank_0s_model(tmp_path: Path, strategy: str) -> None:
+    """2 x 2 with each rank's model built from its own seed: after setup every rank holds rank 0's values -- the
+    layer left whole (the same on both ranks of a tensor group) and, with replicated groups, every parameter
+    (FSDP2's replicate broadcasts nothing, unlike DDP)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    cmd = [sys.executable, "-m", "gpukit", "run", "--cpu", "--nproc", "4",
+           str(Path(__file__).parent / "_tp_init_worker.py"), str(tmp_path), strategy]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [torch.load(tmp_path / f"init-rank{r}.pt") for r in range(4)]
+    built = records[0]["built"]
+    assert not torch.equal(built["mix.in_proj_weight"], records[1]["built"]["mix.in_proj_weight"])  # ranks differed
+    for rank, record in enumerate(records):
+        assert record["held"].keys() == built.keys()
+        for name, value in built.items():
+            assert torch.equal(record["held"][name], value), f"rank {rank}: {name}"

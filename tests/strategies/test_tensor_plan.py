@@ -4,6 +4,7 @@ raised before anything is sharded (no process group needed: plans are checked on
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from gpukit.errors import ConfigurationError
 from gpukit.strategies import TensorParallelStrategy, select_strategy
+from gpukit.strategies._fsdp_api import _torch_version
 from gpukit.strategies._tp_plan import auto_plan, check_plan
+from gpukit.strategies.tensor import REPLICATE_MIN_TORCH
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _tp_worker as worker  # noqa: E402
@@ -94,13 +97,29 @@ def test_user_plan_is_checked() -> None:
         check_plan(model, {"head": ColwiseParallel()}, 3)
 
 
+def test_a_user_plan_pattern_matches_what_parallelize_module_splits() -> None:
+    """torch matches a plan key one dotted part at a time: ``*.fc1`` names ``a.fc1`` only, so ``a.b.fc1`` (3 outputs,
+    which 2 cannot split, and which torch leaves whole) is not checked; ``*`` alone is the children of the root."""
+    model = nn.Sequential()
+    model.a = nn.Module()
+    model.a.fc1 = nn.Linear(8, 8)
+    model.a.b = nn.Module()
+    model.a.b.fc1 = nn.Linear(8, 3)
+    assert list(check_plan(model, {"*.fc1": ColwiseParallel()}, 2).styles) == ["*.fc1"]
+    with pytest.raises(ConfigurationError, match=r"'a.b.fc1' with ColwiseParallel \(out_features = 3\)"):
+        check_plan(model, {"*.*.fc1": ColwiseParallel()}, 2)
+    with pytest.raises(ConfigurationError, match=r"'a' is a Module"):  # "*": the root's children, not every module
+        check_plan(model, {"*": ColwiseParallel()}, 2)
+
+
 def test_selection_and_layouts() -> None:
     tp = select_strategy(2, "auto", "cpu", tensor_parallel=2)
     assert isinstance(tp, TensorParallelStrategy) and not tp.launched
     assert (tp.layout.tensor, tp.data_parallel_size) == (2, 1)
     two_d = select_strategy(4, "fsdp", "cpu", tensor_parallel=2)
     assert (two_d.layout.shards, two_d.layout.tensor, two_d.layout.data_parallel_rank(3)) == (2, 2, 1)
-    assert select_strategy(4, "ddp", "cpu", tensor_parallel=2).layout.replicas == 2
+    if _torch_version() >= REPLICATE_MIN_TORCH:  # replicated groups: refused on older torch (tested below)
+        assert select_strategy(4, "ddp", "cpu", tensor_parallel=2).layout.replicas == 2
     assert select_strategy(2, "tp", "cpu").layout == tp.layout  # the registry's name: one group of every process
     with pytest.raises(ConfigurationError, match="does not divide the 4 processes"):
         select_strategy(4, "ddp", "cpu", tensor_parallel=3)
@@ -143,3 +162,54 @@ def test_attention_that_is_not_understood_is_left_whole() -> None:
     plan = auto_plan(model, 2)
     assert list(plan.styles) == ["mlp.0", "mlp.2"]
     assert plan.left_whole == ["attn (attention-like, but its linears are not q/k/v then an output)"]
+
+
+def _launched(world: int, per_node: int) -> dict[str, str]:
+    """The variables torchrun sets for rank 0 of ``world`` processes, ``per_node`` on each node."""
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(per_node),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize(("world", "per_node", "degree"), [(8, 4, 8), (12, 6, 4)])
+def test_tensor_groups_across_nodes_are_warned_of(world: int, per_node: int, degree: int) -> None:
+    """Ranks are tensor-innermost: a degree that does not divide the processes per node puts a group on two nodes."""
+    with pytest.warns(RuntimeWarning, match=f"tensor_parallel={degree} puts tensor groups across nodes.*"
+                                            f"{per_node} process\\(es\\) per node"):
+        strategy = select_strategy("auto", "fsdp", "cpu", tensor_parallel=degree, environ=_launched(world, per_node))
+    assert strategy.layout.tensor == degree
+
+
+def test_tensor_groups_inside_nodes_are_not_warned_of(recwarn: pytest.WarningsRecorder) -> None:
+    select_strategy("auto", "fsdp", "cpu", tensor_parallel=4, environ=_launched(8, 4))
+    select_strategy("auto", "fsdp", "cpu", tensor_parallel=2, environ=_launched(4, 4))
+    assert not [w for w in recwarn if "across nodes" in str(w.message)]
+
+
+def test_an_auto_degree_across_nodes_is_warned_of() -> None:
+    strategy = select_strategy("auto", "fsdp", "cpu", tensor_parallel="auto", environ=_launched(8, 4))
+    with pytest.warns(RuntimeWarning, match="tensor_parallel=8 puts tensor groups across nodes"):
+        strategy.choose_degree(8)
+
+
+@pytest.mark.parametrize("old", ["2.5.1+cu124", "2.9.1"])
+def test_replicated_groups_need_a_torch_whose_replicate_takes_a_1d_mesh(
+        monkeypatch: pytest.MonkeyPatch, old: str) -> None:
+    """torch 2.5-2.8 have no replicate_with_fsdp and torch 2.9's wants a 2-D mesh: refused when the strategy is
+    chosen, not with a traceback from inside torch at setup; sharded groups and one group need no replicate."""
+    monkeypatch.setattr(torch, "__version__", old)
+    with pytest.raises(ConfigurationError, match=f"needs torch >= 2.10; this is torch {re.escape(old)}.*"
+                                                 "strategy='fsdp'"):
+        select_strategy(4, "ddp", "cpu", tensor_parallel=2)
+    assert select_strategy(4, "fsdp", "cpu", tensor_parallel=2).layout.shards == 2
+    assert select_strategy(2, "ddp", "cpu", tensor_parallel=2).layout.tensor == 2
+
+
+def test_replicated_groups_refused_at_setup_when_replicate_cannot_be_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tensor_parallel="auto" learns the degree at setup: an old torch is refused there, before the model is split."""
+    strategy = select_strategy(2, "ddp", "cpu", tensor_parallel="auto")
+    monkeypatch.setitem(sys.modules, "torch.distributed._composable.replicate_with_fsdp", None)  # not importable
+    model = worker.make_model("mlp")
+    before = {n: type(p) for n, p in model.named_parameters()}
+    with pytest.raises(ConfigurationError, match="tensor_parallel='auto' with strategy='ddp'.*replicate_with_fsdp"):
+        strategy.setup_module(model)
+    assert {n: type(p) for n, p in model.named_parameters()} == before

@@ -70,6 +70,10 @@ def tensor_degrees(planner: FitPlanner, devices: int, degrees: Sequence[int] | N
         elif degree > node_devices:
             found.refused[degree] = (f"more than the {node_devices} GPUs of one node (a tensor group's collectives "
                                      "run every layer: they stay inside a node)")
+        elif node_devices % degree:  # ranks are tensor-innermost: groups of T consecutive ranks straddle nodes
+            found.refused[degree] = (f"does not divide the {node_devices} GPUs of one node, so some tensor groups "
+                                     "would span two nodes (a group's collectives run every layer: they stay "
+                                     "inside a node)")
         else:
             try:
                 split, local = planner.split(degree)

@@ -153,8 +153,10 @@ class SessionFit:
                 "fit='20GiB' or bytes, or leave it out (None).")
         self._strategy, self._accelerator, self._verbose = strategy, accelerator, verbose
         self.plan_strategy = _plan_strategy(strategy)
-        #: ``tensor_parallel="auto"``: the degrees tried (in order) where nothing fits without tensor groups
-        self.degrees = ([t for t in range(2, strategy.world_size + 1) if strategy.world_size % t == 0]
+        #: ``tensor_parallel="auto"``: the degrees tried (in order) where nothing fits without tensor groups;
+        #: groups stay inside a node (ranks are tensor-innermost: the degree divides the processes per node)
+        node = strategy.num_processes
+        self.degrees = ([t for t in range(2, node + 1) if strategy.world_size % t == 0 and node % t == 0]
                         if config.tensor_parallel == "auto" else [])
         name = self.plan_strategy if self.degrees else strategy.name  # "auto": "tp" x1 is DDP or FSDP so far
         self.kept: list[str] = [f"strategy {name}" + (f" x{strategy.world_size}" if strategy.world_size > 1 else "")]

@@ -94,7 +94,7 @@ def check_plan(model: nn.Module, styles: dict[str, Any], degree: int) -> TensorP
                 f"tensor_plan[{pattern!r}] = {style!r}: a plan's values are torch ParallelStyles "
                 "(ColwiseParallel(), RowwiseParallel(), SequenceParallel(), PrepareModuleInput(...))."
             )
-        matched = [n for n in modules if n == pattern or (n and fnmatch.fnmatchcase(n, pattern))]
+        matched = [n for n in modules if _matches(n, pattern)]
         if not matched:
             near = [n for n in modules if n and n.split(".")[-1] == str(pattern).split(".")[-1]][:5]
             raise ConfigurationError(
@@ -107,6 +107,17 @@ def check_plan(model: nn.Module, styles: dict[str, Any], degree: int) -> TensorP
         for name in matched:
             _check_split(name, modules[name], style, isinstance(style, colwise), degree)
     return TensorPlan(styles=dict(styles))
+
+
+def _matches(name: str, pattern: Any) -> bool:
+    """Whether ``parallelize_module`` applies ``pattern`` to the module ``name``: it matches one dotted part at
+    a time (``"*.fc1"`` is ``a.fc1``, never ``a.b.fc1``), where a plain ``fnmatch`` lets ``*`` cross dots."""
+    if name == pattern:
+        return True
+    if not name or not isinstance(pattern, str) or not pattern:
+        return False
+    parts, tokens = name.split("."), pattern.split(".")
+    return len(parts) == len(tokens) and all(fnmatch.fnmatchcase(p, t) for p, t in zip(parts, tokens))
 
 
 def _check_split(name: str, module: nn.Module, style: Any, column: bool, degree: int) -> None:

@@ -235,6 +235,9 @@ class FSDPStrategy(DDPStrategy):
         from torch.distributed.tensor import DTensor
 
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if not hasattr(torch.nn.utils, "get_total_norm"):  # torch 2.5: one call, which takes DTensor gradients
+            total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            return total.full_tensor() if isinstance(total, DTensor) else total
         total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
         if isinstance(total, DTensor):
             total = total.full_tensor()  # the per-shard partial norms, reduced over the ranks

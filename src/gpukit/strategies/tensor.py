@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
+from gpukit._util.warnings import user_stacklevel
 from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
 from gpukit.layout import Layout
@@ -34,7 +36,11 @@ from gpukit.strategies.base import Strategy
 from gpukit.strategies.ddp import DDPStrategy
 from gpukit.strategies.fsdp import FSDPStrategy
 
-__all__ = ["TensorParallelStrategy", "with_tensor_parallel", "check_degree"]
+__all__ = ["TensorParallelStrategy", "with_tensor_parallel", "check_degree", "REPLICATE_MIN_TORCH"]
+
+#: FSDP2's ``replicate`` on a 1-D mesh (the "dp" dimension of a replicated job): torch 2.9's took a 2-D
+#: (replicate, shard) mesh only, and torch 2.5-2.8 have no ``torch.distributed._composable.replicate_with_fsdp``
+REPLICATE_MIN_TORCH = (2, 10)
 
 
 def check_degree(degree: Any, world_size: int | None = None) -> int:
@@ -51,6 +57,50 @@ def check_degree(degree: Any, world_size: int | None = None) -> int:
             f"(data-parallel groups) x {degree}. Launch a multiple of {degree} processes, or change the degree."
         )
     return degree
+
+
+def _replicate_api(degree: int, groups: int) -> Any:
+    """FSDP2's ``replicate`` (DDP over the mesh's "dp" dimension for DTensor parameters).
+
+    Raises:
+        ConfigurationError: the installed torch has none that takes a 1-D mesh (before anything is split).
+    """
+    from gpukit.strategies._fsdp_api import _torch_version
+
+    if _torch_version() >= REPLICATE_MIN_TORCH:
+        try:
+            from torch.distributed._composable.replicate_with_fsdp import replicate
+        except ImportError:
+            pass
+        else:
+            return replicate
+    need = ".".join(map(str, REPLICATE_MIN_TORCH))
+    given = f"tensor_parallel={degree}" if degree > 1 else "tensor_parallel='auto'"  # degree 1: chosen later
+    raise ConfigurationError(
+        f"{given} with strategy='ddp' replicates the {groups} data-parallel groups with FSDP2's "
+        f"replicate on a 1-D mesh (torch.distributed._composable.replicate_with_fsdp), which needs torch >= {need}; "
+        f"this is torch {torch.__version__}. Use strategy='fsdp' (the groups sharded instead), one tensor group "
+        f"(as many processes as the degree), or upgrade torch (pip install 'torch>={need}')."
+    )
+
+
+def _warn_across_nodes(degree: int, env: DistEnv | None, rank: int) -> None:
+    """Warn (once, on rank 0) when tensor groups of ``degree`` span nodes: ranks are tensor-innermost, so a
+    group stays inside a node only when the degree divides the processes per node."""
+    if env is None or rank != 0 or degree < 2 or env.world_size <= env.local_world_size:
+        return
+    if env.local_world_size % degree == 0:
+        return
+    fits = [t for t in range(2, env.local_world_size + 1)
+            if env.local_world_size % t == 0 and env.world_size % t == 0]
+    hint = (f"a degree that divides them ({', '.join(map(str, fits))})" if fits
+            else "more processes per node, or data parallelism alone (no tensor_parallel)")
+    warnings.warn(
+        f"tensor_parallel={degree} puts tensor groups across nodes: the job runs {env.local_world_size} "
+        f"process(es) per node, so some groups of {degree} consecutive ranks span two nodes and every split layer's "
+        "collectives (each forward and backward) cross the network between them, which is typically many times "
+        f"slower than the link inside a node. Use {hint}; the data-parallel groups are what should cross nodes.",
+        RuntimeWarning, stacklevel=user_stacklevel())
 
 
 class _TensorParallel:
@@ -106,6 +156,28 @@ class _TensorParallel:
         return f"tensor x{self.degree} ({self.plan.describe() if self.plan else 'layers split at setup'})"
 
 
+def _same_start(module: nn.Module) -> None:
+    """Rank 0's parameters and buffers on every rank, before the split (as DDP does at construction).
+
+    Without it a model initialised differently on each rank (a script without ``Session(seed=...)``) trains
+    wrong, silently: a layer left whole differs across its tensor group, whose ranks then compute different
+    activations where the split layers assume the same ones, and replicated groups (FSDP2's ``replicate``,
+    unlike torch's DDP, broadcasts nothing) start, and stay, different models.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.is_contiguous():
+                dist.broadcast(tensor.detach(), 0)
+            else:
+                dense = tensor.detach().contiguous()
+                dist.broadcast(dense, 0)
+                tensor.detach().copy_(dense)
+
+
 def _replication(tensor: torch.Tensor, world_size: int) -> int:
     """On how many ranks of the job ``tensor``'s local values are the same ones (1: each rank its own)."""
     from torch.distributed.tensor import DTensor
@@ -154,6 +226,9 @@ class TensorParallelStrategy(FSDPStrategy):
         self.tp = _TensorParallel(check_degree(degree, self.world_size), plan)
         self.sharded = bool(sharded)
         self._meta_names: dict[int, str] = {}
+        if not self.sharded and 1 < degree < self.world_size:  # refused now, not at setup
+            _replicate_api(degree, self.world_size // degree)
+        _warn_across_nodes(degree, env, self.rank)
 
     @classmethod
     def for_process(cls, accelerator: Accelerator, device: torch.device, env: DistEnv | None, num_processes: int,
@@ -179,7 +254,10 @@ class TensorParallelStrategy(FSDPStrategy):
         return Strategy.materialise_meta(self, module)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
+        replicate = (_replicate_api(self.tp.degree, self.layout.data_parallel_size)  # before anything is split
+                     if not self.sharded and self.layout.data_parallel_size > 1 else None)
         module = unwrap_model(module).to(self.root_device)
+        _same_start(module)
         names = {**{id(p): n for n, p in module.named_parameters()}, **self._meta_names}
         if self.tp.degree > 1:  # degree 1: tensor_parallel="auto" chose no groups (data parallel only)
             module = self.tp.split(module, self.root_device.type, self.world_size)
@@ -187,9 +265,7 @@ class TensorParallelStrategy(FSDPStrategy):
             module = super().setup_module(module)
         else:
             self.checkpoint_activations(module)
-            if self.layout.data_parallel_size > 1:
-                from torch.distributed._composable.replicate_with_fsdp import replicate
-
+            if replicate is not None:
                 # DDP over "dp" for DTensor parameters (torch's DDP keeps them only by swapping
                 # them for local tensors each forward, which empties module.parameters())
                 replicate(module, mesh=self._data_parallel_mesh(),
@@ -203,6 +279,7 @@ class TensorParallelStrategy(FSDPStrategy):
         """The tensor-parallel degree ``Session(tensor_parallel="auto", fit=...)`` chose at setup: the
         layout, and so the data-parallel rank and size, follow it (see :meth:`_TensorParallel.choose`)."""
         self.tp.choose(degree, self.world_size)
+        _warn_across_nodes(degree, self.env, self.rank)
 
     def clip_gradients(self, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
         """Clip by the norm of the whole gradient: each shard counted once, copies of it not again."""
