@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from gpukit._util.dtensor import full_tensor
+
 __all__ = ["gather_sharded"]
 
 
@@ -52,7 +54,7 @@ def _gather(state: Any, dtensor: type, everywhere: bool) -> Any:
         options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
         return strip_wrapper_prefixes(get_model_state_dict(state, options=options))
     if isinstance(state, dtensor):
-        return state.full_tensor()
+        return full_tensor(state)  # an offloaded (CPU) DTensor of a CUDA mesh is gathered on the GPU, then back
     if isinstance(state, Mapping):
         items = ((k, _gather(v, dtensor, everywhere)) for k, v in state.items())
         out: dict[Any, Any] = OrderedDict(items) if isinstance(state, OrderedDict) else dict(items)

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gpukit._util.dtensor import full_tensor
 from gpukit.accelerators import Accelerator
 from gpukit.errors import ConfigurationError
 from gpukit.layout import Layout
@@ -237,10 +238,12 @@ class FSDPStrategy(DDPStrategy):
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         if not hasattr(torch.nn.utils, "get_total_norm"):  # torch 2.5: one call, which takes DTensor gradients
             total = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            return total.full_tensor() if isinstance(total, DTensor) else total
+            return full_tensor(total, back=False) if isinstance(total, DTensor) else total
         total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
         if isinstance(total, DTensor):
-            total = total.full_tensor()  # the per-shard partial norms, reduced over the ranks
+            # the per-shard partial norms, reduced over the ranks -- on the mesh's device: with CPU offload the
+            # gradients (and so this norm) are on the CPU, and NCCL cannot reduce a CPU tensor
+            total = full_tensor(total, back=False)
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return total
 
