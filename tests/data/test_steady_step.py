@@ -3,8 +3,11 @@ counted with the CUDA-like fake accelerator on the CPU, and on a GPU under torch
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -158,3 +161,32 @@ def test_a_session_epoch_runs_under_cuda_sync_debug_mode_error(tmp_path: Path) -
     session.close()
     steps = read_record(tmp_path / "rec").ranks[0].steps
     assert all(isinstance(s["scalars"]["loss"], float) for s in steps[STEPS:])
+
+
+def test_a_sampled_copys_events_are_recorded_with_the_loaders_device_current() -> None:
+    """A copy runs on the current stream of its target device; its timing events (and the pinned pool's fence)
+    must be recorded there too. With another GPU current (a loader for cuda:1 while cuda:0 is current), an event on
+    cuda:0's stream passed before the copy ran, and a fenced pinned buffer could be reused while still read."""
+    current: list[torch.device | None] = [None]
+    recorded: list[torch.device | None] = []
+
+    class _TwoDevices(FakeCUDAAccelerator):
+        def device_scope(self, device: torch.device) -> Any:
+            @contextlib.contextmanager
+            def scope() -> Iterator[None]:
+                before, current[0] = current[0], device
+                try:
+                    yield
+                finally:
+                    current[0] = before
+            return scope()
+
+        def timing_event(self) -> Any:
+            recorded.append(current[0])
+            return super().timing_event()
+
+    target = torch.device("cpu", 1)  # stands for cuda:1, the fake's copies run on the CPU
+    timings = StepTimings(_TwoDevices(), sample_every=1, sample_first=1)
+    batches = [torch.ones(2, 3) for _ in range(4)]
+    out = list(timings.iterate(batches, epoch=0, move=lambda b: b.clone(), device=target))
+    assert len(out) == 4 and recorded and all(d == target for d in recorded), recorded

@@ -238,7 +238,8 @@ class DeviceLoader:
         guard.begin(raw)
         try:
             for batch in self.timings.iterate(
-                batches, epoch=self._epoch, move=move, fetch=guard.fetch, on_pass_end=self._pass_end
+                batches, epoch=self._epoch, move=move, fetch=guard.fetch, on_pass_end=self._pass_end,
+                device=self.device if isinstance(self.device, torch.device) else None,
             ):
                 self._consumed += 1
                 listener.batch(self)

@@ -27,6 +27,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
 from gpukit._util.envvars import EXACT_TIMING_ENV
@@ -166,8 +167,13 @@ class StepTimings:
         move: Callable[[Any], Any] | None = None,
         fetch: Callable[[Iterator[Any]], Any] = next,
         on_pass_end: Callable[[PassTotals], None] | None = None,
+        device: torch.device | None = None,
     ) -> Iterator[Any]:
         """Yield ``batches`` (moved by ``move``) timing every step; see the module docstring.
+
+        ``device``: where ``move`` copies to. A sampled copy's events are recorded with it current
+        (the copy runs on its stream; an event on another device's would pass before the copy ran,
+        and a pinned buffer it fences would be reused while still read).
 
         ``fetch(batches)`` draws one batch (a loader adds its stall guard there).
         ``on_pass_end(totals)`` runs when ``batches`` is exhausted (not when the loop breaks).
@@ -232,15 +238,16 @@ class StepTimings:
                         batch = move(batch)
                     elif synced:
                         batch = move(batch)
-                        accelerator.synchronize()
+                        accelerator.synchronize(device)
                         h2d = clock() - t_got
                     else:
-                        start = accelerator.timing_event()
-                        batch = move(batch)
+                        with accelerator.device_scope(device) if device is not None else nullcontext():
+                            start = accelerator.timing_event()
+                            batch = move(batch)
+                            end = accelerator.timing_event() if start is not None else None
                         if start is None:  # no device events: the host's time to issue the copy
                             h2d = clock() - t_got
                         else:
-                            end = accelerator.timing_event()
                             h2d = (start, end)
                             if fence is not None:
                                 fence(end)
