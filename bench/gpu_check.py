@@ -108,7 +108,7 @@ def write_table(out: Path) -> str:
 
 
 def _run_part(part: Part, limit_s: float, out: Path, python: str, dry_run: bool, log) -> tuple[int | None, float]:
-    env = {**os.environ, "GPUKIT_CHECK_OUT": str(out), "PYTHONUNBUFFERED": "1",
+    env = {**os.environ, "GPUKIT_CHECK_OUT": str(out), "PYTHONUNBUFFERED": "1", "GPUKIT_CHECK_PART_LIMIT_S": f"{limit_s:.0f}",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)}
     cmd = [python, str(PARTS_DIR / f"{part.name}.py"), *(["--dry-run"] if dry_run else [])]
     log.write(f"\n===== {part.name} (limit {limit_s:.0f} s): {' '.join(cmd)}\n")

@@ -10,7 +10,9 @@ findings are recorded as `info`, since their warnings and failures are the spec'
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import tempfile
 
 from _common import DRY, ROOT, emit, gpukit_cli, judged
@@ -28,7 +30,14 @@ FLOORS = {"copy_bandwidth": (("h2d_pinned_min_gbps", "d2h_pinned_min_gbps"), "GB
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpu-check-claims-") as claims:
         env = {"GPUKIT_CLAIM_DIR": claims, **({"GPUKIT_FAKE_GPUS": str(SPEC)} if DRY else {})}
-        proc = gpukit_cli("doctor", "--gpu", "--json", timeout_s=300, env=env)
+        # within the part's own limit: killed by the driver first, the part would write nothing at all
+        limit_s = float(os.environ.get("GPUKIT_CHECK_PART_LIMIT_S", 90))
+        try:
+            proc = gpukit_cli("doctor", "--gpu", "--json", timeout_s=max(10.0, limit_s - 10), env=env)
+        except subprocess.TimeoutExpired:
+            emit("doctor --gpu", "fail", detail=f"did not finish within {max(10.0, limit_s - 10):.0f} s "
+                 f"(the part's limit is {limit_s:.0f} s)")
+            return
     findings = json.loads(proc.stdout)["findings"]
     active = [f for f in findings if ACTIVE.match(f["name"])]
     for f in active:
