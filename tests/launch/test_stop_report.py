@@ -116,3 +116,16 @@ def test_signals_while_node_0_waits_neither_escape_nor_cut_the_wait_short_by_a_r
     assert lines[0] == "gpukit: waiting for the other 1 node(s) to report their stop"
     assert "node(s) 1 did not report their stop within" in lines[-1]
     assert interrupted.exit_code == 75
+
+
+def test_a_node_that_comes_after_the_run_ended_is_told_so() -> None:
+    """Node 0 closes its rendezvous as the run ends; a node started later got "Rendezvous failed ...:
+    RendezvousClosedError" (exit 2), as if something had broken."""
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError
+
+    from gpukit.launch._rendezvous import rendezvous_error
+    from gpukit.launch._topology import Topology
+
+    error = rendezvous_error(RendezvousClosedError(), Topology(nnodes=2, node_rank=1, master_addr="gpu-07"))
+    assert "has already ended" in str(error) and "nothing to join" in str(error)
+    assert "Rendezvous failed" not in str(error)

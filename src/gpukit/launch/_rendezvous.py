@@ -212,4 +212,10 @@ def rendezvous_error(exc: BaseException, topology: Topology) -> LaunchError:
             f"Not all {topology.nnodes} nodes joined {where} within {wait}. Start `gpukit run` on every "
             "node with the same --nnodes/--master-addr/--master-port, or raise --rdzv-timeout."
         )
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError
+
+    if isinstance(exc, RendezvousClosedError):  # node 0 ended the run (it closes its rendezvous as it ends)
+        return LaunchError(
+            f"The run at {where} has already ended: node 0 closed its rendezvous, so there is nothing to join. "
+            "Start every node's `gpukit run` together (or within --rdzv-timeout of node 0), or start a new run.")
     return LaunchError(f"Rendezvous failed at {where}: {type(exc).__name__}: {exc}")
