@@ -98,3 +98,27 @@ def test_a_restarted_job_rounds_a_global_batch_that_does_not_divide_with_one_war
         assert plan_batches(8, 2, 1, 3, restarted=True).accumulate_grad_batches == 1
     assert restarted_job({"TORCHELASTIC_RESTART_COUNT": "2"}) and restarted_job({"SLURM_RESTART_COUNT": "1"})
     assert not restarted_job({"TORCHELASTIC_RESTART_COUNT": "0"}) and not restarted_job({"SLURM_RESTART_COUNT": "x"})
+
+
+@pytest.mark.parametrize(("saved", "micro", "after"), [
+    # 4 ranks x micro 2 x 4 = 32 samples a step, 2 micro-batches (16 samples) of the window done; on 1 rank
+    # of micro 2 that is 8 of 16 micro-batches: the step comes after 8 more, where the saved run's would
+    (dict(data_parallel_size=4, accumulate_grad_batches=4, samples_per_step=32, in_window=2), 2, 8),
+    (dict(data_parallel_size=4, accumulate_grad_batches=4, samples_per_step=32, in_window=3), 2, 4),
+    # 3 ranks x micro 2 x 2 = 12 a step, 6 done; micro 4 on 1 rank: 3 a step, 6 samples are no whole
+    # number of micro-batches of 4, so the window restarts (3 micro-batches)
+    (dict(data_parallel_size=3, accumulate_grad_batches=2, samples_per_step=12, in_window=1), 4, 3),
+])
+def test_a_resume_on_another_size_counts_the_open_window_in_its_own_micro_batches(
+        saved: dict, micro: int, after: int) -> None:
+    session = gpukit.Session(accelerator="cpu", micro_batch_size=micro, verbose=False)
+    model = nn.Linear(3, 1)
+    model, optimizer = session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    state = session.state_dict()
+    state.update(micro_step=saved["accumulate_grad_batches"] + saved["in_window"], optimizer_steps=1, **saved)
+    session.load_state_dict(state)
+    stepped = []
+    for _ in range(after):
+        session.backward(model(torch.ones(1, 3)).sum())
+        stepped.append(session.step(optimizer))
+    assert stepped == [False] * (after - 1) + [True]
