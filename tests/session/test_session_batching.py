@@ -109,9 +109,11 @@ def test_a_restarted_job_rounds_a_global_batch_that_does_not_divide_with_one_war
     # number of micro-batches of 4, so the window restarts (3 micro-batches)
     (dict(data_parallel_size=3, accumulate_grad_batches=2, samples_per_step=12, in_window=1), 4, 3),
 ])
+@pytest.mark.parametrize("global_batch", [False, True])  # the accumulation rescaled, or the Session's own for the size
 def test_a_resume_on_another_size_counts_the_open_window_in_its_own_micro_batches(
-        saved: dict, micro: int, after: int) -> None:
-    session = gpukit.Session(accelerator="cpu", micro_batch_size=micro, verbose=False)
+        saved: dict, micro: int, after: int, global_batch: bool) -> None:
+    kwargs = dict(global_batch_size=saved["samples_per_step"]) if global_batch else {}
+    session = gpukit.Session(accelerator="cpu", micro_batch_size=micro, verbose=False, **kwargs)
     model = nn.Linear(3, 1)
     model, optimizer = session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     state = session.state_dict()

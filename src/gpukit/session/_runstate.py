@@ -153,9 +153,10 @@ class RunState:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        in_window = self._keep_global_batch(state)
+        self._keep_global_batch(state)
         self._steps.load_state_dict(state)
-        if in_window is not None:  # the saved count is in micro-batches of the saved layout
+        in_window = self._open_window(state)
+        if in_window is not None:  # the saved count is in micro-batches of another layout
             self._steps.in_window = in_window
         self._strategy.precision.load_state_dict(state.get("precision", {}))
         self._memory.restore_backoff(state.get("oom_micro_batch_size"))
@@ -168,22 +169,15 @@ class RunState:
         for scheduler, scheduler_state in zip(self.schedulers, saved):
             scheduler.load_state_dict(scheduler_state)
 
-    def _keep_global_batch(self, state: dict[str, Any]) -> int | None:
+    def _keep_global_batch(self, state: dict[str, Any]) -> None:
         """The accumulation that keeps the saved global batch in samples (said on rank 0; a warning where it
         cannot be kept exactly). Only where the micro-batch is known on both sides -- a gpukit loader among
         the objects saved and resumed, or ``Session(micro_batch_size=...)``: a script that feeds batches of
-        its own may scale them with the world size itself.
-
-        Returns:
-            Where the accumulation changed, the open window's micro-batches already done counted in this
-            layout's micro-batches (the same samples of the window, so the next step ends where the saved
-            run's would have), or 0 -- the window restarts -- where they make no whole number of them;
-            ``None`` where nothing changed (the saved count stands).
-        """
+        its own may scale them with the world size itself."""
         saved_samples, saved_ranks = state.get("samples_per_step"), state.get("data_parallel_size")
         micro = self._micro_for(self._resuming)
         if self._global_batch_given or micro is None or not isinstance(saved_samples, int):
-            return None  # Session(global_batch_size=...) chose it for this size; not known; an older checkpoint
+            return  # Session(global_batch_size=...) chose it for this size; not known; an older checkpoint
         if saved_samples < 1:
             raise CheckpointError(f"The session state holds samples_per_step={saved_samples}; it must be >= 1 "
                                   "(a damaged or hand-edited checkpoint).")
@@ -191,15 +185,33 @@ class RunState:
         change = rescale_accumulation(saved_samples, steps.accumulate_grad_batches, micro,
                                       self._strategy.data_parallel_size, int(saved_ranks or 0))
         if change is None:
-            return None
+            return
         steps.in_window = 0  # the setter refuses a change inside a window; load_state_dict sets the count after
         steps.accumulate_grad_batches = change.accumulate_grad_batches
         if not change.exact:
             warn_at_user_code(UserWarning(change.line.removeprefix("gpukit: ")))
         elif self._verbose and self._strategy.rank == 0:
             print(change.line, file=sys.stderr, flush=True)
-        return _window_done(state, saved_samples, micro * self._strategy.data_parallel_size,
-                            change.accumulate_grad_batches)
+
+    def _open_window(self, state: dict[str, Any]) -> int | None:
+        """The saved open accumulation window's micro-batches done, counted in this session's micro-batches
+        where they differ from the saved ones (another micro-batch or number of data-parallel ranks): the
+        same samples of the window, so the next step ends where the saved run's would have; 0 -- the window
+        restarts -- where they make no whole number of them. ``None``: the saved count stands (the same
+        layout, or one this session or the checkpoint does not know)."""
+        saved_samples, saved_k, done = (state.get(key) for key in ("samples_per_step", "accumulate_grad_batches",
+                                                                   "in_window"))
+        micro = self._micro_for(self._resuming)
+        if micro is None or not all(isinstance(v, int) and v > 0 for v in (saved_samples, saved_k)):
+            return None  # not known here, or an older checkpoint
+        saved_micro = saved_samples // saved_k  # micro-batch x data-parallel ranks when it was saved
+        per_micro = micro * self._strategy.data_parallel_size
+        if saved_micro == per_micro or saved_samples % saved_k:
+            return None
+        if not isinstance(done, int) or done < 0:
+            return 0
+        whole, rest = divmod(done * saved_micro, per_micro)
+        return whole if rest == 0 and whole < self._steps.accumulate_grad_batches else 0
 
     def _micro_for(self, objects: dict[str, Any]) -> int | None:
         """Samples per micro-batch: the batch size of a gpukit loader (one gpukit shards) among ``objects``,
@@ -209,13 +221,3 @@ class RunState:
                 return int(obj.batch_size)
         return self._micro_batch_size
 
-
-def _window_done(state: dict[str, Any], saved_samples: int, per_micro: int, accumulate: int) -> int:
-    """The saved open window's micro-batches done, in micro-batches of ``per_micro`` samples (over all ranks);
-    0 where that is no whole number below ``accumulate`` (or the saved counts do not say)."""
-    saved_k, done = state.get("accumulate_grad_batches"), state.get("in_window")
-    if not (isinstance(saved_k, int) and isinstance(done, int) and saved_k > 0 and saved_samples % saved_k == 0):
-        return 0
-    samples = done * (saved_samples // saved_k)  # micro-batches x saved micro-batch x saved ranks
-    whole, rest = divmod(samples, per_micro)
-    return whole if rest == 0 and whole < accumulate else 0
