@@ -165,3 +165,35 @@ def test_a_plain_dataloader_iterated_directly_warns_at_the_next_pass_first_step(
     assert type(train_loader).__name__ == "DataLoader" and isinstance(train_loader, DataLoader)
     assert type(copy.copy(train_loader)) is DataLoader  # copies and pickles are the user's class, unwatched
     assert type(pickle.loads(pickle.dumps(train_loader))) is DataLoader
+
+
+def test_a_resume_inside_the_last_window_of_a_pass_ends_that_window_with_the_pass() -> None:
+    # 7 batches with k=4: windows of 4 and 3. Saved after batch 5 (1 micro-batch of the window of 3 done),
+    # the resumed run steps once, after batch 7, dividing each loss by 3 -- not after batch 6 (a window
+    # sized by the 2 batches left) and again after batch 7
+    def make() -> tuple:
+        session = gpukit.Session(accelerator="cpu", accumulate_grad_batches=4, verbose=False)
+        model = nn.Linear(1, 1)
+        model, optimizer = session.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        loader = session.setup_dataloader(TensorDataset(torch.ones(7, 1)), batch_size=1, num_workers=0)
+        return session, model, optimizer, loader
+
+    session, model, optimizer, loader = make()
+    batches = iter(loader)
+    stepped = []
+    for _ in range(5):
+        (x,) = next(batches)
+        session.backward(model(x).sum())
+        stepped.append(session.step(optimizer))
+    assert stepped == [False, False, False, True, False]
+    states = session.state_dict(), loader.state_dict()  # as a checkpoint holds them (the pending gradient is not)
+    session, model, optimizer, loader = make()
+    loader.load_state_dict(states[1])
+    session.load_state_dict(states[0])
+    stepped, bias_grads = [], []
+    for (x,) in loader:
+        session.backward(model(x).sum())
+        bias_grads.append(float(gpukit.unwrap_model(model).bias.grad))  # type: ignore[union-attr]
+        stepped.append(session.step(optimizer))
+    assert stepped == [False, True]
+    assert bias_grads == pytest.approx([1 / 3, 2 / 3])

@@ -103,7 +103,9 @@ class TrainingSteps:
             if size > 1 and self.step_at_loader_end and self._loaders is not None:
                 left = self._loaders.batches_left()
                 if left is not None:
-                    size = max(1, min(size, left))
+                    # the ones of it already done count too: a window sized part-way (a resume inside it)
+                    # ends where it would have, with the pass, not ``left`` micro-batches on
+                    size = max(1, min(size, self.in_window + left))
             self._window = size
         return self._window
 
