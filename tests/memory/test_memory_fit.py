@@ -60,6 +60,17 @@ def test_nothing_fits_says_by_how_much_and_session_lines() -> None:
         fit(model, x, memory="lots")
     with pytest.raises(ConfigurationError, match="unknown"):
         fit(model, x, memory="1GiB", strategies=["zero3"])
+    for nothing in (0, "0GiB", "0.5"):  # no bytes at all (it divided by the budget: ZeroDivisionError)
+        with pytest.raises(ConfigurationError, match=r"fit\(memory=.*0 bytes.*24GiB"):
+            fit(model, x, memory=nothing, device="cpu")
+
+
+def test_session_fit_of_no_bytes_is_refused() -> None:
+    import gpukit
+
+    for nothing in (0, "0MiB"):  # it failed at setup with "could not plan the model: ZeroDivisionError"
+        with pytest.raises(ConfigurationError, match=r"Session\(fit=.*0 bytes.*fit='20GiB'"):
+            gpukit.Session("cpu", fit=nothing, verbose=False)
 
 
 @pytest.mark.slow

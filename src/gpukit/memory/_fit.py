@@ -148,6 +148,9 @@ def fit(
         MemoryPlanError: the model cannot run on fake tensors.
     """
     budget = parse_size(memory)
+    if budget < 1:
+        raise ConfigurationError(f"fit(memory={memory!r}): that is {budget} bytes; give the memory of one device, "
+                                 "e.g. memory='24GiB'.")
     batch = _global_batch(devices, global_batch, example_input)
     chosen, notes = _strategies(strategies, devices, model)
     policies = _policies(model, precisions, checkpointing, notes)
