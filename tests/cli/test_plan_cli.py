@@ -88,3 +88,26 @@ def test_fsdp_without_nproc_uses_the_visible_gpus_and_says_so(models: str, monke
     result = CliRunner().invoke(cli, args)
     assert result.exit_code != 0 and "no GPU is visible here to count: give --nproc N" in str(result.exception)
     _nvml.shutdown()
+
+
+@pytest.mark.parametrize("given", ["{m}.py", "./{m}.py", "sub/{m}.py", "{m}-v2"])
+def test_a_file_path_for_the_module_is_refused_without_running_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], given: str) -> None:
+    """'models.py:build' imported models.py (running it) and then failed; './models.py:build' raised TypeError."""
+    marker = tmp_path / "ran"
+    name = importable_models(tmp_path, monkeypatch, f"open({str(marker)!r}, 'w').close()\n" + MODELS, "gpukit_path_models")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", f"{given.format(m=name)}:mlp", "--batch-shape", "2,32"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("gpukit: error:") and "is not a module name" in err, err
+    assert f"'{name}:mlp'" in err or given == "{m}-v2"  # the name to give instead
+    assert not marker.exists()  # the file's code never ran
+
+
+def test_a_module_that_fails_on_import_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    name = importable_models(tmp_path, monkeypatch, "raise RuntimeError('no CUDA here')\n", "gpukit_bad_models")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", f"{name}:mlp", "--batch-shape", "2,32"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "raised RuntimeError: no CUDA here" in err and len(err.strip().splitlines()) == 1

@@ -34,12 +34,21 @@ def _load_factory(target: str) -> object:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise ConfigurationError(f"Model {target!r}: expected 'module:factory', e.g. 'mymodels:resnet18'.")
+    if module_name.endswith(".py") or not all(part.isidentifier() for part in module_name.split(".")):
+        # a path: importing 'models.py' runs models.py and then fails, './models.py' raised TypeError
+        stem = os.path.splitext(os.path.basename(module_name.replace("\\", "/")))[0] or "mymodels"
+        raise ConfigurationError(f"Model {target!r}: {module_name!r} is not a module name (nothing was run); give "
+                                 f"'module:factory' as Python imports it, e.g. '{stem}:{attr}' from the folder "
+                                 "that holds the file.")
     if os.getcwd() not in sys.path:  # like `python -m`: modules in the working directory import
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(f"Model {target!r}: cannot import {module_name!r} ({exc}).") from None
+    except Exception as exc:  # noqa: BLE001 - the module's own code failed as it was imported: one line, as a factory's
+        raise ConfigurationError(f"Model {target!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}."
+                                 ) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ConfigurationError(f"Model {target!r}: {module_name!r} has no callable {attr!r}.")
