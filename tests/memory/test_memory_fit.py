@@ -135,3 +135,16 @@ def test_a_reused_planner_ranks_the_same_and_plans_less(name: str) -> None:
     assert shared.plans - before < fresh_planner.plans  # only the sizes the first call had not planned
     with pytest.raises(ConfigurationError, match="built for another model"):
         fit(mlp(width=8, depth=1), x, memory="1GiB", planner=shared)
+
+
+def test_a_gpu_plan_that_leaves_little_of_the_budget_says_so() -> None:
+    """A planned peak of 99% of a GPU's budget was printed as fitting with nothing said: the CUDA context,
+    library workspaces and the allocator's fragmentation are not in the plan."""
+    model, x = mlp(width=64, depth=2), torch.randn(64, 64)
+    kwargs = dict(device="cuda", strategies=["single"], precisions=["32-true"], checkpointing=["none"], top=1)
+    peak = fit(model, x, memory="1GiB", **kwargs).best.peak_bytes
+    tight = fit(model, x, memory=int(peak / 0.99), **kwargs)
+    assert tight.best is not None and tight.best.peak_bytes == peak
+    assert "not planned" in str(tight) and "(1%) of the budget" in str(tight), str(tight)
+    assert not any("not planned" in n for n in fit(model, x, memory=int(peak / 0.8), **kwargs).notes)
+    assert not any("not planned" in n for n in fit(model, x, memory=int(peak / 0.99), **{**kwargs, "device": "cpu"}).notes)
