@@ -111,3 +111,19 @@ def test_a_module_that_fails_on_import_is_one_line(tmp_path: Path, monkeypatch: 
         main(["plan", f"{name}:mlp", "--batch-shape", "2,32"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "raised RuntimeError: no CUDA here" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--inference", "--fit", "1KiB"], "--fit: training options, which --inference does not use"),
+    (["--inference", "--strategy", "fsdp", "--nproc", "2"], "--strategy, --nproc: training options"),
+    (["--inference", "--optimizer", "sgd", "--precision", "bf16-mixed"], "--precision, --optimizer: training options"),
+    (["--max-memory", "cuda:0=1KiB"], "--max-memory: inference options, which only --inference uses"),
+    (["--new-tokens", "5", "--prompt-len", "8"], "--prompt-len, --new-tokens: inference options"),
+])
+def test_an_option_of_the_other_mode_is_refused(models: str, capsys: pytest.CaptureFixture[str], args: list[str],
+                                                message: str) -> None:
+    """They were ignored without a word: `--inference --fit 1KiB` printed a placement that never saw the 1 KiB."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", f"{models}:mlp", "--batch-shape", "2,32", *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("gpukit: error:") and message in err, err

@@ -224,6 +224,7 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
     _check_precision(precision)
     if weights is not None and not inference:
         raise ConfigurationError(f"--weights {weights} goes with --inference (quantised weights for inference).")
+    _check_mode(inference)
     dims = [_shape(s) for s in shapes]
     budget = _fit_budget(fit_memory)
     if jobs is not None and budget is None:
@@ -282,6 +283,25 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
 
         estimate = shard_estimate(estimate, nproc or 1, fsdp_unit_numels(built, estimate.precision))
     click.echo(json.dumps(estimate.to_dict(), indent=2) if as_json else str(estimate))
+
+
+#: options of one mode only: given in the other they were ignored without a word
+_TRAINING_ONLY = {"fit_memory": "--fit", "precision": "--precision", "optimizer": "--optimizer",
+                  "strategy": "--strategy", "nproc": "--nproc"}
+_INFERENCE_ONLY = {"max_memory": "--max-memory", "prompt_len": "--prompt-len", "new_tokens": "--new-tokens"}
+
+
+def _check_mode(inference: bool) -> None:
+    """Refuse an option of the other mode (training plan or ``--inference``) given on the command line."""
+    ctx = click.get_current_context()
+    given = [flag for name, flag in (_TRAINING_ONLY if inference else _INFERENCE_ONLY).items()
+             if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)]
+    if given and inference:
+        raise ConfigurationError(f"{', '.join(given)}: training options, which --inference does not use; drop them "
+                                 "(--inference places the model within --max-memory DEVICE=SIZE budgets).")
+    if given:
+        raise ConfigurationError(f"{', '.join(given)}: inference options, which only --inference uses; add "
+                                 "--inference, or drop them.")
 
 
 def _check_precision(text: str) -> None:
