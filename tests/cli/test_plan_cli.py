@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli_helpers import importable_models
+from cli_helpers import importable_models, run_gpukit
 from gpukit.cli import cli, main
 
 MODELS = """
@@ -127,3 +127,21 @@ def test_an_option_of_the_other_mode_is_refused(models: str, capsys: pytest.Capt
         main(["plan", f"{models}:mlp", "--batch-shape", "2,32", *args])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith("gpukit: error:") and message in err, err
+
+
+def test_fit_ranks_only_the_precision_and_strategy_given(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--fit 1GiB --precision bf16-true` ranked every precision: --precision and --strategy were ignored."""
+    code, out, _ = run_gpukit(capsys, "plan", f"{models}:mlp", "--batch-shape", "64,32", "--fit", "1GiB",
+                              "--precision", "bf16-true", "--json")
+    options = json.loads(out)["options"]
+    assert code == 0 and options and {o["precision"] for o in options} == {"bf16-true"}, out
+    code, out, _ = run_gpukit(capsys, "plan", f"{models}:mlp", "--batch-shape", "64,32", "--fit", "1GiB",
+                              "--nproc", "2", "--strategy", "ddp", "--json")
+    options = json.loads(out)["options"]
+    assert code == 0 and options and {o["strategy"] for o in options} <= {"ddp", "ddp+tp2"}, out
+    assert len({o["precision"] for o in options}) > 1  # no --precision: every one ranked
+    for args, message in ((["--strategy", "fsdp"], "fsdp runs in --nproc N >= 2 processes"),
+                          (["--strategy", "single", "--nproc", "2"], "single runs in one process"),
+                          (["--precision", "16-mixed"], "--fit ranks 32-true, bf16-mixed, bf16-true")):
+        code, _, err = run_gpukit(capsys, "plan", f"{models}:mlp", "--batch-shape", "64,32", "--fit", "1GiB", *args)
+        assert code == 2 and message in err, err
