@@ -55,6 +55,9 @@ def test_start_that_does_not_fit_and_bad_arguments() -> None:
     for kwargs in ({"start": 0}, {"start": 8, "max": 4}, {"margin": 1.0}, {"tolerance": 0}):
         with pytest.raises(ConfigurationError):
             find_batch_size(_limit(4), **kwargs)
+    for trials in (0, -1):  # nothing ran, and the error said even the start size runs out of memory
+        with pytest.raises(ConfigurationError, match=r"max_trials=%d\): expected an int >= 1" % trials):
+            find_batch_size(_limit(4), max_trials=trials)
 
 
 def test_errors_other_than_out_of_memory_propagate() -> None:

@@ -60,6 +60,17 @@ def test_nothing_fits_says_by_how_much_and_session_lines() -> None:
         fit(model, x, memory="lots")
     with pytest.raises(ConfigurationError, match="unknown"):
         fit(model, x, memory="1GiB", strategies=["zero3"])
+    for nothing in (0, "0GiB", "0.5"):  # no bytes at all (it divided by the budget: ZeroDivisionError)
+        with pytest.raises(ConfigurationError, match=r"fit\(memory=.*0 bytes.*24GiB"):
+            fit(model, x, memory=nothing, device="cpu")
+
+
+def test_session_fit_of_no_bytes_is_refused() -> None:
+    import gpukit
+
+    for nothing in (0, "0MiB"):  # it failed at setup with "could not plan the model: ZeroDivisionError"
+        with pytest.raises(ConfigurationError, match=r"Session\(fit=.*0 bytes.*fit='20GiB'"):
+            gpukit.Session("cpu", fit=nothing, verbose=False)
 
 
 @pytest.mark.slow
@@ -124,3 +135,16 @@ def test_a_reused_planner_ranks_the_same_and_plans_less(name: str) -> None:
     assert shared.plans - before < fresh_planner.plans  # only the sizes the first call had not planned
     with pytest.raises(ConfigurationError, match="built for another model"):
         fit(mlp(width=8, depth=1), x, memory="1GiB", planner=shared)
+
+
+def test_a_gpu_plan_that_leaves_little_of_the_budget_says_so() -> None:
+    """A planned peak of 99% of a GPU's budget was printed as fitting with nothing said: the CUDA context,
+    library workspaces and the allocator's fragmentation are not in the plan."""
+    model, x = mlp(width=64, depth=2), torch.randn(64, 64)
+    kwargs = dict(device="cuda", strategies=["single"], precisions=["32-true"], checkpointing=["none"], top=1)
+    peak = fit(model, x, memory="1GiB", **kwargs).best.peak_bytes
+    tight = fit(model, x, memory=int(peak / 0.99), **kwargs)
+    assert tight.best is not None and tight.best.peak_bytes == peak
+    assert "not planned" in str(tight) and "(1%) of the budget" in str(tight), str(tight)
+    assert not any("not planned" in n for n in fit(model, x, memory=int(peak / 0.8), **kwargs).notes)
+    assert not any("not planned" in n for n in fit(model, x, memory=int(peak / 0.99), **{**kwargs, "device": "cpu"}).notes)

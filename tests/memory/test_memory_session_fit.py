@@ -269,3 +269,27 @@ def test_tensor_parallel_auto_tries_degrees_inside_a_node_only() -> None:
     session_fit = SessionFit("1GiB", config=config, strategy=strategy, accelerator=strategy.accelerator,
                              verbose=False)
     assert session_fit.degrees == [2, 4]
+
+
+@pytest.mark.slow
+def test_fsdp_micro_batches_train_as_the_whole_batch() -> None:
+    """Session(fit=...) under FSDP runs each batch as micro-batches: their gradients are reduce-scattered into
+    .grad (under FSDP's no-sync they stayed inside FSDP and the optimizer stepped on nothing)."""
+    from _session_fit_worker import fsdp_micro_batch_job
+
+    from gpukit.launch import launch_function
+
+    plain, split = (sorted(launch_function(fsdp_micro_batch_job, (cut,), nproc=2, cpu=True, echo=None),
+                           key=lambda r: r["rank"]) for cut in (False, True))
+    assert [r["micro_batch"] for r in split] == [32, 32] and plain[0]["micro_batch"] is None
+    torch.manual_seed(0)
+    start = list(mlp(width=64, depth=2).parameters())
+    assert any(not torch.equal(p, s) for p, s in zip(plain[0]["params"], start))  # the plain step trained
+    for ours, theirs in zip(split[0]["params"], plain[0]["params"]):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp_refuses_oom_backoff() -> None:
+    """A rank out of memory inside FSDP's forward would leave the others in its all-gather: refused up front."""
+    with pytest.raises(ConfigurationError, match=r"strategy='fsdp', oom='backoff'.*hang"):
+        gpukit.Session("cpu", strategy="fsdp", oom="backoff", verbose=False)

@@ -18,9 +18,34 @@ import click
 
 from gpukit.errors import ConfigurationError
 
-__all__ = ["parse_max_memory", "print_inference_plan"]
+__all__ = ["check_mode", "given_options", "parse_max_memory", "print_inference_plan"]
 
 _WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+#: options of one mode only: given in the other they were ignored without a word
+_TRAINING_ONLY = {"fit_memory": "--fit", "precision": "--precision", "optimizer": "--optimizer",
+                  "strategy": "--strategy", "nproc": "--nproc"}
+_INFERENCE_ONLY = {"max_memory": "--max-memory", "prompt_len": "--prompt-len", "new_tokens": "--new-tokens"}
+
+
+def given_options() -> set[str]:
+    """The options given on the command line (or from the environment), not left at their defaults."""
+    ctx = click.get_current_context()
+    return {name for name in ctx.params
+            if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)}
+
+
+def check_mode(inference: bool) -> None:
+    """Refuse an option of the other mode (training plan or ``--inference``) given on the command line."""
+    named = given_options()
+    given = [flag for name, flag in (_TRAINING_ONLY if inference else _INFERENCE_ONLY).items() if name in named]
+    if given and inference:
+        raise ConfigurationError(f"{', '.join(given)}: training options, which --inference does not use; drop them "
+                                 "(--inference places the model within --max-memory DEVICE=SIZE budgets).")
+    if given:
+        raise ConfigurationError(f"{', '.join(given)}: inference options, which only --inference uses; add "
+                                 "--inference, or drop them.")
 
 
 def parse_max_memory(items: tuple[str, ...]) -> dict[str, int] | None:

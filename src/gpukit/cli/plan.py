@@ -15,6 +15,7 @@ import click
 
 from gpukit._util.precision_names import PRECISIONS, precision_name
 from gpukit.cli._common import MAX_BATCH
+from gpukit.cli._plan_inference import check_mode, given_options
 from gpukit.errors import ConfigurationError
 from gpukit.layout import REGISTRY, plan_layout, plan_names
 
@@ -34,12 +35,21 @@ def _load_factory(target: str) -> object:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise ConfigurationError(f"Model {target!r}: expected 'module:factory', e.g. 'mymodels:resnet18'.")
+    if module_name.endswith(".py") or not all(part.isidentifier() for part in module_name.split(".")):
+        # a path: importing 'models.py' runs models.py and then fails, './models.py' raised TypeError
+        stem = os.path.splitext(os.path.basename(module_name.replace("\\", "/")))[0] or "mymodels"
+        raise ConfigurationError(f"Model {target!r}: {module_name!r} is not a module name (nothing was run); give "
+                                 f"'module:factory' as Python imports it, e.g. '{stem}:{attr}' from the folder "
+                                 "that holds the file.")
     if os.getcwd() not in sys.path:  # like `python -m`: modules in the working directory import
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(f"Model {target!r}: cannot import {module_name!r} ({exc}).") from None
+    except Exception as exc:  # noqa: BLE001 - the module's own code failed as it was imported: one line, as a factory's
+        raise ConfigurationError(f"Model {target!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}."
+                                 ) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ConfigurationError(f"Model {target!r}: {module_name!r} has no callable {attr!r}.")
@@ -215,6 +225,7 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
     _check_precision(precision)
     if weights is not None and not inference:
         raise ConfigurationError(f"--weights {weights} goes with --inference (quantised weights for inference).")
+    check_mode(inference)
     dims = [_shape(s) for s in shapes]
     budget = _fit_budget(fit_memory)
     if jobs is not None and budget is None:
@@ -256,8 +267,11 @@ def plan(model: str, shapes: tuple[str, ...], keyword_inputs: tuple[str, ...], d
         keywords = {n: torch.empty(d, dtype=getattr(torch, t)) for n, d, t in named}
     batch = example if example is not None else keywords or (
         positional[0] if len(positional) == 1 else tuple(positional))
-    if budget is not None:
-        _print_fit(built, batch, budget, nproc or 1, optimizer, device, jobs, as_json, node_gpus)
+    if budget is not None:  # a --precision or --strategy given restricts the ranking to it (it was ignored)
+        given = given_options()
+        _print_fit(built, batch, budget, nproc or 1, optimizer, device, jobs, as_json, node_gpus,
+                   precision_name(precision, allowed=_PLANNABLE) if "precision" in given else None,
+                   strategy if "strategy" in given else None)
         return
     try:
         estimate = estimate_memory(built, optimizer, batch, precision=precision, device=device)
@@ -322,22 +336,34 @@ def _fit_budget(text: str | None) -> int | None:
 
 
 def _print_fit(model: object, batch: object, budget: int, devices: int, optimizer: str, device: str,
-               jobs: int | None, as_json: bool, node_gpus: int | None = None) -> None:
+               jobs: int | None, as_json: bool, node_gpus: int | None = None, precision: str | None = None,
+               strategy: str | None = None) -> None:
     """``gpukit plan --fit``: the ranked configurations (``gpukit.memory.fit``), with tensor-parallel
-    groups inside one node of ``node_gpus`` (default: all ``devices``), or what is missing."""
+    groups inside one node of ``node_gpus`` (default: all ``devices``), or what is missing; ``precision``
+    and ``strategy`` (given on the command line) restrict the ranking to them."""
     from dataclasses import asdict
 
-    from gpukit.memory import available_workers, fit
+    from gpukit.memory import FIT_PRECISIONS, available_workers, fit
 
+    if precision is not None and precision not in FIT_PRECISIONS:
+        raise ConfigurationError(f"--fit with --precision {precision}: --fit ranks {', '.join(FIT_PRECISIONS)}; give "
+                                 "one of those, or leave --precision out to rank them all.")
+    if strategy is not None and (plan_layout(strategy, 2).processes > 1) != (devices > 1):
+        raise ConfigurationError(f"--fit with --strategy {strategy} and --nproc {devices}: {strategy} runs in "
+                                 f"{'one process' if devices > 1 else '--nproc N >= 2 processes'}; fix --nproc, or "
+                                 "leave --strategy out to rank every strategy.")
     # --nproc N asks for N processes: rank the layouts that run in N (one-process ones -- a pipeline
     # over N devices, one device -- are said to be left out, not ranked first)
     names = [name for name in plan_names() if devices == 1 or plan_layout(name, devices).processes == devices]
     left_out = [name for name in plan_names() if name not in names]
+    if strategy is not None:
+        names, left_out = [strategy], []
     with StatusLine(sys.stderr) as status:
         # the names leave out one-process layouts; the tensor groups of the per-process ones are added
         result = fit(model, batch, memory=budget, devices=devices, optimizer=optimizer,  # type: ignore[arg-type]
                      device=device, workers=jobs or available_workers(), progress=status.show, strategies=names,
-                     tensor_parallel="auto", node_devices=node_gpus)
+                     tensor_parallel="auto", node_devices=node_gpus,
+                     precisions=(precision,) if precision is not None else FIT_PRECISIONS)
 
     def described(option: Any) -> dict[str, Any]:
         return {**asdict(option), "strategy": option.strategy, "devices": option.devices,

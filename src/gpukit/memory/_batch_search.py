@@ -119,6 +119,7 @@ def find_batch_size(
         MemoryPlanError: when even ``start`` runs out of memory.
     """
     _check_arguments(start, max, margin, tolerance, model, example_input)
+    _positive_int("max_trials", max_trials)  # 0 ran nothing and said even the start size runs out of memory
     accelerator = get_accelerator(device if device is not None else auto_device_type())
     # the device's own counters ("cuda:1"); None is the current device of the accelerator
     target = torch.device(device) if device is not None else None

@@ -148,6 +148,9 @@ def fit(
         MemoryPlanError: the model cannot run on fake tensors.
     """
     budget = parse_size(memory)
+    if budget < 1:
+        raise ConfigurationError(f"fit(memory={memory!r}): that is {budget} bytes; give the memory of one device, "
+                                 "e.g. memory='24GiB'.")
     batch = _global_batch(devices, global_batch, example_input)
     chosen, notes = _strategies(strategies, devices, model)
     policies = _policies(model, precisions, checkpointing, notes)
@@ -172,8 +175,24 @@ def fit(
                 for micro in micro_batches(per_device)]
         found = search(grid, planner, costs, budget, top, workers)
         lines = _why(degrees, grid, found.fitting, planner, costs, budget, workers, tensor_link_bytes_per_s)
+    _tight(found.fitting, budget, device, notes)
     return FitResult(budget, batch, found.fitting, found.closest, tuple(notes), found.rejected, tuple(lines),
                      tensor_link_bytes_per_s)
+
+
+#: the share of a device's memory a best plan may take before the result says the rest may not be enough
+TIGHT_SHARE = 0.9
+
+
+def _tight(fitting: Sequence[FitOption], budget: int, device: str, notes: list[str]) -> None:
+    """A note when the best plan leaves less of a GPU's budget than what is not planned usually takes."""
+    if not fitting or torch.device(device).type == "cpu" or fitting[0].peak_bytes <= budget * TIGHT_SHARE:
+        return
+    left = budget - fitting[0].peak_bytes
+    notes.append(f"the best plan leaves {format_bytes(left)} ({left / budget:.0%}) of the budget; the CUDA context, "
+                 "cuBLAS/cuDNN workspaces and the caching allocator's rounding and fragmentation are not planned and "
+                 f"usually take 5-10%: give what torch can use, not the device's size (Session(fit=True) budgets "
+                 f"{TIGHT_SHARE:.0%} of the free memory)")
 
 
 def _tensor(chosen: list[Layout], strategies: Sequence[str] | None, tensor_parallel: Sequence[int] | str | None,

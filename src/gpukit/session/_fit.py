@@ -147,6 +147,9 @@ class SessionFit:
             self.budget: int | None = None
         elif isinstance(fit, (str, int)) and not isinstance(fit, bool):
             self.budget = parse_size(fit)
+            if self.budget < 1:
+                raise ConfigurationError(f"Session(fit={fit!r}): that is {self.budget} bytes; give the memory of one "
+                                         "device, e.g. fit='20GiB' (or fit=True for the GPU's free memory).")
         else:
             raise ConfigurationError(
                 f"Session(fit={fit!r}): use True (fit the GPU's free memory), a size per device such as "

@@ -99,6 +99,14 @@ class SessionMemory:
                 "oom='backoff' splits a batch and averages the gradients by hand, which it cannot do yet for "
                 "layers split by tensor_parallel; use oom='raise' (or None) with tensor_parallel."
             )
+        if oom == "backoff" and not strategy.plain_parameters:
+            raise ConfigurationError(
+                "Session(strategy='fsdp', oom='backoff'): FSDP gathers every unit's parameters from all ranks "
+                "inside the forward, so a rank that runs out of memory mid-forward leaves the others waiting in "
+                "that collective (a hang), and the gradients of the failed attempt stay inside FSDP. Use "
+                "oom='raise' (or None) with FSDP, and plan a micro-batch that fits with Session(fit=...) or "
+                "`gpukit plan --fit`."
+            )
         self._oom = oom
         self._watch_every = watch_every
         self._strategy = strategy
@@ -266,13 +274,18 @@ class SessionMemory:
         if params is None:  # once per model: listing parameters costs ~1 us each, every step
             params = self._step_params[model] = list(model.parameters())
         backoff = self._backoff
-        backoff.no_sync = lambda: self._strategy.no_backward_sync(model)
+        boundary = self._steps.next_is_boundary()
+        # FSDP (parameters not plain): its reduce-scatter in backward is what puts the averaged gradient shard
+        # in .grad -- under its no-sync every gradient stays unsharded inside FSDP and .grad stays None -- so
+        # the boundary's micro-batches run with it, and nothing is averaged by hand afterwards
+        sharded = not self._strategy.plain_parameters
+        backoff.no_sync = (contextlib.nullcontext if sharded and boundary
+                           else lambda: self._strategy.no_backward_sync(model))
         backoff.sync_module = model  # DDP's forward buffer-sync flag is reset for each attempt
         backoff.zero_grad = lambda: _drop_grads(params)
         if len(self._models) == 1:  # its planned fixes name the options for the micro-batch that failed
             backoff.model, backoff.precision = unwrap_model(self._models[0]), self._strategy.precision.name
             backoff.activation_checkpointing = self._strategy.activation_checkpointing
-        boundary = self._steps.next_is_boundary()
         held = [p.grad for p in params]  # earlier batches of this accumulation window
         _drop_grads(params)
 
@@ -295,7 +308,7 @@ class SessionMemory:
         for param, grad in zip(params, held):
             if grad is not None:
                 param.grad = grad if param.grad is None else grad.add_(param.grad)
-        if boundary and self._strategy.data_parallel_size > 1:
+        if boundary and self._strategy.data_parallel_size > 1 and not sharded:
             _memory.average_gradients(params)
         total = losses[0]
         for loss in losses[1:]:
