@@ -128,6 +128,19 @@ def test_the_model_is_unchanged_for_true_precisions() -> None:
     assert model(torch.randn(2, 8)).dtype == torch.float32
 
 
+@pytest.mark.parametrize("again", ["bf16-mixed", "32-true", "16-true"])
+def test_a_model_a_true_precision_converted_is_not_set_up_at_another(again: str) -> None:
+    """A notebook cell re-run with another precision on the model an earlier cell set up at "bf16-true":
+    its weights are bf16 already, so it would train in bf16 while session.precision said otherwise."""
+    model = _session("bf16-true").setup(worker.make_model())
+    hooks = len(model._forward_hooks)
+    with pytest.raises(gpukit.ConfigurationError, match="set up at precision 'bf16-true' before") as info:
+        _session(again).setup(model)
+    assert "Build the model again" in str(info.value)
+    assert len(model._forward_hooks) == hooks  # nothing stacked on it
+    assert _session("bf16-true").setup(model) is model  # the same precision again is fine
+
+
 @pytest.mark.requires_gpu
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_a_loop_without_session_autocast_runs_16_bit_on_cuda(precision: str) -> None:

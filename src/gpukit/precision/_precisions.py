@@ -65,7 +65,12 @@ class Precision:
         return None
 
     def convert_module(self, module: nn.Module) -> nn.Module:
-        """Convert the weights to this precision's storage dtype (in place)."""
+        """Convert the weights to this precision's storage dtype (in place).
+
+        Raises:
+            ConfigurationError: ``module`` was converted by another "-true" precision before.
+        """
+        check_not_converted(module, self.name)
         return module
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -214,6 +219,7 @@ class TruePrecision(Precision):
     def convert_module(self, module: nn.Module) -> nn.Module:
         if getattr(module, "_gpukit_precision", None) == self.name:
             return module  # set up twice (e.g. re-wrapped): hooks must not stack
+        check_not_converted(module, self.name)
         module.to(self.param_dtype)
         for sub in module.modules():
             if isinstance(sub, NORM_LAYERS):
@@ -221,6 +227,26 @@ class TruePrecision(Precision):
         add_true_precision_casts(module, self.param_dtype)
         module._gpukit_precision = self.name
         return module
+
+
+def check_not_converted(module: nn.Module, name: str) -> None:
+    """Refuse to set up at precision ``name`` a model a "-true" precision converted before (its weights
+    were cast to 16 bits in place, with casting hooks): it would train those 16-bit weights, stacked
+    hooks and all, while ``session.precision`` says ``name`` -- e.g. a notebook cell re-run with
+    another precision on the model an earlier cell set up.
+
+    Raises:
+        ConfigurationError: ``module`` was converted at another precision.
+    """
+    done = getattr(module, "_gpukit_precision", None)
+    if done is None or done == name:
+        return
+    low = "bf16" if done.startswith("bf16") else "fp16"
+    raise ConfigurationError(
+        f"This model was set up at precision {done!r} before, which converted its weights to {low} in "
+        f"place; set up again at {name!r} it would still train those {low} weights. Build the "
+        f"model again (or load its saved weights into a new one) and set that up at {name!r}, or keep {done!r}."
+    )
 
 
 def add_true_precision_casts(module: nn.Module, low: torch.dtype, *, cast_inputs: bool = True) -> list[Any]:
