@@ -28,6 +28,8 @@ class Strategy:
     name: str = "single"
     #: parameters stay plain tensors (False: DTensor shards or pieces, whatever the degree)
     plain_parameters: bool = True
+    #: runs 16-mixed's GradScaler (False: refuses it, and precision="auto" is never 16-mixed here)
+    loss_scaling: bool = True
 
     def __init__(self, accelerator: Accelerator, device: torch.device) -> None:
         self.accelerator = accelerator
