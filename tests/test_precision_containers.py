@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -65,17 +67,26 @@ def test_hf_model_output_keeps_its_type_under_every_precision(precision: str) ->
     session.backward(out.loss)  # the loss trains
 
 
-def test_fit_choosing_bf16_true_on_a_tiny_llama_still_gives_a_model_output() -> None:
+def test_fit_choosing_bf16_true_on_a_tiny_llama_still_gives_a_model_output(tmp_path: Path) -> None:
     model = _tiny_llama()
     optimizer = torch.optim.AdamW(model.parameters())
     # a budget the fp32 plan (about 450 KiB) does not fit: fit chooses a 16-bit "-true" precision
-    session = gpukit.Session(accelerator="cpu", fit="300KiB", verbose=False)
+    session = gpukit.Session(accelerator="cpu", fit="300KiB", verbose=False, record=tmp_path / "record",
+                             log_with=gpukit.monitor.CSVTracker(tmp_path / "csv"))
     model, optimizer = session.setup(model, optimizer, example_input=_batch())
     assert session.precision.name.endswith("-true") and session.precision.name != "32-true"
     out = model(**_batch())
     assert type(out).__name__ == "CausalLMOutputWithPast"
     session.backward(out.loss)
     session.step(optimizer)
+    session.close()
+    # what the run reports is what ran, not the 32-true the record's header and the settings said
+    # before fit chose at setup
+    from gpukit.report import read_record, summarize
+
+    assert summarize(read_record(tmp_path / "record")).precision == session.precision.name
+    (config,) = (tmp_path / "csv").rglob("config.json")
+    assert json.loads(config.read_text())["gpukit"]["precision"] == session.precision.name
 
 
 class Pair(NamedTuple):
