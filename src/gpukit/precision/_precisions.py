@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import weakref
 from typing import Any
 
@@ -20,6 +21,10 @@ __all__ = ["MixedPrecision", "NORM_LAYERS", "Precision", "STATS_NORM_LAYERS", "T
            "add_true_precision_casts", "fsdp_own_unit_layers", "get_precision"]
 
 
+
+#: the methods a "-mixed" precision runs under autocast: the forward, and a Hugging Face model's
+#: ``generate`` (an encoder-decoder's runs its encoder outside the forward)
+AUTOCAST_METHODS = ("forward", "generate")
 
 #: layers kept in fp32 by the "-true" precisions: their statistics lose too much in 16 bits
 NORM_LAYERS: tuple[type[nn.Module], ...] = tuple(
@@ -79,13 +84,14 @@ class Precision:
 
     def wrap_forward(self, module: nn.Module) -> nn.Module:
         """Make ``module``'s own forward run at this precision (in place): here, take off the autocast
-        forward of an earlier set-up at a "-mixed" precision, if any; returns ``module``."""
-        present = vars(module).get("forward")
-        if isinstance(present, AutocastForward):
-            if present.inner is None:
-                del module.forward
-            else:
-                module.forward = present.inner  # type: ignore[method-assign]
+        forward (and ``generate``) of an earlier set-up at a "-mixed" precision, if any; returns ``module``."""
+        for method in AUTOCAST_METHODS:
+            present = vars(module).get(method)
+            if isinstance(present, AutocastForward):
+                if present.inner is None:
+                    delattr(module, method)
+                else:
+                    setattr(module, method, present.inner)
         return module
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -134,8 +140,9 @@ class MixedPrecision(Precision):
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def wrap_forward(self, module: nn.Module) -> nn.Module:
-        """Run ``module``'s forward under this precision's autocast, its 16-bit floating outputs
-        returned in fp32 (see :class:`AutocastForward`); in place, the module and its keys unchanged.
+        """Run ``module``'s forward (and a Hugging Face model's ``generate``) under this precision's
+        autocast, its 16-bit floating outputs returned in fp32 (see :class:`AutocastForward`); in place,
+        the module and its keys unchanged.
 
         Args:
             module: the module whose calls should run mixed (the strategy names which one).
@@ -143,14 +150,17 @@ class MixedPrecision(Precision):
         Returns:
             ``module``.
         """
-        present = vars(module).get("forward")
-        if isinstance(present, AutocastForward):  # set up again: replace, never stack
-            present = present.inner
         dtype = self.autocast_dtype
         assert dtype is not None  # a MixedPrecision always has one
-        # nn.Module.__setattr__ keeps a non-module value in the instance dict, which shadows the
-        # class's forward for nn.Module.__call__ (and for torch.compile, which traces the same call)
-        module.forward = AutocastForward(module, present, self.device.type, dtype)  # type: ignore[method-assign]
+        for method in AUTOCAST_METHODS:
+            if method != "forward" and not inspect.isfunction(getattr(type(module), method, None)):
+                continue  # no generate (not a Hugging Face model)
+            present = vars(module).get(method)
+            if isinstance(present, AutocastForward):  # set up again: replace, never stack
+                present = present.inner
+            # nn.Module.__setattr__ keeps a non-module value in the instance dict, which shadows the
+            # class's forward for nn.Module.__call__ (and for torch.compile, which traces the same call)
+            setattr(module, method, AutocastForward(module, present, self.device.type, dtype, method))
         return module
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
