@@ -189,7 +189,9 @@ class MixedPrecision(Precision):
             return True
         self._check_scaled()
         self._scaled_since_step = False
-        if not hasattr(optimizer, "register_step_post_hook"):  # not a torch.optim.Optimizer
+        if not hasattr(optimizer, "register_step_post_hook") or getattr(optimizer, "_step_supports_amp_scaling", False):
+            # not a torch.optim.Optimizer, or one that skips an inf step inside its own kernel (fused=True
+            # given to Adam/AdamW/SGD): GradScaler calls its step() then too, so the step hook cannot tell
             scale_before = self._scaler.get_scale()  # .item(): a device sync, before and after
             self._scaler.step(optimizer)
             self._scaler.update()
