@@ -173,6 +173,26 @@ def test_16_mixed_step_after_a_plain_backward_says_to_use_session_backward() -> 
         precision.optimizer_step(optimizer)
 
 
+def test_a_mixed_precision_object_pickles_to_launched_workers() -> None:
+    """Session(precision=MixedPrecision(...)).launch(fn) pickles it to the workers: its WeakSet of watched
+    optimizers made launch fail with 'its args must be picklable ... WeakSet'."""
+    import pickle
+
+    precision = cpu_precision("16-mixed")
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    precision.scale_loss(model(torch.ones(2, 3)).mean()).backward()
+    assert precision.optimizer_step(optimizer) is True  # an optimizer is watched, the scale exists
+    copy = pickle.loads(pickle.dumps(precision))
+    assert isinstance(copy, MixedPrecision) and copy.name == "16-mixed"
+    assert copy.scaler.get_scale() == precision.scaler.get_scale()
+    other = nn.Linear(3, 1)
+    other_optimizer = torch.optim.SGD(other.parameters(), lr=0.1)
+    before = other.weight.detach().clone()
+    copy.scale_loss(other(torch.ones(2, 3)).mean()).backward()
+    assert copy.optimizer_step(other_optimizer) is True and not torch.equal(other.weight, before)
+
+
 def test_scaler_state_round_trips() -> None:
     a, b = cpu_precision("16-mixed"), cpu_precision("16-mixed")
     a.scaler.scale(torch.ones(()))  # the scale tensor exists from the first scale() on

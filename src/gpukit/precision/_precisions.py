@@ -208,6 +208,17 @@ class MixedPrecision(Precision):
     def _stepped_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepped = True
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Session(precision=MixedPrecision(...)).launch(fn) pickles it to the workers: a WeakSet does not
+        # pickle, and the optimizers it names (with this object's step hook) stay in this process
+        state = dict(self.__dict__)
+        state["_watched"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._watched = weakref.WeakSet()
+
     def state_dict(self) -> dict[str, Any]:
         return {} if self._scaler is None else {"scaler": self._scaler.state_dict()}
 
