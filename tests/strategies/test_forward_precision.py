@@ -118,6 +118,20 @@ def test_session_autocast_nests_and_the_loss_outside_is_fp32() -> None:
     assert not torch.is_autocast_enabled("cpu")  # left as found
 
 
+def test_a_data_parallel_the_user_put_on_comes_off_on_one_device() -> None:
+    """A script's own nn.DataParallel(model) given to a one-device session was kept: on GPUs it ran over
+    every visible GPU whatever devices= said, its replica threads autocast in fp16 (torch's default) under
+    "bf16-mixed", and model.module ran in fp32. It comes off, as under every other strategy."""
+    session = _session()
+    inner = worker.make_model()
+    seen: list[dict[str, Any]] = []
+    worker.watch(inner, seen)
+    model = session.setup(nn.DataParallel(inner))
+    assert model is inner and sorted(model.state_dict()) == sorted(worker.make_model().state_dict())
+    assert model(torch.randn(3, 8)).dtype == torch.float32
+    assert {s["dtype"] for s in seen} == {"torch.bfloat16"} and all(s["autocast"] for s in seen)
+
+
 def test_the_model_is_unchanged_for_true_precisions() -> None:
     model = _session("32-true").setup(worker.make_model())
     assert "forward" not in vars(model)

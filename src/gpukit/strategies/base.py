@@ -104,7 +104,12 @@ class Strategy:
         return self.root_device
 
     def prepare_module(self, module: nn.Module) -> nn.Module:
-        """Change layers before the precision converts them (e.g. SyncBatchNorm); no-op here."""
+        """Change layers before the precision converts them (e.g. SyncBatchNorm). Here: take off a
+        DataParallel / DDP wrapper the user put on (as the other strategies do): kept, a DataParallel ran
+        over every visible GPU whatever ``devices`` said, its replica threads autocast in torch's default
+        fp16 under "bf16-mixed", and ``model.module`` ran outside the session's autocast."""
+        while isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            module = module.module
         return module
 
     def setup_module(self, module: nn.Module) -> nn.Module:
