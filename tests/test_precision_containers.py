@@ -154,7 +154,8 @@ def test_an_encoder_decoders_generate_runs_its_encoder_at_the_mixed_precision() 
     for name, sub in model.named_modules():
         if isinstance(sub, nn.Linear) and name.startswith("model."):
             part = name.split(".")[1]  # "encoder" / "decoder"
-            sub.register_forward_hook(lambda m, a, o, part=part: seen.append((part, torch.is_autocast_enabled("cpu"), o.dtype)))
+            sub.register_forward_hook(
+                lambda m, a, o, part=part: seen.append((part, torch.is_autocast_enabled("cpu"), o.dtype)))
     ids = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(1))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the same generate in plain torch
         expected = model.generate(ids, max_new_tokens=3, do_sample=False, num_beams=1)
