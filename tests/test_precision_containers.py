@@ -76,6 +76,8 @@ def test_fit_choosing_bf16_true_on_a_tiny_llama_still_gives_a_model_output(tmp_p
                              log_with=gpukit.monitor.CSVTracker(tmp_path / "csv"))
     model, optimizer = session.setup(model, optimizer, example_input=_batch())
     assert session.precision.name.endswith("-true") and session.precision.name != "32-true"
+    (bf16,) = [d for d in session.auto_settings if d.name == "bf16"]  # no "tensor cores" on the CPU
+    assert bf16.on and bf16.reason == f"precision='auto' on the CPU: {session.precision.name}, chosen by fit to fit the budget"
     out = model(**_batch())
     assert type(out).__name__ == "CausalLMOutputWithPast"
     session.backward(out.loss)
