@@ -133,6 +133,29 @@ def test_16_mixed_skips_the_step_on_inf_and_recovers() -> None:
     assert not torch.equal(model.weight, before)
 
 
+@pytest.mark.parametrize("kernel", [{"fused": True}, {"foreach": True}])
+def test_16_mixed_says_a_fused_optimizers_inf_step_was_skipped(kernel: dict[str, bool]) -> None:
+    """A fused optimizer (AdamW(fused=True)) skips an inf step inside its own kernel, but GradScaler still
+    calls its step(): session.step returned True for a step that did not happen, counted it in
+    optimizer_steps and stepped the schedulers."""
+    import gpukit
+
+    session = gpukit.Session(accelerator="cpu", precision="16-mixed", verbose=False)
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, **kernel)
+    model, optimizer = session.setup(model, optimizer)
+    x = torch.full((2, 3), 1e-4)  # small: the scaled fp16 gradients stay finite
+    session.backward(model(x).mean())
+    model.weight.grad[0, 0] = float("inf")
+    before = model.weight.detach().clone()
+    assert session.step(optimizer, clip_grad_norm=1.0) is False
+    assert torch.equal(model.weight, before) and session.optimizer_steps == 0
+    session.backward(model(x).mean())
+    assert session.step(optimizer, clip_grad_norm=1.0) is True
+    assert not torch.equal(model.weight, before) and session.optimizer_steps == 1
+
+
 def test_16_mixed_step_after_a_plain_backward_says_to_use_session_backward() -> None:
     precision = cpu_precision("16-mixed")
     model = nn.Linear(3, 1)
@@ -148,6 +171,26 @@ def test_16_mixed_step_after_a_plain_backward_says_to_use_session_backward() -> 
     model(torch.ones(2, 3)).mean().backward()
     with pytest.raises(ConfigurationError, match="loss.backward()"):
         precision.optimizer_step(optimizer)
+
+
+def test_a_mixed_precision_object_pickles_to_launched_workers() -> None:
+    """Session(precision=MixedPrecision(...)).launch(fn) pickles it to the workers: its WeakSet of watched
+    optimizers made launch fail with 'its args must be picklable ... WeakSet'."""
+    import pickle
+
+    precision = cpu_precision("16-mixed")
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    precision.scale_loss(model(torch.ones(2, 3)).mean()).backward()
+    assert precision.optimizer_step(optimizer) is True  # an optimizer is watched, the scale exists
+    copy = pickle.loads(pickle.dumps(precision))
+    assert isinstance(copy, MixedPrecision) and copy.name == "16-mixed"
+    assert copy.scaler.get_scale() == precision.scaler.get_scale()
+    other = nn.Linear(3, 1)
+    other_optimizer = torch.optim.SGD(other.parameters(), lr=0.1)
+    before = other.weight.detach().clone()
+    copy.scale_loss(other(torch.ones(2, 3)).mean()).backward()
+    assert copy.optimizer_step(other_optimizer) is True and not torch.equal(other.weight, before)
 
 
 def test_scaler_state_round_trips() -> None:

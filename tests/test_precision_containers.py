@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
+import json
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -65,17 +68,28 @@ def test_hf_model_output_keeps_its_type_under_every_precision(precision: str) ->
     session.backward(out.loss)  # the loss trains
 
 
-def test_fit_choosing_bf16_true_on_a_tiny_llama_still_gives_a_model_output() -> None:
+def test_fit_choosing_bf16_true_on_a_tiny_llama_still_gives_a_model_output(tmp_path: Path) -> None:
     model = _tiny_llama()
     optimizer = torch.optim.AdamW(model.parameters())
     # a budget the fp32 plan (about 450 KiB) does not fit: fit chooses a 16-bit "-true" precision
-    session = gpukit.Session(accelerator="cpu", fit="300KiB", verbose=False)
+    session = gpukit.Session(accelerator="cpu", fit="300KiB", verbose=False, record=tmp_path / "record",
+                             log_with=gpukit.monitor.CSVTracker(tmp_path / "csv"))
     model, optimizer = session.setup(model, optimizer, example_input=_batch())
     assert session.precision.name.endswith("-true") and session.precision.name != "32-true"
+    (bf16,) = [d for d in session.auto_settings if d.name == "bf16"]  # no "tensor cores" on the CPU
+    assert bf16.on and bf16.reason == f"precision='auto' on the CPU: {session.precision.name}, chosen by fit to fit the budget"
     out = model(**_batch())
     assert type(out).__name__ == "CausalLMOutputWithPast"
     session.backward(out.loss)
     session.step(optimizer)
+    session.close()
+    # what the run reports is what ran, not the 32-true the record's header and the settings said
+    # before fit chose at setup
+    from gpukit.report import read_record, summarize
+
+    assert summarize(read_record(tmp_path / "record")).precision == session.precision.name
+    (config,) = (tmp_path / "csv").rglob("config.json")
+    assert json.loads(config.read_text())["gpukit"]["precision"] == session.precision.name
 
 
 class Pair(NamedTuple):
@@ -127,3 +141,39 @@ def test_cast_keeps_every_container_type_and_casts_the_tensors_inside() -> None:
     assert type(out["tuple"]) is tuple and out["tuple"][1] is ints
     # the input is left as it was
     assert value["data"].logits.dtype == torch.float32 and value["tagged"]["a"].dtype == torch.float32
+
+
+def test_an_encoder_decoders_generate_runs_its_encoder_at_the_mixed_precision() -> None:
+    """``generate`` runs an encoder-decoder's encoder by itself (``get_encoder()(...)``), outside the
+    model's forward: at "bf16-mixed" it computed in fp32, while the decoder's steps ran in bf16."""
+    config = transformers.BartConfig(
+        vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.BartForConditionalGeneration(config)
+    seen: list[tuple[str, bool, torch.dtype]] = []
+    for name, sub in model.named_modules():
+        if isinstance(sub, nn.Linear) and name.startswith("model."):
+            part = name.split(".")[1]  # "encoder" / "decoder"
+            sub.register_forward_hook(
+                lambda m, a, o, part=part: seen.append((part, torch.is_autocast_enabled("cpu"), o.dtype)))
+    ids = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the same generate in plain torch
+        expected = model.generate(ids, max_new_tokens=3, do_sample=False, num_beams=1)
+    seen.clear()
+    session = gpukit.Session(accelerator="cpu", precision="bf16-mixed", verbose=False)
+    model = session.setup(model)
+    out = model.generate(ids, max_new_tokens=3, do_sample=False, num_beams=1, return_dict_in_generate=True,
+                         output_scores=True)
+    assert torch.equal(out.sequences, expected)
+    assert type(out).__name__.startswith("Generate") and out.scores[0].dtype == torch.float32
+    assert {part for part, _, _ in seen} == {"encoder", "decoder"}
+    assert {(autocast, dtype) for _, autocast, dtype in seen} == {(True, torch.bfloat16)}
+    assert "generation_config" in inspect.signature(model.generate).parameters  # generate's own arguments
+    # set up again at 32-true: generate is the class's again, and runs in fp32
+    model = gpukit.Session(accelerator="cpu", precision="32-true", verbose=False).setup(model)
+    assert "generate" not in vars(model) and "forward" not in vars(model)
+    seen.clear()
+    model.generate(ids, max_new_tokens=2, do_sample=False, num_beams=1)
+    assert {(autocast, dtype) for _, autocast, dtype in seen} == {(False, torch.float32)}

@@ -66,3 +66,16 @@ def test_charts_scale_to_the_page_width(tmp_path: Path) -> None:
     assert "figure.chart svg{display:block;width:100%;height:auto}" in page
     assert "grid-template-columns:repeat(auto-fill,minmax(520px,1fr))" in page  # columns as the page allows
     assert "max-width:1320px" not in page  # the page's width, not a fixed column in its middle
+
+
+def test_the_precision_fit_chose_at_setup_is_the_runs_once_whatever_the_ranks(tmp_path: Path) -> None:
+    """Session(fit=...) chooses the precision at setup, after each rank's header said the one before: every
+    rank records a "precision" event, which the summary shows (and counts once, as a save)."""
+    directory = write_record(tmp_path, ranks=2, steps=20)
+    before = summarize(read_record(directory)).precision
+    for rank in (0, 1):
+        _add_events(directory, rank, [{"type": "event", "t": T0 + 1, "kind": "precision", "step": None,
+                                       "precision": "bf16-true", "was": before, "chosen_by": "fit"}])
+    summary = summarize(read_record(directory))
+    assert before != "bf16-true" and summary.precision == "bf16-true"
+    assert summary.events["precision"] == 1

@@ -330,3 +330,38 @@ def test_a_cuda_session_applies_the_setup_settings_and_measures_the_window() -> 
     # a tiny convnet leaves the GPU idle between launches; without a loader the run length is unknown
     assert "launch-bound share" in graphs.reason and not graphs.on, graphs
     assert not _by_name(session.auto_settings)["compile"].on
+
+
+class _OldGpu(CPUAccelerator):
+    """What a T4 / V100 answers about precision (no native bf16: "auto" is 16-mixed there)."""
+
+    def supports_bf16(self, device: torch.device | None = None) -> bool:
+        return False
+
+    def auto_precision(self, device: torch.device | None = None) -> str:
+        return "16-mixed"
+
+
+class _Ampere(CPUAccelerator):
+    def auto_precision(self, device: torch.device | None = None) -> str:
+        return "bf16-mixed"
+
+
+def test_auto_precision_is_never_one_the_strategy_refuses() -> None:
+    """On a GPU without bf16, "auto" was 16-mixed whatever the strategy, and FSDP (the default settings
+    on a 2x T4 machine with strategy="fsdp") then refused it at setup: the user had asked for nothing."""
+    from gpukit.strategies import FSDPStrategy
+
+    assert FSDPStrategy.loss_scaling is False and SingleDeviceStrategy.loss_scaling is True
+    cpu, old = torch.device("cpu"), _OldGpu()
+    for enabled in (True, False):
+        assert SessionAuto.precision_name("auto", enabled, frozenset(), old, cpu, loss_scaling=False) == "32-true"
+        assert SessionAuto.precision_name("Auto", enabled, frozenset(), old, cpu, loss_scaling=False) == "32-true"
+        assert SessionAuto.precision_name("auto", enabled, frozenset(), old, cpu) == "16-mixed"
+        # asked for by name: kept (FSDP refuses it at setup with its reason)
+        assert SessionAuto.precision_name("16-mixed", enabled, frozenset(), old, cpu, loss_scaling=False) == "16-mixed"
+    # where bf16 is native, FSDP keeps bf16-mixed; refused by name (auto on), 32-true as before
+    ampere = _Ampere()
+    assert SessionAuto.precision_name("auto", True, frozenset(), ampere, cpu, loss_scaling=False) == "bf16-mixed"
+    assert SessionAuto.precision_name("auto", True, frozenset({"bf16"}), ampere, cpu) == "32-true"
+    assert SessionAuto.precision_name("auto", False, frozenset({"bf16"}), ampere, cpu) == "bf16-mixed"

@@ -118,6 +118,20 @@ def test_session_autocast_nests_and_the_loss_outside_is_fp32() -> None:
     assert not torch.is_autocast_enabled("cpu")  # left as found
 
 
+def test_a_data_parallel_the_user_put_on_comes_off_on_one_device() -> None:
+    """A script's own nn.DataParallel(model) given to a one-device session was kept: on GPUs it ran over
+    every visible GPU whatever devices= said, its replica threads autocast in fp16 (torch's default) under
+    "bf16-mixed", and model.module ran in fp32. It comes off, as under every other strategy."""
+    session = _session()
+    inner = worker.make_model()
+    seen: list[dict[str, Any]] = []
+    worker.watch(inner, seen)
+    model = session.setup(nn.DataParallel(inner))
+    assert model is inner and sorted(model.state_dict()) == sorted(worker.make_model().state_dict())
+    assert model(torch.randn(3, 8)).dtype == torch.float32
+    assert {s["dtype"] for s in seen} == {"torch.bfloat16"} and all(s["autocast"] for s in seen)
+
+
 def test_the_model_is_unchanged_for_true_precisions() -> None:
     model = _session("32-true").setup(worker.make_model())
     assert "forward" not in vars(model)
@@ -126,6 +140,19 @@ def test_the_model_is_unchanged_for_true_precisions() -> None:
     model = _session("32-true").setup(_session("bf16-mixed").setup(worker.make_model()))
     assert "forward" not in vars(model)  # set up again at fp32: the autocast forward comes off
     assert model(torch.randn(2, 8)).dtype == torch.float32
+
+
+@pytest.mark.parametrize("again", ["bf16-mixed", "32-true", "16-true"])
+def test_a_model_a_true_precision_converted_is_not_set_up_at_another(again: str) -> None:
+    """A notebook cell re-run with another precision on the model an earlier cell set up at "bf16-true":
+    its weights are bf16 already, so it would train in bf16 while session.precision said otherwise."""
+    model = _session("bf16-true").setup(worker.make_model())
+    hooks = len(model._forward_hooks)
+    with pytest.raises(gpukit.ConfigurationError, match="set up at precision 'bf16-true' before") as info:
+        _session(again).setup(model)
+    assert "Build the model again" in str(info.value)
+    assert len(model._forward_hooks) == hooks  # nothing stacked on it
+    assert _session("bf16-true").setup(model) is model  # the same precision again is fine
 
 
 @pytest.mark.requires_gpu

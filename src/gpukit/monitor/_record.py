@@ -15,8 +15,9 @@ Every line has ``"type"`` and ``"t"`` (unix time in seconds). Types:
 * ``sys`` -- one sample of this rank's machine: ``gpu_util_pct``, ``gpu_mem_used_bytes``,
   ``gpu_mem_total_bytes`` (NVML), ``torch_allocated_bytes``, ``torch_reserved_bytes``,
   ``process_rss_bytes``, ``cpu_pct``, ``host_mem_used_bytes``; a figure not available is left out.
-* ``event`` -- ``kind`` (oom_backoff, leak_warning, checkpoint, preemption, restart), ``step``
-  (the last step recorded before it, or null) and the event's own fields.
+* ``event`` -- ``kind`` (oom_backoff, leak_warning, checkpoint, preemption, restart, precision), ``step``
+  (the last step recorded before it, or null) and the event's own fields. ``precision``:
+  ``Session(fit=...)`` changed the header's precision at setup (``precision``, ``was``, ``chosen_by``).
   ``mfu`` (one per epoch of a gpukit loader, once the FLOPs per step are known): ``epoch``,
   ``steps`` and ``seconds`` (this rank's, the counted step left out), ``flops_per_step``,
   ``flops_source`` ("counted" or "given"), ``dtype``, ``peak_tflops`` (null: not known),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import weakref
 from typing import Any
 
@@ -20,6 +21,10 @@ __all__ = ["MixedPrecision", "NORM_LAYERS", "Precision", "STATS_NORM_LAYERS", "T
            "add_true_precision_casts", "fsdp_own_unit_layers", "get_precision"]
 
 
+
+#: the methods a "-mixed" precision runs under autocast: the forward, and a Hugging Face model's
+#: ``generate`` (an encoder-decoder's runs its encoder outside the forward)
+AUTOCAST_METHODS = ("forward", "generate")
 
 #: layers kept in fp32 by the "-true" precisions: their statistics lose too much in 16 bits
 NORM_LAYERS: tuple[type[nn.Module], ...] = tuple(
@@ -65,7 +70,12 @@ class Precision:
         return None
 
     def convert_module(self, module: nn.Module) -> nn.Module:
-        """Convert the weights to this precision's storage dtype (in place)."""
+        """Convert the weights to this precision's storage dtype (in place).
+
+        Raises:
+            ConfigurationError: ``module`` was converted by another "-true" precision before.
+        """
+        check_not_converted(module, self.name)
         return module
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -74,13 +84,14 @@ class Precision:
 
     def wrap_forward(self, module: nn.Module) -> nn.Module:
         """Make ``module``'s own forward run at this precision (in place): here, take off the autocast
-        forward of an earlier set-up at a "-mixed" precision, if any; returns ``module``."""
-        present = vars(module).get("forward")
-        if isinstance(present, AutocastForward):
-            if present.inner is None:
-                del module.forward
-            else:
-                module.forward = present.inner  # type: ignore[method-assign]
+        forward (and ``generate``) of an earlier set-up at a "-mixed" precision, if any; returns ``module``."""
+        for method in AUTOCAST_METHODS:
+            present = vars(module).get(method)
+            if isinstance(present, AutocastForward):
+                if present.inner is None:
+                    delattr(module, method)
+                else:
+                    setattr(module, method, present.inner)
         return module
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -129,8 +140,9 @@ class MixedPrecision(Precision):
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def wrap_forward(self, module: nn.Module) -> nn.Module:
-        """Run ``module``'s forward under this precision's autocast, its 16-bit floating outputs
-        returned in fp32 (see :class:`AutocastForward`); in place, the module and its keys unchanged.
+        """Run ``module``'s forward (and a Hugging Face model's ``generate``) under this precision's
+        autocast, its 16-bit floating outputs returned in fp32 (see :class:`AutocastForward`); in place,
+        the module and its keys unchanged.
 
         Args:
             module: the module whose calls should run mixed (the strategy names which one).
@@ -138,14 +150,17 @@ class MixedPrecision(Precision):
         Returns:
             ``module``.
         """
-        present = vars(module).get("forward")
-        if isinstance(present, AutocastForward):  # set up again: replace, never stack
-            present = present.inner
         dtype = self.autocast_dtype
         assert dtype is not None  # a MixedPrecision always has one
-        # nn.Module.__setattr__ keeps a non-module value in the instance dict, which shadows the
-        # class's forward for nn.Module.__call__ (and for torch.compile, which traces the same call)
-        module.forward = AutocastForward(module, present, self.device.type, dtype)  # type: ignore[method-assign]
+        for method in AUTOCAST_METHODS:
+            if method != "forward" and not inspect.isfunction(getattr(type(module), method, None)):
+                continue  # no generate (not a Hugging Face model)
+            present = vars(module).get(method)
+            if isinstance(present, AutocastForward):  # set up again: replace, never stack
+                present = present.inner
+            # nn.Module.__setattr__ keeps a non-module value in the instance dict, which shadows the
+            # class's forward for nn.Module.__call__ (and for torch.compile, which traces the same call)
+            setattr(module, method, AutocastForward(module, present, self.device.type, dtype, method))
         return module
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -174,7 +189,9 @@ class MixedPrecision(Precision):
             return True
         self._check_scaled()
         self._scaled_since_step = False
-        if not hasattr(optimizer, "register_step_post_hook"):  # not a torch.optim.Optimizer
+        if not hasattr(optimizer, "register_step_post_hook") or getattr(optimizer, "_step_supports_amp_scaling", False):
+            # not a torch.optim.Optimizer, or one that skips an inf step inside its own kernel (fused=True
+            # given to Adam/AdamW/SGD): GradScaler calls its step() then too, so the step hook cannot tell
             scale_before = self._scaler.get_scale()  # .item(): a device sync, before and after
             self._scaler.step(optimizer)
             self._scaler.update()
@@ -190,6 +207,17 @@ class MixedPrecision(Precision):
 
     def _stepped_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepped = True
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Session(precision=MixedPrecision(...)).launch(fn) pickles it to the workers: a WeakSet does not
+        # pickle, and the optimizers it names (with this object's step hook) stay in this process
+        state = dict(self.__dict__)
+        state["_watched"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._watched = weakref.WeakSet()
 
     def state_dict(self) -> dict[str, Any]:
         return {} if self._scaler is None else {"scaler": self._scaler.state_dict()}
@@ -214,6 +242,7 @@ class TruePrecision(Precision):
     def convert_module(self, module: nn.Module) -> nn.Module:
         if getattr(module, "_gpukit_precision", None) == self.name:
             return module  # set up twice (e.g. re-wrapped): hooks must not stack
+        check_not_converted(module, self.name)
         module.to(self.param_dtype)
         for sub in module.modules():
             if isinstance(sub, NORM_LAYERS):
@@ -221,6 +250,26 @@ class TruePrecision(Precision):
         add_true_precision_casts(module, self.param_dtype)
         module._gpukit_precision = self.name
         return module
+
+
+def check_not_converted(module: nn.Module, name: str) -> None:
+    """Refuse to set up at precision ``name`` a model a "-true" precision converted before (its weights
+    were cast to 16 bits in place, with casting hooks): it would train those 16-bit weights, stacked
+    hooks and all, while ``session.precision`` says ``name`` -- e.g. a notebook cell re-run with
+    another precision on the model an earlier cell set up.
+
+    Raises:
+        ConfigurationError: ``module`` was converted at another precision.
+    """
+    done = getattr(module, "_gpukit_precision", None)
+    if done is None or done == name:
+        return
+    low = "bf16" if done.startswith("bf16") else "fp16"
+    raise ConfigurationError(
+        f"This model was set up at precision {done!r} before, which converted its weights to {low} in "
+        f"place; set up again at {name!r} it would still train those {low} weights. Build the "
+        f"model again (or load its saved weights into a new one) and set that up at {name!r}, or keep {done!r}."
+    )
 
 
 def add_true_precision_casts(module: nn.Module, low: torch.dtype, *, cast_inputs: bool = True) -> list[Any]:

@@ -127,6 +127,8 @@ class _RankReader:
         kinds = self.record.event_kinds
         kind = line["kind"] if line["kind"] in kinds or len(kinds) < MAX_EVENT_KINDS else "(other kinds)"
         kinds[kind] += 1
+        if line["kind"] == "precision" and isinstance(line.get("precision"), str) and run.meta:
+            run.meta["precision"] = line["precision"]  # Session(fit=...) chose it at setup, after the header
         if line["kind"] == "checkpoint" and isinstance(line.get("resumed_step"), int):
             run.resumed_step = line["resumed_step"]
             saved = line.get("saved_world_size")

@@ -11,7 +11,7 @@ from typing import Any
 from gpukit.report._read import RankRecord, RunInfo, RunRecord
 
 #: events every rank records for one happening of the job (counted once, not once per rank)
-JOB_WIDE_EVENTS = ("checkpoint", "preemption", "restart")
+JOB_WIDE_EVENTS = ("checkpoint", "preemption", "restart", "precision")
 
 __all__ = ["JOB_WIDE_EVENTS", "FlopFigures", "RankFigures", "RunFigures", "RunSummary", "STRAGGLER_RATIO", "summarize"]
 

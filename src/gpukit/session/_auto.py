@@ -104,11 +104,15 @@ class SessionAuto:
 
     @staticmethod
     def precision_name(precision: Any, enabled: bool, refused: frozenset[str], accelerator: Accelerator,
-                       device: torch.device) -> Any:
-        """``Session(precision=...)`` with "auto" resolved here when "bf16" is refused (else unchanged)."""
-        if not enabled or precision != "auto" or "bf16" not in refused:
+                       device: torch.device, *, loss_scaling: bool = True) -> Any:
+        """``Session(precision=...)`` with "auto" resolved here: 32-true instead of bf16 when "bf16" is
+        refused (and automatic settings are on), and instead of 16-mixed (a GPU without native bf16) where
+        the strategy cannot scale losses (``loss_scaling=False``: FSDP, which refuses a GradScaler) --
+        the default precision must not be one the strategy refuses. Any other value is returned unchanged."""
+        if not isinstance(precision, str) or precision.strip().lower() != "auto":
             return precision
-        return resolve_auto_precision("auto", accelerator.auto_precision(device), refused)
+        choice = resolve_auto_precision("auto", accelerator.auto_precision(device), refused if enabled else frozenset())
+        return "32-true" if choice == "16-mixed" and not loss_scaling else choice
 
     # -- at setup --------------------------------------------------------------------------------
     def before_wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, compiled: bool) -> nn.Module:

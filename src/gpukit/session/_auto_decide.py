@@ -179,6 +179,8 @@ def _bf16(f: SetupFacts, refused: frozenset[str]) -> Decision:
         return Decision("bf16", low, f"precision={f.precision_asked!r} as asked")
     if "bf16" in refused and not low:
         return Decision("bf16", False, "refused: precision='auto' keeps 32-true")
+    if low and f.host:  # "auto" is 32-true on the CPU: only Session(fit=...) makes it 16 bits there
+        return Decision("bf16", True, f"precision='auto' on the CPU: {f.precision}, chosen by fit to fit the budget")
     if low:
         return Decision("bf16", True, f"precision='auto' on {f.gpu} with native bf16: {f.precision}, tensor "
                                       "cores at 2x+ the fp32 rate, no loss scaling")

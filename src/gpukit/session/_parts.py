@@ -86,7 +86,7 @@ def build_parts(config: SessionConfig, worker: WorkerEnv) -> SessionParts:
     # the strategy owns the precision; every component reads it there (Session(fit=) may change it)
     strategy.precision = get_precision(
         SessionAuto.precision_name(config.precision, config.auto_on, config.refused, accelerator,
-                                   strategy.root_device),
+                                   strategy.root_device, loss_scaling=strategy.loss_scaling),
         accelerator, strategy.root_device)
     fit = SessionFit.create(config.fit, config, strategy, verbose=verbose)
     # data-parallel coordinates (not rank / world size): the ranks of one tensor group share a batch

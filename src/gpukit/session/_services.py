@@ -73,6 +73,17 @@ class SessionServices:
                                 world_size=strategy.world_size, accumulate_grad_batches=accumulate_grad_batches)
         self.trackers: TrackerHub = TrackerHub(trackers, rank=strategy.rank, settings=logged,
                                                directory=self.recorder.directory if self.recorder is not None else None)
+        self._settings = logged  # the trackers' own dict: what they log when they start
+
+    def precision_chosen(self, name: str, was: str) -> None:
+        """``Session(fit=...)`` changed the precision at setup to ``name``: the record's header and the
+        trackers' settings said ``was``. The record gets a ``precision`` event (the report then shows
+        ``name``); trackers not started yet log ``name`` with their settings."""
+        self._settings["precision"] = name
+        if self.recorder is not None:
+            import time
+
+            self.recorder.on_event("precision", time.time(), {"precision": name, "was": was, "chosen_by": "fit"})
 
     @property
     def logging(self) -> bool:

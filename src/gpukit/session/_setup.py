@@ -40,8 +40,11 @@ def set_up_model(parts: SessionParts, model: nn.Module, optimizer: torch.optim.O
     if optimizer is not None:
         check_optimizer(model, optimizer)
     if parts.fit is not None or example_input is not None:  # Session(fit=...): choose before wrapping
+        was = strategy.precision.name
         fit_at_setup(parts.fit, model, optimizer, example_input, memory=parts.memory,
                      regroup=lambda degree: _regroup(parts, degree))
+        if strategy.precision.name != was:  # the record's header and the trackers said the one before
+            parts.services.precision_chosen(strategy.precision.name, was)
     model, compiling = compile_request(model, compile_options)  # a torch.compile wrapper comes off here
     model = strategy.materialise_meta(model)  # built on the meta device: allocated, initialised
     model = strategy.prepare_module(model)

@@ -28,6 +28,8 @@ class Strategy:
     name: str = "single"
     #: parameters stay plain tensors (False: DTensor shards or pieces, whatever the degree)
     plain_parameters: bool = True
+    #: runs 16-mixed's GradScaler (False: refuses it, and precision="auto" is never 16-mixed here)
+    loss_scaling: bool = True
 
     def __init__(self, accelerator: Accelerator, device: torch.device) -> None:
         self.accelerator = accelerator
@@ -102,7 +104,12 @@ class Strategy:
         return self.root_device
 
     def prepare_module(self, module: nn.Module) -> nn.Module:
-        """Change layers before the precision converts them (e.g. SyncBatchNorm); no-op here."""
+        """Change layers before the precision converts them (e.g. SyncBatchNorm). Here: take off a
+        DataParallel / DDP wrapper the user put on (as the other strategies do): kept, a DataParallel ran
+        over every visible GPU whatever ``devices`` said, its replica threads autocast in torch's default
+        fp16 under "bf16-mixed", and ``model.module`` ran outside the session's autocast."""
+        while isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            module = module.module
         return module
 
     def setup_module(self, module: nn.Module) -> nn.Module:

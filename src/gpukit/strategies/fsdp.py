@@ -74,6 +74,7 @@ class FSDPStrategy(DDPStrategy):
 
     name = "fsdp"
     plain_parameters = False  # DTensor shards, even over one process
+    loss_scaling = False  # a GradScaler would decide per shard whether to skip a step (_policies refuses it)
 
     def __init__(
         self,
