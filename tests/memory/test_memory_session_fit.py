@@ -293,3 +293,14 @@ def test_fsdp_refuses_oom_backoff() -> None:
     """A rank out of memory inside FSDP's forward would leave the others in its all-gather: refused up front."""
     with pytest.raises(ConfigurationError, match=r"strategy='fsdp', oom='backoff'.*hang"):
         gpukit.Session("cpu", strategy="fsdp", oom="backoff", verbose=False)
+
+
+def test_a_refused_fsdp_backoff_leaves_no_process_group() -> None:
+    """The refusal comes before the strategy's process group exists: it had made one (a one-process gloo group)
+    and left it, so the next in-process Session or process group in that interpreter failed ("trying to initialize
+    the default process group twice")."""
+    import torch.distributed as dist
+
+    with pytest.raises(ConfigurationError, match="oom='backoff'"):
+        gpukit.Session("cpu", strategy="fsdp", oom="backoff", verbose=False)
+    assert not dist.is_initialized()

@@ -108,15 +108,20 @@ def build_parts(config: SessionConfig, worker: WorkerEnv) -> SessionParts:
     # `srun python`: rank 0 requeues a job stopped by --signal, at exit -- after the process
     # group is left, so armed before it exists (exit hooks run last-registered first)
     requeue_at_exit()
-    if strategy.launched:
-        strategy.setup_environment()
-    services = SessionServices(  # stop signals, heartbeat, the run record, the trackers
-        strategy=strategy, accelerator=accelerator, timings=timings, config=config, worker=worker,
-        accumulate_grad_batches=steps.accumulate_grad_batches,
-    )
-    mfu.recorder = services.recorder
+    # refuses what the strategy cannot do (oom='backoff' under FSDP or tensor groups) before a process group exists
     memory = SessionMemory(config.oom, config.watch_every_n_steps, strategy=strategy, accelerator=accelerator,
                            steps=steps)
+    if strategy.launched:
+        strategy.setup_environment()
+    try:
+        services = SessionServices(  # stop signals, heartbeat, the run record, the trackers
+            strategy=strategy, accelerator=accelerator, timings=timings, config=config, worker=worker,
+            accumulate_grad_batches=steps.accumulate_grad_batches,
+        )
+    except BaseException:
+        strategy.teardown()  # a refused Session leaves no process group behind (the next one could not start)
+        raise
+    mfu.recorder = services.recorder
     runstate = RunState(strategy=strategy, steps=steps, memory=memory, verbose=verbose,
                         micro_batch_size=batches.micro_batch_size,
                         global_batch_given=config.global_batch_size is not None)
