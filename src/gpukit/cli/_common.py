@@ -24,6 +24,7 @@ from gpukit.errors import ConfigurationError
 
 __all__ = [
     "FiniteFloatRange",
+    "given_options",
     "NonEmptyPath",
     "Name",
     "HostName",
@@ -144,3 +145,11 @@ class HostName(click.ParamType):
             return check_host(str(value), param.opts[0] if param is not None else "address")
         except ConfigurationError as exc:
             self.fail(str(exc), param, ctx)
+
+
+def given_options() -> set[str]:
+    """The current command's options given on the command line (or from the environment), not left at
+    their defaults."""
+    ctx = click.get_current_context()
+    return {name for name in ctx.params
+            if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)}

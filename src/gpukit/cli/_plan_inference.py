@@ -16,9 +16,10 @@ from typing import Any
 
 import click
 
+from gpukit.cli._common import given_options
 from gpukit.errors import ConfigurationError
 
-__all__ = ["check_mode", "given_options", "parse_max_memory", "print_inference_plan"]
+__all__ = ["check_mode", "parse_max_memory", "print_inference_plan"]
 
 _WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -27,13 +28,6 @@ _WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 _TRAINING_ONLY = {"fit_memory": "--fit", "precision": "--precision", "optimizer": "--optimizer",
                   "strategy": "--strategy", "nproc": "--nproc"}
 _INFERENCE_ONLY = {"max_memory": "--max-memory", "prompt_len": "--prompt-len", "new_tokens": "--new-tokens"}
-
-
-def given_options() -> set[str]:
-    """The options given on the command line (or from the environment), not left at their defaults."""
-    ctx = click.get_current_context()
-    return {name for name in ctx.params
-            if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)}
 
 
 def check_mode(inference: bool) -> None:

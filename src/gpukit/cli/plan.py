@@ -14,8 +14,8 @@ from typing import Any, TextIO
 import click
 
 from gpukit._util.precision_names import PRECISIONS, precision_name
-from gpukit.cli._common import MAX_BATCH
-from gpukit.cli._plan_inference import check_mode, given_options
+from gpukit.cli._common import MAX_BATCH, given_options
+from gpukit.cli._plan_inference import check_mode
 from gpukit.errors import ConfigurationError
 from gpukit.layout import REGISTRY, plan_layout, plan_names
 

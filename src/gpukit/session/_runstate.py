@@ -220,4 +220,3 @@ class RunState:
             if getattr(obj, "samples_consumed", None) is not None and isinstance(getattr(obj, "batch_size", None), int):
                 return int(obj.batch_size)
         return self._micro_batch_size
-

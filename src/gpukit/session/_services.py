@@ -13,6 +13,7 @@ replaces.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -81,8 +82,6 @@ class SessionServices:
         ``name``); trackers not started yet log ``name`` with their settings."""
         self._settings["precision"] = name
         if self.recorder is not None:
-            import time
-
             self.recorder.on_event("precision", time.time(), {"precision": name, "was": was, "chosen_by": "fit"})
 
     @property
