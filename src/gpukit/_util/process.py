@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-__all__ = ["set_parent_death_signal", "ignore_stop_signals"]
+__all__ = ["set_parent_death_signal", "ignore_stop_signals", "signal_label"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -40,3 +40,11 @@ def ignore_stop_signals() -> None:
         return
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
+
+
+def signal_label(signum: int) -> str:
+    """``"SIGKILL"`` for 9; ``"signal 64"`` for a number no name stands for (a real-time signal)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

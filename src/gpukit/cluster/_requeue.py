@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 from dataclasses import dataclass
 
 from gpukit._util.envvars import MAX_REQUEUES_ENV
+from gpukit._util.process import signal_label
 from gpukit.cluster._detect import ClusterEnvironment
 from gpukit.errors import ConfigurationError
 
@@ -94,7 +94,7 @@ def requeue_job(env: ClusterEnvironment, max_requeues: int = DEFAULT_MAX_REQUEUE
         return RequeueOutcome(False, f"cannot requeue SLURM job {job}: {executable} requeue failed ({exc}).")
     if done.returncode != 0:
         why = (done.stderr or done.stdout).strip().splitlines()
-        code = f"exit {done.returncode}" if done.returncode > 0 else f"killed by {_signal_name(-done.returncode)}"
+        code = f"exit {done.returncode}" if done.returncode > 0 else f"killed by {signal_label(-done.returncode)}"
         return RequeueOutcome(False, (
             f"`scontrol requeue {job}` failed: {why[-1] if why else code}. "
             "Submit with --requeue (and JobRequeue allowed by the cluster), or resubmit to resume."
@@ -103,10 +103,3 @@ def requeue_job(env: ClusterEnvironment, max_requeues: int = DEFAULT_MAX_REQUEUE
         f"SLURM job {job} requeued (requeue {env.restart_count + 1} of at most {max_requeues}); "
         "it resumes from the checkpoint when it starts again"
     ))
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"

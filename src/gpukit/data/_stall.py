@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from gpukit._util.envvars import DATA_TIMEOUT_ENV
+from gpukit._util.process import signal_label
 from gpukit._util.units import format_bytes
 from gpukit._util.warnings import is_internal, warn_at_user_code
 from gpukit.errors import ConfigurationError, DataStallError
@@ -371,10 +372,7 @@ def _worker_signal(text: str, batches: Any) -> str | None:
         for worker in workers:
             code = getattr(worker, "exitcode", None)
             if code is not None and code < 0:
-                try:
-                    return signal.Signals(-code).name
-                except ValueError:
-                    return f"signal {-code}"
+                return signal_label(-code)
             if code is not None:
                 return f"exit code {code}"
         if time.monotonic() >= deadline:

@@ -31,6 +31,7 @@ from typing import Union
 from gpukit.monitor import emit
 from gpukit.worker._env import worker_env
 from gpukit.worker._run_dir import AGREED, BEFORE_START, COMPLETED, FINISHED, write_marker
+from gpukit.worker._stop_signals import preempt_signal
 
 __all__ = [
     "PREEMPTED_EXIT_CODE",
@@ -162,8 +163,6 @@ def stop_kind() -> int:
     preemption signal, SIGUSR2 by default). A Session's ranks agree on the highest."""
     if not _stop.is_set():
         return 0
-    from gpukit.worker._stop_signals import preempt_signal
-
     name = stop_signal_name()
     return STOP_PREEMPTED if name is not None and name == preempt_signal().name else STOP_ASKED
 
@@ -180,8 +179,6 @@ def mark_stop_agreed(rank: int, kind: int = STOP_ASKED) -> None:
     global _agreed_rank, _agreed_signal
     kind = max(kind, stop_kind())
     if kind >= STOP_PREEMPTED:
-        from gpukit.worker._stop_signals import preempt_signal
-
         name = preempt_signal().name
     else:
         name = stop_signal_name() or "SIGTERM"
