@@ -169,7 +169,7 @@ def grow_at_checkpoints(handler: Any, run_dir: str, patience_s: float) -> Any:
             return waiting["count"]
         return 0
 
-    next_round = getattr(handler, "next_rendezvous", None)
+    next_round = handler.next_rendezvous
 
     def next_rendezvous() -> Any:
         # a new round (for the nodes seen waiting, or for a failed worker: then it let them in too): nobody
@@ -179,8 +179,7 @@ def grow_at_checkpoints(handler: Any, run_dir: str, patience_s: float) -> Any:
         return info
 
     handler.num_nodes_waiting = num_nodes_waiting
-    if next_round is not None:  # a handler without rounds of its own (a stand-in) only gets the answer above
-        handler.next_rendezvous = next_rendezvous
+    handler.next_rendezvous = next_rendezvous
     return handler
 
 
