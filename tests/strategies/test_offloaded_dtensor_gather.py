@@ -5,6 +5,7 @@ mesh device differs from its own (as an offloaded DTensor's does) checks where t
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gpukit._util.dtensor import full_tensor
@@ -41,6 +42,7 @@ def test_an_offloaded_dtensor_is_gathered_on_its_meshs_device_and_comes_back() -
     assert log == ["to cpu", "gather on cpu"] and kept.device.type == "cpu"
 
 
+@pytest.mark.requires_cpu_fsdp  # a DTensor on a CPU mesh: torch >= 2.7 (on 2.5.1 it hung in 1 of 3 floor runs, cause not found)
 def test_a_dtensor_on_its_meshs_device_is_gathered_as_it_is() -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
